@@ -1,0 +1,137 @@
+// Dynamic / lightweight convolution on the CPU, any kernel size K and any left padding P.
+// Every output is a gather (no scatter): out and grad_x loop over taps of one position, grad_weight is a dot
+// product over a head's channels, so each element is written once by one task. Sums accumulate in the
+// accumulation type (fp64 for fp64, fp32 otherwise). Specification: talk_hf/dynamic_conv.py.
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty_like.h>
+#include <torch/library.h>
+
+#include <vector>
+
+#include "../checks.h"
+
+namespace talk_hf {
+namespace {
+
+struct Dims {
+  int64_t B, T, C, H, R, K, P;
+};
+
+// Positions are processed in chunks of (b, t) pairs: enough work per task, no false sharing on outputs.
+constexpr int64_t kGrain = 16;
+
+// out[b, t, :] = sum_k weight[b, t, h, k] * x[b, t + k - P, :]
+template <typename scalar_t, typename acc_t>
+void forward_kernel(const scalar_t* x, const scalar_t* w, scalar_t* out, const Dims& d) {
+  at::parallel_for(0, d.B * d.T, kGrain, [&](int64_t begin, int64_t end) {
+    std::vector<acc_t> acc(d.C);
+    for (int64_t bt = begin; bt < end; ++bt) {
+      const int64_t b = bt / d.T, t = bt % d.T;
+      std::fill(acc.begin(), acc.end(), acc_t(0));
+      for (int64_t h = 0; h < d.H; ++h) {
+        for (int64_t k = 0; k < d.K; ++k) {
+          const int64_t s = t + k - d.P;
+          if (s < 0 || s >= d.T) continue;
+          const acc_t wk = static_cast<acc_t>(w[(bt * d.H + h) * d.K + k]);
+          const scalar_t* xs = x + (b * d.T + s) * d.C + h * d.R;
+          acc_t* a = acc.data() + h * d.R;
+          for (int64_t c = 0; c < d.R; ++c) a[c] += wk * static_cast<acc_t>(xs[c]);
+        }
+      }
+      scalar_t* o = out + bt * d.C;
+      for (int64_t c = 0; c < d.C; ++c) o[c] = static_cast<scalar_t>(acc[c]);
+    }
+  });
+}
+
+// grad_x[b, s, :] = sum_k weight[b, t, h, k] * g[b, t, :] with t = s - k + P
+template <typename scalar_t, typename acc_t>
+void grad_x_kernel(const scalar_t* g, const scalar_t* w, scalar_t* gx, const Dims& d) {
+  at::parallel_for(0, d.B * d.T, kGrain, [&](int64_t begin, int64_t end) {
+    std::vector<acc_t> acc(d.C);
+    for (int64_t bs = begin; bs < end; ++bs) {
+      const int64_t b = bs / d.T, s = bs % d.T;
+      std::fill(acc.begin(), acc.end(), acc_t(0));
+      for (int64_t h = 0; h < d.H; ++h) {
+        for (int64_t k = 0; k < d.K; ++k) {
+          const int64_t t = s - k + d.P;
+          if (t < 0 || t >= d.T) continue;
+          const acc_t wk = static_cast<acc_t>(w[((b * d.T + t) * d.H + h) * d.K + k]);
+          const scalar_t* gt = g + (b * d.T + t) * d.C + h * d.R;
+          acc_t* a = acc.data() + h * d.R;
+          for (int64_t c = 0; c < d.R; ++c) a[c] += wk * static_cast<acc_t>(gt[c]);
+        }
+      }
+      scalar_t* o = gx + bs * d.C;
+      for (int64_t c = 0; c < d.C; ++c) o[c] = static_cast<scalar_t>(acc[c]);
+    }
+  });
+}
+
+// grad_weight[b, t, h, k] = sum over the head's channels of g[b, t, c] * x[b, t + k - P, c]
+template <typename scalar_t, typename acc_t>
+void grad_weight_kernel(const scalar_t* g, const scalar_t* x, scalar_t* gw, const Dims& d) {
+  at::parallel_for(0, d.B * d.T, kGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t bt = begin; bt < end; ++bt) {
+      const int64_t b = bt / d.T, t = bt % d.T;
+      for (int64_t h = 0; h < d.H; ++h) {
+        const scalar_t* gt = g + bt * d.C + h * d.R;
+        for (int64_t k = 0; k < d.K; ++k) {
+          const int64_t s = t + k - d.P;
+          acc_t sum = 0;
+          if (s >= 0 && s < d.T) {
+            const scalar_t* xs = x + (b * d.T + s) * d.C + h * d.R;
+            for (int64_t c = 0; c < d.R; ++c) sum += static_cast<acc_t>(gt[c]) * static_cast<acc_t>(xs[c]);
+          }
+          gw[(bt * d.H + h) * d.K + k] = static_cast<scalar_t>(sum);
+        }
+      }
+    }
+  });
+}
+
+Dims make_dims(const at::Tensor& x, const at::Tensor& w, int64_t padding_left) {
+  return {x.size(0), x.size(1), x.size(2), w.size(2), x.size(2) / w.size(2), w.size(3), padding_left};
+}
+
+at::Tensor dynamic_conv_fwd_cpu(const at::Tensor& x_, const at::Tensor& w_, int64_t padding_left) {
+  check_dynamic_conv_inputs(x_, w_);
+  const at::Tensor x = x_.contiguous(), w = w_.contiguous();
+  at::Tensor out = at::empty_like(x);
+  if (x.numel() == 0) return out;
+  const Dims d = make_dims(x, w, padding_left);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "dynamic_conv_fwd_cpu", [&] {
+    forward_kernel<scalar_t, at::opmath_type<scalar_t>>(x.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(),
+                                                        out.data_ptr<scalar_t>(), d);
+  });
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor> dynamic_conv_bwd_cpu(const at::Tensor& g_, const at::Tensor& x_,
+                                                        const at::Tensor& w_, int64_t padding_left) {
+  check_dynamic_conv_inputs(x_, w_);
+  TORCH_CHECK(g_.sizes() == x_.sizes() && g_.scalar_type() == x_.scalar_type(),
+              "dynamic_conv backward: grad_out must match x");
+  const at::Tensor g = g_.contiguous(), x = x_.contiguous(), w = w_.contiguous();
+  at::Tensor gx = at::empty_like(x), gw = at::empty_like(w);
+  if (x.numel() == 0) return {gx, gw.zero_()};
+  const Dims d = make_dims(x, w, padding_left);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "dynamic_conv_bwd_cpu", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    grad_x_kernel<scalar_t, acc_t>(g.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(), gx.data_ptr<scalar_t>(), d);
+    grad_weight_kernel<scalar_t, acc_t>(g.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(), gw.data_ptr<scalar_t>(), d);
+  });
+  return {gx, gw};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(talk_hf, CPU, m) {
+  m.impl("dynamic_conv_fwd", &dynamic_conv_fwd_cpu);
+  m.impl("dynamic_conv_bwd", &dynamic_conv_bwd_cpu);
+}
+
+}  // namespace talk_hf

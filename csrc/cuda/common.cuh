@@ -1,0 +1,137 @@
+// Small device helpers shared by the CUDA kernels of talk_hf (no torch headers).
+//   - acc_type<scalar_t>: accumulation type (double for fp64, float for fp32 / fp16 / bf16)
+//   - to_acc / from_acc: load-side and store-side conversions between storage and accumulation types
+//   - group_reduce_sum: sum over aligned power-of-two groups of lanes inside a warp
+//   - ceil_div, align_up, grid sizing and grid-stride indices in int64
+//   - DISPATCH_DTYPE(dtype, scalar_t, ...): runs `...` with `scalar_t` bound to the storage type of `dtype`
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "talk_hf_kernels.h"
+
+namespace talk_hf {
+namespace cuda_detail {
+
+constexpr int kThreads = 256;                   // block size of every kernel (a multiple of the warp size)
+constexpr int kWarpSize = 32;
+constexpr unsigned kFullMask = 0xffffffffu;
+constexpr int64_t kMaxBlocks = int64_t(1) << 30;  // below the gridDim.x limit (2^31 - 1); kernels grid-stride
+constexpr size_t kWorkspaceAlign = 256;         // alignment of every workspace sub-buffer
+
+// ------------------------------------------------------------------------------------------------ types
+
+template <typename scalar_t>
+struct AccTypeOf {
+  using type = float;  // fp32, fp16, bf16
+};
+template <>
+struct AccTypeOf<double> {
+  using type = double;
+};
+template <typename scalar_t>
+using acc_type = typename AccTypeOf<scalar_t>::type;
+
+// Bytes of one accumulator element for a dtype (host side, for workspace sizes).
+inline size_t acc_bytes(DType dtype) { return dtype == DType::kFloat64 ? sizeof(double) : sizeof(float); }
+
+inline bool valid_dtype(DType dtype) {
+  return dtype == DType::kFloat32 || dtype == DType::kFloat64 || dtype == DType::kFloat16 ||
+         dtype == DType::kBFloat16;
+}
+
+// Storage -> accumulation type.
+__device__ __forceinline__ float to_acc(float v) { return v; }
+__device__ __forceinline__ double to_acc(double v) { return v; }
+__device__ __forceinline__ float to_acc(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_acc(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+// Accumulation -> storage type, round to nearest even (as torch's .to(dtype)).
+template <typename scalar_t>
+struct StoreAs;
+template <>
+struct StoreAs<float> {
+  static __device__ __forceinline__ float cast(float v) { return v; }
+};
+template <>
+struct StoreAs<double> {
+  static __device__ __forceinline__ double cast(double v) { return v; }
+};
+template <>
+struct StoreAs<__half> {
+  static __device__ __forceinline__ __half cast(float v) { return __float2half_rn(v); }
+};
+template <>
+struct StoreAs<__nv_bfloat16> {
+  static __device__ __forceinline__ __nv_bfloat16 cast(float v) { return __float2bfloat16_rn(v); }
+};
+template <typename scalar_t>
+__device__ __forceinline__ scalar_t from_acc(acc_type<scalar_t> v) {
+  return StoreAs<scalar_t>::cast(v);
+}
+
+// ------------------------------------------------------------------------------------------------ reductions
+
+// Sum of v over each aligned group of `group` consecutive lanes (group a power of two, 1..32); the result is
+// valid in the first lane of each group. Every lane of the warp must call it (full mask).
+template <typename T>
+__device__ __forceinline__ T group_reduce_sum(T v, int group) {
+  for (int offset = group / 2; offset > 0; offset /= 2) v += __shfl_down_sync(kFullMask, v, offset, group);
+  return v;
+}
+
+template <typename T>
+__device__ __forceinline__ T warp_reduce_sum(T v) {
+  return group_reduce_sum(v, kWarpSize);
+}
+
+// Smallest power of two >= min(n, 32): lanes given to one reduction group of n items.
+inline int group_size_for(int64_t n) {
+  int g = 1;
+  while (g < kWarpSize && g < n) g *= 2;
+  return g;
+}
+
+// ------------------------------------------------------------------------------------------------ indexing
+
+__host__ __device__ __forceinline__ constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+inline size_t align_up(size_t bytes) { return (bytes + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign; }
+
+// 1-D grid for `blocks_needed` blocks, capped (kernels use grid-stride loops, so the cap only limits occupancy).
+inline unsigned grid_blocks(int64_t blocks_needed) {
+  const int64_t b = blocks_needed < 1 ? 1 : (blocks_needed > kMaxBlocks ? kMaxBlocks : blocks_needed);
+  return static_cast<unsigned>(b);
+}
+
+__device__ __forceinline__ int64_t global_thread_id() {
+  return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ __forceinline__ int64_t global_thread_count() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
+
+}  // namespace cuda_detail
+}  // namespace talk_hf
+
+// ------------------------------------------------------------------------------------------------ dispatch
+
+#define TALK_HF_DISPATCH_CASE(ENUM, TYPE, SCALAR, ...) \
+  case ::talk_hf::DType::ENUM: {                       \
+    using SCALAR = TYPE;                               \
+    __VA_ARGS__;                                       \
+  } break;
+
+// Runs the statement `...` with SCALAR bound to float / double / __half / __nv_bfloat16; its accumulation type
+// is talk_hf::cuda_detail::acc_type<SCALAR>. An unknown dtype runs nothing (check valid_dtype first).
+#define DISPATCH_DTYPE(DTYPE, SCALAR, ...)                                  \
+  switch (DTYPE) {                                                          \
+    TALK_HF_DISPATCH_CASE(kFloat32, float, SCALAR, __VA_ARGS__)             \
+    TALK_HF_DISPATCH_CASE(kFloat64, double, SCALAR, __VA_ARGS__)            \
+    TALK_HF_DISPATCH_CASE(kFloat16, __half, SCALAR, __VA_ARGS__)            \
+    TALK_HF_DISPATCH_CASE(kBFloat16, __nv_bfloat16, SCALAR, __VA_ARGS__)    \
+    default:                                                                \
+      break;                                                                \
+  }

@@ -1,0 +1,21 @@
+// Operator schemas of the talk_hf extension. Implementations: csrc/cpu/*.cpp (CPU) and csrc/cuda/bindings.cpp
+// (CUDA). Autograd and fake (meta) kernels are registered in Python, in talk_hf/_kernels.py.
+#include <Python.h>
+#include <torch/library.h>
+
+extern "C" {
+// `import talk_hf._C` loads this library, which runs the static registrations below.
+PyObject* PyInit__C(void) {
+  static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
+  return PyModule_Create(&module_def);
+}
+}
+
+TORCH_LIBRARY(talk_hf, m) {
+  m.def("talk_conv_fwd(Tensor x, Tensor offset_left, Tensor? offset_right, int max_left, int max_right) -> Tensor");
+  m.def(
+      "talk_conv_bwd(Tensor grad_out, Tensor x, Tensor offset_left, Tensor? offset_right, int max_left, "
+      "int max_right) -> (Tensor, Tensor, Tensor)");
+  m.def("dynamic_conv_fwd(Tensor x, Tensor weight, int padding_left) -> Tensor");
+  m.def("dynamic_conv_bwd(Tensor grad_out, Tensor x, Tensor weight, int padding_left) -> (Tensor, Tensor)");
+}

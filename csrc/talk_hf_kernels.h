@@ -1,0 +1,59 @@
+// Plain-C++ contract between the torch bindings (csrc/*.cpp) and the CUDA kernels (csrc/cuda/*.cu).
+// No torch headers here: the .cu files compile with nvcc alone (CI checks sm_80 and sm_90 without a GPU).
+// All tensors are contiguous; layouts are given per field. Math: see talk_hf/talk_conv.py and
+// talk_hf/dynamic_conv.py, whose *_ref functions are the specification.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#if defined(__CUDACC__) || defined(TALK_HF_WITH_CUDA_TYPES)
+#include <cuda_runtime.h>
+#else
+typedef struct CUstream_st* cudaStream_t;
+typedef int cudaError_t;
+#endif
+
+namespace talk_hf {
+
+enum class DType : int { kFloat32 = 0, kFloat64 = 1, kFloat16 = 2, kBFloat16 = 3 };
+
+struct TalkConvParams {
+  int64_t batch, seqlen, channels, heads;  // B, T, C, H; head h owns channels [h*C/H, (h+1)*C/H)
+  int64_t max_left, max_right;             // window reach; normaliser is max_left + max_right + 1
+  bool has_right;                          // false: causal form, right end is t itself
+  DType dtype;                             // dtype of every tensor below
+  const void* x;                           // (B, T, C)
+  const void* offset_left;                 // (B, T, H)
+  const void* offset_right;                // (B, T, H), nullptr when !has_right
+  void* out;                               // (B, T, C)                 forward only
+  const void* grad_out;                    // (B, T, C)                 backward only
+  void* grad_x;                            // (B, T, C)                 backward only
+  void* grad_offset_left;                  // (B, T, H)                 backward only
+  void* grad_offset_right;                 // (B, T, H) or nullptr      backward only
+};
+
+struct DynamicConvParams {
+  int64_t batch, seqlen, channels, heads, kernel_size;  // B, T, C, H, K
+  int64_t padding_left;                                 // P: tap k reads x[t + k - P]
+  DType dtype;
+  const void* x;            // (B, T, C)
+  const void* weight;       // (B, T, H, K), already normalised by the caller
+  void* out;                // (B, T, C)     forward only
+  const void* grad_out;     // (B, T, C)     backward only
+  void* grad_x;             // (B, T, C)     backward only
+  void* grad_weight;        // (B, T, H, K)  backward only
+};
+
+// CUDA entry points (csrc/cuda/*.cu). Each takes a device workspace of at least *_workspace_bytes(p)
+// bytes (may be nullptr when that size is 0), enqueues on `stream` without host syncs, and returns
+// cudaGetLastError().
+size_t talk_conv_fwd_workspace_bytes(const TalkConvParams& p);
+size_t talk_conv_bwd_workspace_bytes(const TalkConvParams& p);
+cudaError_t talk_conv_fwd_cuda(const TalkConvParams& p, void* workspace, cudaStream_t stream);
+cudaError_t talk_conv_bwd_cuda(const TalkConvParams& p, void* workspace, cudaStream_t stream);
+
+size_t dynamic_conv_bwd_workspace_bytes(const DynamicConvParams& p);
+cudaError_t dynamic_conv_fwd_cuda(const DynamicConvParams& p, cudaStream_t stream);
+cudaError_t dynamic_conv_bwd_cuda(const DynamicConvParams& p, void* workspace, cudaStream_t stream);
+
+}  // namespace talk_hf

@@ -1,0 +1,85 @@
+"""Python side of the compiled extension `talk_hf._C`: fake (meta) kernels and autograd for its operators.
+
+The C++ library defines the schemas and the CPU/CUDA kernels (csrc/talk_hf.cpp). This module is imported once,
+by talk_hf/backend.py, and only ever through the installed package (never as Hub remote code), so the
+registrations below happen exactly once per process.
+"""
+
+import torch
+
+try:
+    from talk_hf import _C  # noqa: F401  (loading the library registers torch.ops.talk_hf.*)
+
+    _LOAD_ERROR = None
+except ImportError as err:  # package installed without building the extension (TALK_HF_SKIP_BUILD=1)
+    _C = None
+    _LOAD_ERROR = f"the extension talk_hf._C is not built ({err})"
+
+
+def load_error():
+    return _LOAD_ERROR
+
+
+def devices():
+    """Device types that have compiled kernels: ("cpu",) or ("cpu", "cuda"); () without the extension."""
+    if _C is None:
+        return ()
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    return tuple(d for d, key in (("cpu", "CPU"), ("cuda", "CUDA")) if has("talk_hf::talk_conv_fwd", key))
+
+
+def _register():
+    ops = torch.ops.talk_hf
+
+    @torch.library.register_fake("talk_hf::talk_conv_fwd")
+    def _(x, offset_left, offset_right, max_left, max_right):
+        return torch.empty_like(x)
+
+    @torch.library.register_fake("talk_hf::talk_conv_bwd")
+    def _(grad_out, x, offset_left, offset_right, max_left, max_right):
+        grad_right = torch.empty_like(offset_left) if offset_right is not None else offset_left.new_empty(0)
+        return torch.empty_like(x), torch.empty_like(offset_left), grad_right
+
+    @torch.library.register_fake("talk_hf::dynamic_conv_fwd")
+    def _(x, weight, padding_left):
+        return torch.empty_like(x)
+
+    @torch.library.register_fake("talk_hf::dynamic_conv_bwd")
+    def _(grad_out, x, weight, padding_left):
+        return torch.empty_like(x), torch.empty_like(weight)
+
+    def talk_setup(ctx, inputs, output):
+        x, offset_left, offset_right, ctx.max_left, ctx.max_right = inputs
+        ctx.has_right = offset_right is not None
+        ctx.save_for_backward(x, offset_left, offset_right)
+
+    def talk_backward(ctx, grad):
+        x, offset_left, offset_right = ctx.saved_tensors
+        gx, gl, gr = ops.talk_conv_bwd(grad, x, offset_left, offset_right, ctx.max_left, ctx.max_right)
+        return gx, gl, (gr if ctx.has_right else None), None, None
+
+    def conv_setup(ctx, inputs, output):
+        x, weight, ctx.padding_left = inputs
+        ctx.save_for_backward(x, weight)
+
+    def conv_backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        gx, gw = ops.dynamic_conv_bwd(grad, x, weight, ctx.padding_left)
+        return gx, gw, None
+
+    torch.library.register_autograd("talk_hf::talk_conv_fwd", talk_backward, setup_context=talk_setup)
+    torch.library.register_autograd("talk_hf::dynamic_conv_fwd", conv_backward, setup_context=conv_setup)
+
+
+if _C is not None:
+    _register()
+
+
+def talk_conv(x, offset_left, offset_right, max_left, max_right):
+    """Compiled TaLK convolution; arguments as `talk_hf.talk_conv.talk_conv` (already validated)."""
+    return torch.ops.talk_hf.talk_conv_fwd(x, offset_left, offset_right, max_left, max_right)
+
+
+def dynamic_conv(x, weight, padding_left):
+    """Compiled dynamic convolution; weight (B, T, H, K) (LightConv kernels arrive expanded)."""
+    return torch.ops.talk_hf.dynamic_conv_fwd(x, weight, padding_left)

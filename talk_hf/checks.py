@@ -1,0 +1,43 @@
+"""Argument checks shared by the ops: each raises ValueError/TypeError naming the offending argument."""
+
+import torch
+
+
+def check_float_tensor(name, t, ndim):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if not t.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
+    if t.dim() != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(t.shape)}")
+
+
+def check_like(name, t, ref_name, ref, dims=None):
+    """`t` must share device and dtype with `ref`, and the sizes of `dims` (pairs of (t_dim, ref_dim))."""
+    if t.device != ref.device:
+        raise ValueError(f"{name} is on {t.device} but {ref_name} is on {ref.device}")
+    if t.dtype != ref.dtype:
+        raise TypeError(f"{name} has dtype {t.dtype} but {ref_name} has dtype {ref.dtype}")
+    for td, rd in dims or ():
+        if t.shape[td] != ref.shape[rd]:
+            raise ValueError(
+                f"{name} has shape {tuple(t.shape)}, which does not match {ref_name} {tuple(ref.shape)} "
+                f"(dim {td} vs dim {rd})"
+            )
+
+
+def check_int(name, value, minimum=None):
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+
+
+def check_heads(channels_name, channels, heads_name, heads):
+    if heads < 1 or channels % heads != 0:
+        raise ValueError(f"{channels_name}={channels} must be divisible by {heads_name}={heads}")
+
+
+def accumulation_dtype(dtype):
+    """fp64 stays fp64; everything else accumulates in fp32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32

@@ -1,0 +1,231 @@
+"""Random feature attention (Peng et al., 2021) as used by RFA-doc (Wu et al., 2022): linear attention whose
+features approximate a softmax on cosine similarity, with an optional per-head decay gate applied at sentence
+separators (reference_impls.md §C).
+
+Feature map (§C.1), per head h with a fixed random projection W_h (D, d) and a learned temperature tau_h:
+
+    phi(x) = 0.1 * [sin(u_1), cos(u_1), ..., sin(u_D), cos(u_D)],  u = W_h (x / (|x| + 1e-3)) / tau_h
+
+so features have F = 2D entries. Causal attention (§C.3), with decay[t] the factor applied to the state after
+step t (1 everywhere except at sentence separators, where it is the gate g; §C.5 decay variant):
+
+    S_t = decay[t-1] * S_{t-1} + phi(k_t) v_t^T,   z_t = decay[t-1] * z_{t-1} + phi(k_t)
+    out_t = phi(q_t)^T S_t / max(phi(q_t) . z_t, eps),   eps = 0.1
+
+A state is one tensor (B, H, F, d + 1): [..., :d] holds S and [..., d] holds z. States and all sums are fp32
+(fp64 for fp64 inputs) whatever the activation dtype. Padded keys must have zero features (the caller zeroes
+them). The training form is chunked: per chunk of `chunk_size` steps it uses (chunk x chunk) score blocks and
+one state per chunk, never a T x T matrix or a state per token.
+"""
+
+import math
+
+import torch
+
+from .checks import check_float_tensor
+
+DEFAULT_EPS = 0.1
+FEATURE_SCALE = 0.1
+NORM_EPS = 1e-3
+
+
+def _acc_dtype(*tensors):
+    return torch.float64 if any(t is not None and t.dtype == torch.float64 for t in tensors) else torch.float32
+
+
+def rfa_random_projection(heads, num_frequencies, head_dim, generator=None, device=None, dtype=torch.float32):
+    """Random projections for the feature map: (H, D, d) with i.i.d. N(0, 1) entries."""
+    return torch.randn(heads, num_frequencies, head_dim, generator=generator, device=device, dtype=dtype)
+
+
+def rfa_feature_map(x, projection, tau=None):
+    """Random features of queries or keys.
+
+    x: (B, T, H, d); projection: (H, D, d); tau: (H,) temperatures or None (= 1)
+    -> (B, T, H, 2D) in fp32 (fp64 for fp64 x), sin/cos pairs interleaved.
+    """
+    check_float_tensor("x", x, 4)
+    check_float_tensor("projection", projection, 3)
+    if projection.shape[0] != x.shape[2] or projection.shape[2] != x.shape[3]:
+        raise ValueError(f"projection must be (H, D, d) = ({x.shape[2]}, D, {x.shape[3]}), got {tuple(projection.shape)}")
+    acc = _acc_dtype(x)
+    x = x.to(acc)
+    w = projection.to(acc)
+    if tau is not None:
+        if tau.shape != (x.shape[2],):
+            raise ValueError(f"tau must have shape ({x.shape[2]},), got {tuple(tau.shape)}")
+        w = w / tau.to(acc).view(-1, 1, 1)
+    x_hat = x / (x.norm(dim=-1, keepdim=True) + NORM_EPS)
+    u = torch.einsum("bthd,hfd->bthf", x_hat, w)
+    return FEATURE_SCALE * torch.stack([torch.sin(u), torch.cos(u)], dim=-1).flatten(-2)
+
+
+def rfa_key_norm_rescale(k, tau=None, attention_mask=None):
+    """Norm rescaling of cross-attention key features (§C.1 step 4): exp(0.5 * (|k| / (sqrt(d) tau))^2 - m),
+    m the (detached) maximum over real source positions of each (batch, head).
+
+    k: (B, S, H, d) raw keys; tau: (H,) or None; attention_mask: (B, S) with 1 for real tokens -> (B, S, H, 1).
+    """
+    acc = _acc_dtype(k)
+    scaled = k.to(acc).norm(dim=-1) / math.sqrt(k.shape[-1])
+    if tau is not None:
+        scaled = scaled / tau.to(acc)
+    exponent = 0.5 * scaled**2  # (B, S, H)
+    if attention_mask is not None:
+        exponent = exponent.masked_fill(~attention_mask.bool().unsqueeze(-1), float("-inf"))
+    shift = exponent.amax(dim=1, keepdim=True).detach().clamp_min(0)
+    return torch.exp(exponent - shift).unsqueeze(-1)
+
+
+def _check_attention_args(q, k, v, decay=None, state=None):
+    check_float_tensor("q", q, 4)
+    check_float_tensor("k", k, 4)
+    check_float_tensor("v", v, 4)
+    if k.shape != q.shape:
+        raise ValueError(f"k must have the shape of q {tuple(q.shape)}, got {tuple(k.shape)}")
+    if v.shape[:3] != q.shape[:3]:
+        raise ValueError(f"v must be (B, T, H, d) matching q {tuple(q.shape[:3])}, got {tuple(v.shape)}")
+    for name, t in (("k", k), ("v", v), ("decay", decay), ("state", state)):
+        if t is not None and t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
+    if decay is not None and decay.shape != q.shape[:3]:
+        raise ValueError(f"decay must be (B, T, H) = {tuple(q.shape[:3])}, got {tuple(decay.shape)}")
+    if state is not None:
+        expected = (q.shape[0], q.shape[2], q.shape[3], v.shape[3] + 1)
+        if state.shape != expected:
+            raise ValueError(f"state must be (B, H, F, d + 1) = {expected}, got {tuple(state.shape)}")
+
+
+def rfa_init_state(batch, heads, num_features, head_dim, device=None, dtype=torch.float32):
+    """An empty attention state: (B, H, F, d + 1) zeros."""
+    return torch.zeros(batch, heads, num_features, head_dim + 1, device=device, dtype=dtype)
+
+
+def _with_ones(v, acc):
+    """(B, T, H, d) -> (B, T, H, d + 1): a column of ones turns the normaliser z into one more value column."""
+    v = v.to(acc)
+    return torch.cat([v, v.new_ones(*v.shape[:-1], 1)], dim=-1)
+
+
+def _normalise(num, eps):
+    """(..., d + 1) numerator and normaliser -> (..., d)."""
+    return num[..., :-1] / num[..., -1:].clamp_min(eps)
+
+
+def rfa_causal_ref(q, k, v, decay=None, initial_state=None, eps=DEFAULT_EPS):
+    """Causal RFA by its recurrence, one step at a time (the specification; float64-capable).
+
+    q, k: (B, T, H, F) features; v: (B, T, H, d); decay: (B, T, H) or None; initial_state: (B, H, F, d + 1)
+    -> (out (B, T, H, d) in v's dtype, final state (B, H, F, d + 1)).
+    """
+    _check_attention_args(q, k, v, decay, initial_state)
+    B, T, H, F = q.shape
+    acc = _acc_dtype(q, k, v, initial_state)
+    values = _with_ones(v, acc)
+    state = rfa_init_state(B, H, F, v.shape[-1], q.device, acc) if initial_state is None else initial_state.to(acc)
+    outs = []
+    for t in range(T):
+        state = state + k[:, t].to(acc).unsqueeze(-1) * values[:, t].unsqueeze(-2)
+        outs.append(_normalise(torch.einsum("bhf,bhfe->bhe", q[:, t].to(acc), state), eps))
+        if decay is not None:
+            state = state * decay[:, t].to(acc).view(B, H, 1, 1)
+    out = torch.stack(outs, dim=1) if outs else v.new_zeros(B, 0, H, v.shape[-1], dtype=acc)
+    return out.to(v.dtype), state
+
+
+def rfa_causal(q, k, v, decay=None, initial_state=None, eps=DEFAULT_EPS, chunk_size=64):
+    """Causal RFA in chunked form (training and prefill); same function as `rfa_causal_ref`.
+
+    q, k: (B, T, H, F) features; v: (B, T, H, d); decay: (B, T, H) factors in [0, 1] or None;
+    initial_state: (B, H, F, d + 1) or None -> (out (B, T, H, d) in v's dtype, final state (B, H, F, d + 1)).
+    """
+    _check_attention_args(q, k, v, decay, initial_state)
+    if q.shape[1] <= 1:  # a decoding step: the recurrence is cheapest
+        return rfa_causal_ref(q, k, v, decay, initial_state, eps)
+    B, T, H, F = q.shape
+    acc = _acc_dtype(q, k, v, initial_state)
+    C = chunk_size
+    N = -(-T // C)
+    pad = N * C - T  # padded steps have zero keys and decay 1: they change nothing and their outputs are cut
+
+    def chunks(t, width):  # (B, T, H, width) -> (B, H, N, C, width)
+        t = torch.nn.functional.pad(t.to(acc), (0, 0, 0, 0, 0, pad))
+        return t.view(B, N, C, H, width).permute(0, 3, 1, 2, 4)
+
+    qc, kc, vc = chunks(q, F), chunks(k, F), chunks(_with_ones(v, acc), v.shape[-1] + 1)
+    if decay is None:
+        log_decay = torch.zeros(B, H, N, C, dtype=acc, device=q.device)
+    else:
+        log_decay = chunks(decay.to(acc).clamp_min(torch.finfo(acc).tiny).log().unsqueeze(-1), 1).squeeze(-1)
+    inclusive = log_decay.cumsum(-1)
+    before = inclusive - log_decay  # log of the decay applied between the chunk start and step i
+    # weight of key j for query i in the same chunk: exp(before_i - before_j) for j <= i
+    causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
+    gaps = (before.unsqueeze(-1) - before.unsqueeze(-2)).masked_fill(~causal, float("-inf"))
+    intra = ((qc @ kc.transpose(-1, -2)) * gaps.exp()) @ vc
+    # what each chunk adds to the state, decayed to the chunk end
+    to_end = (inclusive[..., -1:] - before).exp().unsqueeze(-1)
+    updates = (kc * to_end).transpose(-1, -2) @ vc  # (B, H, N, F, d + 1)
+    chunk_decay = inclusive[..., -1].exp().view(B, H, N, 1, 1)
+    state = rfa_init_state(B, H, F, v.shape[-1], q.device, acc) if initial_state is None else initial_state.to(acc)
+    entering = []
+    for n in range(N):
+        entering.append(state)
+        state = chunk_decay[:, :, n] * state + updates[:, :, n]
+    inter = (qc * before.exp().unsqueeze(-1)) @ torch.stack(entering, dim=2)
+    out = _normalise(intra + inter, eps).permute(0, 2, 3, 1, 4).reshape(B, N * C, H, -1)[:, :T]
+    return out.to(v.dtype), state
+
+
+def rfa_step(q, k, v, state, decay=None, eps=DEFAULT_EPS):
+    """Decoding step(s) from a state, O(1) in the tokens already seen.
+
+    q, k: (B, T_new, H, F); v: (B, T_new, H, d); state: (B, H, F, d + 1); decay: (B, T_new, H) or None
+    -> (out (B, T_new, H, d), new state).
+    """
+    if state is None:
+        raise ValueError("rfa_step needs a state; start from rfa_init_state(...)")
+    return rfa_causal(q, k, v, decay, initial_state=state, eps=eps)
+
+
+def rfa_cross_state(k, v, attention_mask=None):
+    """The state of cross attention over a whole source, computed once per source.
+
+    k: (B, S, H, F) key features; v: (B, S, H, d); attention_mask: (B, S), 1 for real tokens -> (B, H, F, d + 1).
+    """
+    check_float_tensor("k", k, 4)
+    check_float_tensor("v", v, 4)
+    if v.shape[:3] != k.shape[:3]:
+        raise ValueError(f"v must be (B, S, H, d) matching k {tuple(k.shape[:3])}, got {tuple(v.shape)}")
+    acc = _acc_dtype(k, v)
+    k = k.to(acc)
+    if attention_mask is not None:
+        if attention_mask.shape != k.shape[:2]:
+            raise ValueError(f"attention_mask must be (B, S) = {tuple(k.shape[:2])}, got {tuple(attention_mask.shape)}")
+        k = k * attention_mask.to(acc).view(*k.shape[:2], 1, 1)
+    return torch.einsum("bshf,bshe->bhfe", k, _with_ones(v, acc))
+
+
+def rfa_cross(q, state, eps=DEFAULT_EPS):
+    """Cross attention of queries against a source state.
+
+    q: (B, T, H, F); state: (B, H, F, d + 1) from `rfa_cross_state` -> (B, T, H, d) in the state's dtype.
+    """
+    check_float_tensor("q", q, 4)
+    check_float_tensor("state", state, 4)
+    if state.shape[:3] != (q.shape[0], q.shape[2], q.shape[3]):
+        raise ValueError(f"state must be (B, H, F, d + 1) matching q {tuple(q.shape)}, got {tuple(state.shape)}")
+    return _normalise(torch.einsum("bthf,bhfe->bthe", q.to(state.dtype), state), eps)
+
+
+def rfa_cross_ref(q, k, v, attention_mask=None, eps=DEFAULT_EPS):
+    """Cross attention in quadratic form: out_t = sum_s (q_t . k_s) v_s / max(sum_s q_t . k_s, eps).
+
+    q: (B, T, H, F); k: (B, S, H, F); v: (B, S, H, d); attention_mask: (B, S) or None -> (B, T, H, d).
+    """
+    acc = _acc_dtype(q, k, v)
+    scores = torch.einsum("bthf,bshf->bhts", q.to(acc), k.to(acc))
+    if attention_mask is not None:
+        scores = scores * attention_mask.to(acc).view(scores.shape[0], 1, 1, -1)
+    num = torch.einsum("bhts,bshe->bthe", scores, v.to(acc))
+    return num / scores.sum(-1).transpose(1, 2).unsqueeze(-1).clamp_min(eps)
