@@ -28,13 +28,13 @@ def extension_build():
             "`pip install --no-build-isolation -e .` (or set TALK_HF_SKIP_BUILD=1 for the pure-PyTorch ops)"
         ) from err
     sources = ["csrc/talk_hf.cpp", *sorted(glob.glob("csrc/cpu/*.cpp"))]
-    cxx = ["-O3", "-std=c++17", "-fopenmp"]
+    cxx = ["-O3", "-fopenmp"]  # torch adds its own -std (C++20 for torch 2.13)
     with_cuda = torch.version.cuda is not None and CUDA_HOME is not None and not _flag("TALK_HF_SKIP_CUDA_BUILD")
     if not with_cuda:
         ext = CppExtension("talk_hf._C", sources, extra_compile_args={"cxx": cxx}, extra_link_args=["-fopenmp"])
         return {"ext_modules": [ext], "cmdclass": {"build_ext": BuildExtension}}
     archs = os.environ.get("TALK_HF_CUDA_ARCHS", "80;90").split(";")
-    nvcc = ["-O3", "-std=c++17", "--use_fast_math", "-lineinfo"]
+    nvcc = ["-O3", "-lineinfo"]
     nvcc += [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs]
     sources += ["csrc/cuda/bindings.cpp", *sorted(glob.glob("csrc/cuda/*.cu"))]
     ext = CUDAExtension(

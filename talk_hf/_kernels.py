@@ -20,12 +20,19 @@ def load_error():
     return _LOAD_ERROR
 
 
-def devices():
-    """Device types that have compiled kernels: ("cpu",) or ("cpu", "cuda"); () without the extension."""
+def _find_devices():
     if _C is None:
         return ()
     has = torch._C._dispatch_has_kernel_for_dispatch_key
     return tuple(d for d, key in (("cpu", "CPU"), ("cuda", "CUDA")) if has("talk_hf::talk_conv_fwd", key))
+
+
+_DEVICES = _find_devices()
+
+
+def devices():
+    """Device types that have compiled kernels: ("cpu",) or ("cpu", "cuda"); () without the extension."""
+    return _DEVICES
 
 
 def _register():

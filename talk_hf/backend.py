@@ -15,14 +15,11 @@ except ImportError:
     _kernels = None
 
 FORCE_REFERENCE_ENV = "TALK_HF_FORCE_REFERENCE"
-_KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _warned = set()
 
 
-def _warn_once(key, message):
-    if key not in _warned:
-        _warned.add(key)
-        warnings.warn(message, RuntimeWarning, stacklevel=3)
+def _forced_reference():
+    return os.environ.get(FORCE_REFERENCE_ENV, "0") not in ("", "0")
 
 
 def compiled_devices():
@@ -32,24 +29,26 @@ def compiled_devices():
 
 def backend(device="cpu"):
     """Which implementation the ops use for tensors on `device`: "compiled" or "reference"."""
-    if os.environ.get(FORCE_REFERENCE_ENV, "0") not in ("", "0"):
+    if _forced_reference():
         return "reference"
     return "compiled" if torch.device(device).type in compiled_devices() else "reference"
 
 
-def use_kernels(*tensors):
-    """True when the compiled kernels should run on these tensors (same device, supported dtype).
+def use_kernels(x):
+    """True when the compiled kernels should run on tensors like `x` (its device has them).
 
-    Falls back to the reference with one warning per device type when the extension is missing.
+    Otherwise the reference runs, with one warning per device type unless TALK_HF_FORCE_REFERENCE=1 asked for it.
     """
-    x = tensors[0]
-    if x.dtype not in _KERNEL_DTYPES or backend(x.device) == "reference":
-        if backend(x.device) == "reference" and not os.environ.get(FORCE_REFERENCE_ENV):
-            reason = _kernels.load_error() if _kernels is not None else "the talk_hf package is not installed"
-            _warn_once(
-                x.device.type,
-                f"talk_hf: no compiled kernels for {x.device.type} tensors ({reason}); "
-                "using the pure-PyTorch reference ops (same results, slower).",
-            )
-        return False
-    return True
+    if backend(x.device) == "compiled":
+        return True
+    if not _forced_reference() and x.device.type not in _warned:
+        _warned.add(x.device.type)
+        reason = _kernels.load_error() if _kernels is not None else "the talk_hf package is not installed"
+        reason = reason or f"talk_hf._C was built without {x.device.type} kernels"
+        warnings.warn(
+            f"talk_hf: no compiled kernels for {x.device.type} tensors ({reason}); "
+            "using the pure-PyTorch reference ops (same results, slower).",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    return False

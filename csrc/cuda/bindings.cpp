@@ -2,7 +2,7 @@
 // caching allocator), parameter packing and the launch on the current stream. Kernels: csrc/cuda/*.cu.
 #define TALK_HF_WITH_CUDA_TYPES
 #include <ATen/core/Tensor.h>
-#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAStream.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -60,7 +60,7 @@ at::Tensor talk_conv_fwd_cuda_op(const at::Tensor& x_, const at::Tensor& ol_, co
   TalkConvParams p = talk_params(x, ol, orr, max_left, max_right);
   p.out = out.data_ptr();
   at::Tensor ws = workspace(talk_conv_fwd_workspace_bytes(p), x);
-  check_launch(talk_conv_fwd_cuda(p, ws.numel() ? ws.data_ptr() : nullptr, at::cuda::getCurrentCUDAStream()),
+  check_launch(talk_conv_fwd_cuda(p, ws.numel() ? ws.data_ptr() : nullptr, c10::cuda::getCurrentCUDAStream()),
                "talk_conv_fwd");
   return out;
 }
@@ -84,7 +84,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> talk_conv_bwd_cuda_op(const at::T
   p.grad_offset_left = gol.data_ptr();
   p.grad_offset_right = or_.has_value() ? gor.data_ptr() : nullptr;
   at::Tensor ws = workspace(talk_conv_bwd_workspace_bytes(p), x);
-  check_launch(talk_conv_bwd_cuda(p, ws.numel() ? ws.data_ptr() : nullptr, at::cuda::getCurrentCUDAStream()),
+  check_launch(talk_conv_bwd_cuda(p, ws.numel() ? ws.data_ptr() : nullptr, c10::cuda::getCurrentCUDAStream()),
                "talk_conv_bwd");
   return {gx, gol, gor};
 }
@@ -111,7 +111,7 @@ at::Tensor dynamic_conv_fwd_cuda_op(const at::Tensor& x_, const at::Tensor& w_, 
   if (x.numel() == 0) return out;
   DynamicConvParams p = conv_params(x, w, padding_left);
   p.out = out.data_ptr();
-  check_launch(dynamic_conv_fwd_cuda(p, at::cuda::getCurrentCUDAStream()), "dynamic_conv_fwd");
+  check_launch(dynamic_conv_fwd_cuda(p, c10::cuda::getCurrentCUDAStream()), "dynamic_conv_fwd");
   return out;
 }
 
@@ -129,7 +129,7 @@ std::tuple<at::Tensor, at::Tensor> dynamic_conv_bwd_cuda_op(const at::Tensor& g_
   p.grad_x = gx.data_ptr();
   p.grad_weight = gw.data_ptr();
   at::Tensor ws = workspace(dynamic_conv_bwd_workspace_bytes(p), x);
-  check_launch(dynamic_conv_bwd_cuda(p, ws.numel() ? ws.data_ptr() : nullptr, at::cuda::getCurrentCUDAStream()),
+  check_launch(dynamic_conv_bwd_cuda(p, ws.numel() ? ws.data_ptr() : nullptr, c10::cuda::getCurrentCUDAStream()),
                "dynamic_conv_bwd");
   return {gx, gw};
 }

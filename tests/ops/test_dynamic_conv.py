@@ -1,0 +1,171 @@
+"""Dynamic / lightweight convolution: compiled kernel and reference against a naive loop, gradients, any K and
+padding, dtypes, strides, padding invariance, decoding steps and argument checks."""
+
+import pytest
+import torch
+
+from talk_hf import ops
+from talk_hf._kernels import devices
+from tests.utils import DTYPES, assert_close, grads, noncontiguous
+
+pytestmark = pytest.mark.skipif("cpu" not in devices(), reason="talk_hf._C is not built")  # see test_backend.py
+
+
+def conv_naive(x, weight, padding_left):
+    B, T, C = x.shape
+    H, K = weight.shape[-2:]
+    w = weight.expand(B, T, H, K) if weight.dim() == 2 else weight
+    out = torch.zeros(B, T, C, dtype=torch.float64)
+    for b in range(B):
+        for t in range(T):
+            for c in range(C):
+                h = c // (C // H)
+                for k in range(K):
+                    s = t + k - padding_left
+                    if 0 <= s < T:
+                        out[b, t, c] += w[b, t, h, k].double() * x[b, s, c].double()
+    return out
+
+
+def softmax_weights(*shape, dtype=torch.float64, generator=None):
+    return torch.randn(*shape, dtype=torch.float64, generator=generator).softmax(-1).to(dtype)
+
+
+CASES = [  # B, T, C, H, K, P
+    pytest.param(2, 13, 6, 3, 3, 1, id="K3-centred"),
+    pytest.param(2, 13, 6, 3, 3, 2, id="K3-causal"),
+    pytest.param(1, 1, 4, 2, 5, 4, id="T1"),
+    pytest.param(2, 4, 4, 4, 31, 30, id="K>T-causal-H=C"),
+    pytest.param(1, 9, 3, 1, 4, 2, id="even-K-H1"),
+    pytest.param(2, 11, 4, 2, 1, 0, id="K1"),
+    pytest.param(1, 7, 4, 2, 3, 0, id="P0-anticausal"),
+    pytest.param(1, 7, 4, 2, 3, 6, id="P>K"),
+    pytest.param(1, 7, 4, 2, 3, -2, id="P<0"),
+    pytest.param(2, 41, 6, 2, 7, 3, id="T41-prime"),
+]
+
+
+@pytest.mark.parametrize("light", [False, True], ids=["dynamic", "light"])
+@pytest.mark.parametrize("B,T,C,H,K,P", CASES)
+def test_matches_naive_loop(B, T, C, H, K, P, light):
+    g = torch.Generator().manual_seed(T * 7 + K)
+    x = torch.randn(B, T, C, dtype=torch.float64, generator=g)
+    w = softmax_weights(H, K, generator=g) if light else softmax_weights(B, T, H, K, generator=g)
+    expected = conv_naive(x, w, P)
+    assert_close(ops.dynamic_conv_ref(x, w, P), expected, name="reference")
+    assert_close(ops.dynamic_conv(x, w, P), expected, name="kernel")
+
+
+@pytest.mark.parametrize("P", [0, 2, 4, 7])
+@pytest.mark.parametrize("fn", [ops.dynamic_conv, ops.dynamic_conv_ref], ids=["kernel", "reference"])
+def test_gradcheck(fn, P):
+    g = torch.Generator().manual_seed(P)
+    x = torch.randn(2, 8, 6, dtype=torch.float64, generator=g, requires_grad=True)
+    w = torch.randn(2, 8, 3, 5, dtype=torch.float64, generator=g, requires_grad=True)
+    lw = torch.randn(3, 5, dtype=torch.float64, generator=g, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a, b: fn(a, b, P), (x, w))
+    assert torch.autograd.gradcheck(lambda a, b: fn(a, b, P), (x, lw))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("light", [False, True], ids=["dynamic", "light"])
+def test_dtype_tolerances(dtype, light):
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(2, 37, 16, dtype=torch.float64, generator=g).to(dtype)
+    w = softmax_weights(4, 15, generator=g, dtype=dtype) if light else softmax_weights(2, 37, 4, 15, generator=g, dtype=dtype)
+    out64, grads64 = grads(lambda a, b: ops.dynamic_conv_ref(a, b, 14), x.double(), w.double())
+    for fn in (ops.dynamic_conv, ops.dynamic_conv_ref):
+        out, gs = grads(lambda a, b: fn(a, b, 14), x, w)
+        assert out.dtype == dtype
+        assert_close(out, out64, dtype, "output")
+        assert_close(gs[0], grads64[0], dtype, "grad x")
+        assert_close(gs[1], grads64[1], dtype, "grad weight")
+
+
+def test_noncontiguous_inputs():
+    x = torch.randn(2, 10, 6, dtype=torch.float64)
+    w = softmax_weights(2, 10, 3, 4)
+    expected = ops.dynamic_conv_ref(x, w, 3)
+    assert_close(ops.dynamic_conv(noncontiguous(x), noncontiguous(w), 3), expected)
+    assert_close(ops.dynamic_conv(x.transpose(0, 1).contiguous().transpose(0, 1), w, 3), expected)
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+@pytest.mark.parametrize("P", [2, 4], ids=["centred", "causal"])
+def test_zero_padding_does_not_change_real_tokens(side, P):
+    T, pad = 8, 6
+    x = torch.randn(1, T, 4, dtype=torch.float64)
+    w = softmax_weights(1, T, 2, 5)
+    expected = ops.dynamic_conv(x, w, P)
+    spec = (0, 0, pad, 0) if side == "left" else (0, 0, 0, pad)
+    real = slice(pad, None) if side == "left" else slice(0, T)
+    wp = torch.nn.functional.pad(w, (0, 0, 0, 0) + spec[2:], value=0.2)
+    out = ops.dynamic_conv(torch.nn.functional.pad(x, spec), wp, P)
+    torch.testing.assert_close(out[:, real], expected, rtol=1e-12, atol=1e-12)
+
+
+def test_batch_equals_rows_one_at_a_time():
+    x = torch.randn(3, 19, 8)
+    w = softmax_weights(3, 19, 2, 7, dtype=torch.float32)
+    batched = ops.dynamic_conv(x, w, 6)
+    for b in range(3):
+        assert torch.equal(batched[b : b + 1], ops.dynamic_conv(x[b : b + 1], w[b : b + 1], 6))
+
+
+@pytest.mark.parametrize("K", [1, 3, 31])
+@pytest.mark.parametrize("light", [False, True], ids=["dynamic", "light"])
+def test_steps_equal_causal_op(K, light):
+    """Softmax over all K taps then truncation at the start: steps from the K-1 input ring equal the full op."""
+    T, split = 20, 5
+    x = torch.randn(2, T, 6, dtype=torch.float64)
+    w = softmax_weights(3, K) if light else softmax_weights(2, T, 3, K)
+    wt = (lambda a, b: w) if light else (lambda a, b: w[:, a:b])
+    full = ops.dynamic_conv(x, w, K - 1)
+    outs = [ops.dynamic_conv(x[:, :split], wt(0, split), K - 1)]
+    state = ops.dynamic_conv_state_from_prefix(x[:, :split], K)
+    for t in range(split, T - 4):
+        out, state = ops.dynamic_conv_step(x[:, t : t + 1], wt(t, t + 1), state)
+        assert state.shape == (2, K - 1, 6)
+        outs.append(out)
+    out, state = ops.dynamic_conv_step(x[:, T - 4 :], wt(T - 4, T), state)
+    outs.append(out)
+    torch.testing.assert_close(torch.cat(outs, 1), full, rtol=1e-12, atol=1e-12)
+    # from an empty state, token by token
+    state, outs = ops.dynamic_conv_init_state(2, 6, K, dtype=torch.float64), []
+    for t in range(T):
+        out, state = ops.dynamic_conv_step(x[:, t : t + 1], wt(t, t + 1), state)
+        outs.append(out)
+    torch.testing.assert_close(torch.cat(outs, 1), full, rtol=1e-12, atol=1e-12)
+
+
+def test_opcheck():
+    x = torch.randn(2, 7, 6, requires_grad=True)
+    w = softmax_weights(2, 7, 3, 4, dtype=torch.float32).requires_grad_()
+    torch.library.opcheck(torch.ops.talk_hf.dynamic_conv_fwd.default, (x, w, 3))
+    torch.library.opcheck(torch.ops.talk_hf.dynamic_conv_fwd.default, (x, w, -2))
+    torch.library.opcheck(torch.ops.talk_hf.dynamic_conv_bwd.default, (torch.randn(2, 7, 6), x.detach(), w.detach(), 1))
+
+
+def test_torch_compile_matches_eager():
+    x, w = torch.randn(2, 9, 6), softmax_weights(2, 9, 3, 5, dtype=torch.float32)
+    compiled = torch.compile(lambda a, b: ops.dynamic_conv(a, b, 4) + 1, fullgraph=True)
+    torch.testing.assert_close(compiled(x, w), ops.dynamic_conv(x, w, 4) + 1)
+
+
+BAD_INPUTS = [
+    (lambda x, w: ops.dynamic_conv(x[0], w, 1), ValueError, "x must have 3 dimensions"),
+    (lambda x, w: ops.dynamic_conv(x, w[0], 1), ValueError, "weight must be"),
+    (lambda x, w: ops.dynamic_conv(x, torch.rand(2, 5, 4, 3), 1), ValueError, "divisible"),
+    (lambda x, w: ops.dynamic_conv(x, w[:, :4], 1), ValueError, "weight has shape"),
+    (lambda x, w: ops.dynamic_conv(x, w.double(), 1), TypeError, "weight has dtype"),
+    (lambda x, w: ops.dynamic_conv(x, w, 1.0), TypeError, "padding_left"),
+    (lambda x, w: ops.dynamic_conv(x, w[..., :0], 1), ValueError, "K >= 1"),
+    (lambda x, w: ops.light_conv(x, w, 1), ValueError, r"\(H, K\)"),
+    (lambda x, w: ops.dynamic_conv_step(x, w, torch.zeros(2, 5, 6)), ValueError, "state"),
+]
+
+
+@pytest.mark.parametrize("call,error,match", BAD_INPUTS)
+def test_bad_input_names_the_argument(call, error, match):
+    with pytest.raises(error, match=match):
+        call(torch.randn(2, 5, 6), torch.rand(2, 5, 3, 3))

@@ -1,0 +1,231 @@
+"""Random feature attention: feature map, chunked causal form vs the recurrence and a quadratic definition, decay
+gate, decoding steps, cross attention, precision, memory and argument checks."""
+
+import math
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from talk_hf import ops
+from talk_hf.rfa import rfa_key_norm_rescale
+from tests.utils import REL_TOL, assert_close, rel_err
+
+
+def features(B, T, H, F, generator, dtype=torch.float64):
+    """Realistic features: the feature map of random vectors (values in [-0.1, 0.1], positive-ish sums)."""
+    proj = ops.rfa_random_projection(H, F // 2, 8, generator=generator, dtype=dtype)
+    return ops.rfa_feature_map(torch.randn(B, T, H, 8, generator=generator, dtype=dtype), proj)
+
+
+def causal_naive(q, k, v, decay=None, eps=0.1):
+    """Quadratic definition: key j weighs phi(q_i).phi(k_j) * prod_{j <= m < i} decay_m for j <= i."""
+    B, T, H, _ = q.shape
+    out = torch.zeros(B, T, H, v.shape[-1], dtype=torch.float64)
+    for i in range(T):
+        w = torch.einsum("bhf,bjhf->bjh", q[:, i].double(), k[:, : i + 1].double())
+        if decay is not None:
+            for j in range(i + 1):
+                w[:, j] *= decay[:, j:i].double().prod(1)
+        out[:, i] = torch.einsum("bjh,bjhd->bhd", w, v[:, : i + 1].double()) / w.sum(1).clamp_min(eps).unsqueeze(-1)
+    return out
+
+
+def gate(B, T, H, generator, dtype=torch.float64):
+    """Decay factors: 1 except at a few 'separator' positions, where a sigmoid gate value applies."""
+    sep = torch.rand(B, T, 1, generator=generator) < 0.25
+    g = torch.rand(B, T, H, generator=generator, dtype=torch.float64) * 0.9 + 0.05
+    return torch.where(sep, g, torch.ones_like(g)).to(dtype)
+
+
+def test_feature_map_shape_interleaving_and_norm():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 5, 3, 8, generator=g)
+    proj = ops.rfa_random_projection(3, 16, 8, generator=g)
+    tau = torch.tensor([1.0, 0.5, 2.0])
+    phi = ops.rfa_feature_map(x, proj, tau)
+    assert phi.shape == (2, 5, 3, 32) and phi.dtype == torch.float32
+    x_hat = x / (x.norm(dim=-1, keepdim=True) + 1e-3)
+    u = torch.einsum("bthd,hfd->bthf", x_hat, proj / tau.view(3, 1, 1))
+    torch.testing.assert_close(phi[..., 0::2], 0.1 * torch.sin(u))
+    torch.testing.assert_close(phi[..., 1::2], 0.1 * torch.cos(u))
+    torch.testing.assert_close((phi * phi).sum(-1), torch.full((2, 5, 3), 0.01 * 16))
+
+
+def test_feature_map_approximates_a_softmax_kernel():
+    """phi(q).phi(k) ~= 0.01 D exp(-|q^ - k^|^2 / (2 tau^2)) for many random frequencies."""
+    g = torch.Generator().manual_seed(1)
+    D, tau = 20_000, 0.7
+    q, k = torch.randn(1, 6, 1, 8, generator=g, dtype=torch.float64), torch.randn(1, 6, 1, 8, generator=g, dtype=torch.float64)
+    proj = ops.rfa_random_projection(1, D, 8, generator=g, dtype=torch.float64)
+    t = torch.tensor([tau], dtype=torch.float64)
+    approx = (ops.rfa_feature_map(q, proj, t) * ops.rfa_feature_map(k, proj, t)).sum(-1)
+    qh, kh = q / (q.norm(dim=-1, keepdim=True) + 1e-3), k / (k.norm(dim=-1, keepdim=True) + 1e-3)
+    exact = 0.01 * D * torch.exp(-((qh - kh) ** 2).sum(-1) / (2 * tau**2))
+    assert (approx - exact).abs().max() < 0.03 * 0.01 * D
+
+
+CASES = [  # B, T, H, F, d, chunk
+    pytest.param(2, 1, 2, 8, 4, 64, id="T1"),
+    pytest.param(2, 13, 2, 8, 4, 64, id="T13-one-chunk"),
+    pytest.param(1, 29, 3, 6, 5, 4, id="T29-chunk4"),
+    pytest.param(2, 16, 1, 4, 3, 16, id="T=chunk"),
+    pytest.param(1, 9, 2, 4, 3, 1, id="chunk1"),
+]
+
+
+@pytest.mark.parametrize("gated", [False, True], ids=["plain", "gated"])
+@pytest.mark.parametrize("B,T,H,F,d,chunk", CASES)
+def test_causal_matches_recurrence_and_definition(B, T, H, F, d, chunk, gated):
+    g = torch.Generator().manual_seed(T + F)
+    q, k = features(B, T, H, F, g), features(B, T, H, F, g)
+    v = torch.randn(B, T, H, d, generator=g, dtype=torch.float64)
+    decay = gate(B, T, H, g) if gated else None
+    expected = causal_naive(q, k, v, decay)
+    ref, ref_state = ops.rfa_causal_ref(q, k, v, decay)
+    out, state = ops.rfa_causal(q, k, v, decay, chunk_size=chunk)
+    assert_close(ref, expected, name="recurrence")
+    assert_close(out, expected, name="chunked")
+    assert_close(state, ref_state, name="final state")
+
+
+def test_chunked_gradcheck():
+    g = torch.Generator().manual_seed(2)
+    q, k = features(1, 7, 2, 4, g).requires_grad_(), features(1, 7, 2, 4, g).requires_grad_()
+    v = torch.randn(1, 7, 2, 3, generator=g, dtype=torch.float64, requires_grad=True)
+    decay = gate(1, 7, 2, g).requires_grad_()
+    assert torch.autograd.gradcheck(lambda *a: ops.rfa_causal(*a, chunk_size=3)[0], (q, k, v, decay))
+
+
+def test_steps_equal_full_and_chunked_prefill():
+    g = torch.Generator().manual_seed(3)
+    B, T, H, F, d = 2, 21, 2, 8, 4
+    q, k = features(B, T, H, F, g), features(B, T, H, F, g)
+    v, decay = torch.randn(B, T, H, d, generator=g, dtype=torch.float64), gate(B, T, H, g)
+    full, full_state = ops.rfa_causal(q, k, v, decay, chunk_size=4)
+    out, state = ops.rfa_causal(q[:, :8], k[:, :8], v[:, :8], decay[:, :8], chunk_size=4)
+    outs = [out]
+    for t in range(8, T):
+        out, state = ops.rfa_step(q[:, t : t + 1], k[:, t : t + 1], v[:, t : t + 1], state, decay[:, t : t + 1])
+        assert state.shape == (B, H, F, d + 1)
+        outs.append(out)
+    torch.testing.assert_close(torch.cat(outs, 1), full, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(state, full_state, rtol=1e-10, atol=1e-12)
+    state = ops.rfa_init_state(B, H, F, d, dtype=torch.float64)  # chunked continuation from an existing state
+    a, state = ops.rfa_step(q[:, :5], k[:, :5], v[:, :5], state, decay[:, :5])
+    b, _ = ops.rfa_step(q[:, 5:], k[:, 5:], v[:, 5:], state, decay[:, 5:])
+    torch.testing.assert_close(torch.cat([a, b], 1), full, rtol=1e-10, atol=1e-12)
+
+
+def test_low_precision_values_keep_fp32_state():
+    g = torch.Generator().manual_seed(4)
+    q, k = features(2, 40, 2, 8, g, torch.float32), features(2, 40, 2, 8, g, torch.float32)
+    v = torch.randn(2, 40, 2, 4, generator=g).bfloat16()
+    out, state = ops.rfa_causal(q, k, v, chunk_size=16)
+    assert out.dtype == torch.bfloat16 and state.dtype == torch.float32
+    expected, _ = ops.rfa_causal_ref(q.double(), k.double(), v.double())
+    assert rel_err(out, expected) <= REL_TOL[torch.bfloat16]
+
+
+def test_denominator_guard():
+    """Sin/cos features can make phi(q).z negative; the normaliser is clamped at eps = 0.1 (§C.3)."""
+    q = torch.tensor([[[[1.0, 0.0]]], [[[0.0, 1.0]]]], dtype=torch.float64).view(1, 2, 1, 2)
+    k = torch.tensor([[-0.05, 0.0], [0.0, 0.02]], dtype=torch.float64).view(1, 2, 1, 2)
+    v = torch.tensor([[2.0], [3.0]], dtype=torch.float64).view(1, 2, 1, 1)
+    out, _ = ops.rfa_causal(q, k, v)
+    torch.testing.assert_close(out.flatten(), torch.tensor([-0.05 * 2 / 0.1, 0.02 * 3 / 0.1], dtype=torch.float64))
+
+
+class MaxNumel(TorchDispatchMode):
+    """Records the largest tensor any op produces."""
+
+    def __init__(self):
+        super().__init__()
+        self.max_numel = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.max_numel = max(self.max_numel, t.numel())
+        return out
+
+
+def test_chunked_form_never_materialises_t_by_t_or_per_token_states():
+    B, T, H, F, d = 1, 4096, 1, 64, 32
+    g = torch.Generator().manual_seed(5)
+    q, k, v = features(B, T, H, F, g, torch.float32), features(B, T, H, F, g, torch.float32), torch.randn(B, T, H, d)
+    decay = gate(B, T, H, g, torch.float32)
+    with MaxNumel() as mode:
+        ops.rfa_causal(q, k, v, decay, chunk_size=64)
+    assert mode.max_numel <= T * max(64, F)  # (chunk x chunk) score blocks and chunked inputs: linear in T
+    assert mode.max_numel < T * T // 16 and mode.max_numel < T * F * (d + 1) // 8  # T x T, or a state per token
+
+
+def test_right_padding_with_zero_keys_keeps_real_outputs():
+    """Padded steps with zero key features (and any query/value) leave the real outputs and their states alone."""
+    g = torch.Generator().manual_seed(6)
+    q, k, v = features(1, 10, 2, 8, g), features(1, 10, 2, 8, g), torch.randn(1, 10, 2, 3, generator=g, dtype=torch.float64)
+    expected, state = ops.rfa_causal(q, k, v, chunk_size=4)
+    junk = lambda t: torch.cat([t, torch.rand(1, 7, *t.shape[2:], generator=g, dtype=t.dtype)], 1)  # noqa: E731
+    k_padded = torch.cat([k, torch.zeros(1, 7, 2, 8, dtype=k.dtype)], 1)
+    out, padded_state = ops.rfa_causal(junk(q), k_padded, junk(v), chunk_size=4)
+    torch.testing.assert_close(out[:, :10], expected, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(padded_state, state, rtol=1e-10, atol=1e-12)
+
+
+def test_batch_equals_rows_one_at_a_time():
+    g = torch.Generator().manual_seed(7)
+    q, k, v = features(3, 19, 2, 8, g, torch.float32), features(3, 19, 2, 8, g, torch.float32), torch.randn(3, 19, 2, 4, generator=g)
+    decay = gate(3, 19, 2, g, torch.float32)
+    batched, _ = ops.rfa_causal(q, k, v, decay, chunk_size=8)
+    for b in range(3):
+        row, _ = ops.rfa_causal(q[b : b + 1], k[b : b + 1], v[b : b + 1], decay[b : b + 1], chunk_size=8)
+        torch.testing.assert_close(batched[b : b + 1], row, rtol=1e-6, atol=1e-7)
+
+
+def test_cross_attention_matches_quadratic_form_and_ignores_padding():
+    g = torch.Generator().manual_seed(8)
+    B, T, S, H, F, d = 2, 5, 9, 2, 8, 4
+    q, k = features(B, T, H, F, g), features(B, S, H, F, g)
+    v = torch.randn(B, S, H, d, generator=g, dtype=torch.float64)
+    mask = torch.ones(B, S, dtype=torch.long)
+    mask[1, 6:] = 0
+    expected = ops.rfa_cross_ref(q, k, v, mask)
+    assert_close(ops.rfa_cross(q, ops.rfa_cross_state(k, v, mask)), expected)
+    row = ops.rfa_cross(q[1:], ops.rfa_cross_state(k[1:, :6], v[1:, :6]))  # the padded row without its padding
+    torch.testing.assert_close(row, expected[1:], rtol=1e-10, atol=1e-12)
+    naive = torch.stack([(q[0, t] * k[0]).sum(-1) for t in range(T)])  # (T, S, H)
+    num = torch.einsum("tsh,shd->thd", naive, v[0])
+    torch.testing.assert_close(expected[0], num / naive.sum(1).clamp_min(0.1).unsqueeze(-1))
+
+
+def test_key_norm_rescale():
+    k = torch.randn(2, 7, 3, 8) * torch.arange(1, 8).view(1, 7, 1, 1)
+    mask = torch.ones(2, 7, dtype=torch.long)
+    mask[0, 5:] = 0  # padded keys are the largest ones: they must not set the shift
+    scale = rfa_key_norm_rescale(k, torch.ones(3), mask)
+    assert scale.shape == (2, 7, 3, 1)
+    torch.testing.assert_close(scale[0, :5].amax(0), torch.ones(3, 1))
+    torch.testing.assert_close(scale[1].amax(0), torch.ones(3, 1))
+    exponent = 0.5 * (k[1].norm(dim=-1) / math.sqrt(8)) ** 2  # (S, H)
+    torch.testing.assert_close(scale[1, :, :, 0], torch.exp(exponent - exponent.amax(0)))
+
+
+BAD_INPUTS = [
+    (lambda q, v: ops.rfa_causal(q[0], q, v), ValueError, "q must have 4 dimensions"),
+    (lambda q, v: ops.rfa_causal(q, q[:, :3], v), ValueError, "k must have the shape of q"),
+    (lambda q, v: ops.rfa_causal(q, q, v[:, :3]), ValueError, "v must be"),
+    (lambda q, v: ops.rfa_causal(q, q, v, decay=torch.ones(2, 5)), ValueError, "decay must be"),
+    (lambda q, v: ops.rfa_causal(q, q, v, initial_state=torch.zeros(2, 2, 8, 4)), ValueError, "state must be"),
+    (lambda q, v: ops.rfa_causal(q, q, v.to("meta")), ValueError, "v is on"),
+    (lambda q, v: ops.rfa_step(q, q, v, None), ValueError, "needs a state"),
+    (lambda q, v: ops.rfa_feature_map(v, torch.randn(2, 4, 5)), ValueError, "projection must be"),
+    (lambda q, v: ops.rfa_cross(q, torch.zeros(2, 2, 7, 5)), ValueError, "state must be"),
+]
+
+
+@pytest.mark.parametrize("call,error,match", BAD_INPUTS)
+def test_bad_input_names_the_argument(call, error, match):
+    with pytest.raises(error, match=match):
+        call(torch.randn(2, 5, 2, 8), torch.randn(2, 5, 2, 4))

@@ -1,0 +1,231 @@
+"""TaLK convolution: compiled kernel and reference against a naive loop, gradients, dtypes, shapes, padding,
+decoding steps and argument checks."""
+
+import math
+
+import pytest
+import torch
+
+from talk_hf import ops
+from talk_hf._kernels import devices
+from tests.utils import DTYPES, REL_TOL, assert_close, grads, noncontiguous, offsets, rel_err
+
+pytestmark = pytest.mark.skipif("cpu" not in devices(), reason="talk_hf._C is not built")  # see test_backend.py
+
+
+def talk_naive(x, offset_left, offset_right, max_left, max_right):
+    """The definition token by token: whole tokens inside [l, r] plus the two fractional edge tokens."""
+    B, T, C = x.shape
+    H = offset_left.shape[-1]
+    R = C // H
+    out = torch.zeros(B, T, C, dtype=torch.float64)
+    for b in range(B):
+        for t in range(T):
+            for h in range(H):
+                l = min(max(t - offset_left[b, t, h].item() * max_left, 0.0), T - 1.0)
+                r = t if offset_right is None else min(max(t + offset_right[b, t, h].item() * max_right, 0.0), T - 1.0)
+                cl, fr = math.ceil(l), math.floor(r)
+                xs = x[b, :, h * R : (h + 1) * R].double()
+                window = xs[cl : fr + 1].sum(0) + (cl - l) * xs[math.floor(l)] + (r - fr) * xs[math.ceil(r)]
+                out[b, t, h * R : (h + 1) * R] = window / (max_left + max_right + 1)
+    return out
+
+
+CASES = [  # B, T, C, H, max_left, max_right
+    pytest.param(2, 13, 6, 3, 3, 4, id="B2-T13-C6-H3-l3-r4"),
+    pytest.param(1, 1, 4, 2, 2, 2, id="T1"),
+    pytest.param(3, 5, 8, 8, 15, 15, id="T<window-H=C"),
+    pytest.param(2, 97, 5, 1, 7, 0, id="T97-H1-noright"),
+    pytest.param(1, 300, 8, 4, 31, 31, id="T>>window"),
+]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["encoder", "causal"])
+@pytest.mark.parametrize("B,T,C,H,max_left,max_right", CASES)
+def test_matches_naive_loop(B, T, C, H, max_left, max_right, causal):
+    g = torch.Generator().manual_seed(T * 31 + C)
+    x = torch.randn(B, T, C, dtype=torch.float64, generator=g)
+    ol = offsets(B, T, H, generator=g)
+    orr, mr = (None, 0) if causal else (offsets(B, T, H, generator=g), max_right)
+    expected = talk_naive(x, ol, orr, max_left, mr)
+    assert_close(ops.talk_conv_ref(x, ol, orr, max_left, mr), expected, name="reference")
+    assert_close(ops.talk_conv(x, ol, orr, max_left, mr), expected, name="kernel")
+
+
+def test_full_and_empty_windows():
+    """Offsets 1: a box filter of width max_left + max_right + 1 truncated at the ends; offsets 0: x / norm."""
+    x = torch.randn(2, 20, 6, dtype=torch.float64)
+    ones, zeros = torch.ones(2, 20, 3, dtype=torch.float64), torch.zeros(2, 20, 3, dtype=torch.float64)
+    padded = torch.nn.functional.pad(x, (0, 0, 3, 2))
+    box = torch.stack([padded[:, t : t + 6].sum(1) for t in range(20)], 1) / 6
+    for fn in (ops.talk_conv, ops.talk_conv_ref):
+        assert_close(fn(x, ones, ones, 3, 2), box)
+        assert_close(fn(x, zeros, zeros, 3, 2), x / 6)
+        assert_close(fn(x, zeros, None, 4, 0), x / 5)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["encoder", "causal"])
+@pytest.mark.parametrize("fn", [ops.talk_conv, ops.talk_conv_ref], ids=["kernel", "reference"])
+def test_gradcheck(fn, causal):
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(2, 9, 6, dtype=torch.float64, generator=g, requires_grad=True)
+    ol = offsets(2, 9, 2, generator=g).requires_grad_()
+    if causal:
+        assert torch.autograd.gradcheck(lambda a, b: fn(a, b, None, 4, 0), (x, ol))
+    else:
+        orr = offsets(2, 9, 2, generator=g).requires_grad_()
+        assert torch.autograd.gradcheck(lambda a, b, c: fn(a, b, c, 4, 3), (x, ol, orr))
+
+
+def test_offset_gradient_vanishes_when_clamped():
+    """Windows clamped at the sequence ends have no offset gradient (the slope of a clamped end is zero)."""
+    x = torch.randn(1, 4, 2, dtype=torch.float64)
+    ol = torch.full((1, 4, 1), 0.9, dtype=torch.float64)  # reach 9 > t for every t: always clamped at 0
+    for fn in (ops.talk_conv, ops.talk_conv_ref):
+        _, (gx, gl) = grads(lambda a, b: fn(a, b, None, 10, 0), x, ol)
+        assert torch.equal(gl, torch.zeros_like(gl))
+        assert gx.abs().sum() > 0
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("causal", [False, True], ids=["encoder", "causal"])
+def test_dtype_tolerances(dtype, causal):
+    """Kernel and reference in each dtype vs float64 on the same rounded inputs: outputs and all gradients."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 67, 16, dtype=torch.float64, generator=g).to(dtype)
+    ol = offsets(2, 67, 4, generator=g, dtype=dtype)
+    orr = None if causal else offsets(2, 67, 4, generator=g, dtype=dtype)
+    inputs = (x, ol) if causal else (x, ol, orr)
+    mr = 0 if causal else 9
+
+    def run(fn):
+        return lambda *a: fn(a[0], a[1], a[2] if len(a) > 2 else None, 11, mr)
+
+    out64, grads64 = grads(run(ops.talk_conv_ref), *[t.double() for t in inputs])
+    for fn in (ops.talk_conv, ops.talk_conv_ref):
+        out, gs = grads(run(fn), *inputs)
+        assert out.dtype == dtype
+        assert_close(out, out64, dtype, "output")
+        for i, (a, b) in enumerate(zip(gs, grads64)):
+            assert_close(a, b, dtype, f"grad {i}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+def test_long_sequence_keeps_fractions(dtype):
+    """At T=10,000 the windows keep their fractional edges: low-precision results match float64 math on the same
+    inputs to output rounding, and the offset gradients past t=2048 are not zero (fp16 positions lose both)."""
+    g = torch.Generator().manual_seed(11)
+    T = 10_000
+    x = (torch.randn(1, T, 8, dtype=torch.float64, generator=g) + 0.3).to(dtype)
+    ol = offsets(1, T, 2, generator=g, dtype=dtype)
+    orr = offsets(1, T, 2, generator=g, dtype=dtype)
+    expected = ops.talk_conv_ref(x.double(), ol.double(), orr.double(), 31, 31)
+    out, (gx, gl, gr) = grads(lambda a, b, c: ops.talk_conv(a, b, c, 31, 31), x, ol, orr)
+    tail = slice(2048, None)
+    # fp32 prefix sums of mean-0.3 inputs reach ~3,000 here, so their cancellation costs ~1e-4 relative in fp32;
+    # fp16/bf16 stay at output rounding because their sums are fp32 too.
+    assert rel_err(out[:, tail], expected[:, tail]) <= max(REL_TOL[dtype], 1e-4)
+    assert (gl[:, tail] != 0).float().mean() > 0.99 and (gr[:, tail] != 0).float().mean() > 0.99
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["encoder", "causal"])
+def test_noncontiguous_inputs(causal):
+    x = torch.randn(2, 11, 6, dtype=torch.float64)
+    ol, orr = offsets(2, 11, 3), None if causal else offsets(2, 11, 3)
+    mr = 0 if causal else 2
+    expected = ops.talk_conv_ref(x, ol, orr, 3, mr)
+    nc = [noncontiguous(t) if t is not None else None for t in (x, ol, orr)]
+    assert_close(ops.talk_conv(nc[0], nc[1], nc[2], 3, mr), expected)
+    xt = x.transpose(0, 1).contiguous().transpose(0, 1)  # another stride pattern
+    assert_close(ops.talk_conv(xt, ol, orr, 3, mr), expected)
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+@pytest.mark.parametrize("causal", [False, True], ids=["encoder", "causal"])
+def test_zero_padding_does_not_change_real_tokens(side, causal):
+    """Padding zeroed on either side leaves the outputs of real tokens exactly as without padding."""
+    T, pad = 9, 5
+    x = torch.randn(1, T, 4, dtype=torch.float64)
+    ol, orr = offsets(1, T, 2), offsets(1, T, 2)
+    mr, orr = (0, None) if causal else (6, orr)
+    expected = ops.talk_conv(x, ol, orr, 6, mr)
+    spec = (0, 0, pad, 0) if side == "left" else (0, 0, 0, pad)
+    real = slice(pad, None) if side == "left" else slice(0, T)
+    padded = [torch.nn.functional.pad(t, spec, value=0.5) if t is not None else None for t in (ol, orr)]
+    out = ops.talk_conv(torch.nn.functional.pad(x, spec), padded[0], padded[1], 6, mr)
+    torch.testing.assert_close(out[:, real], expected, rtol=1e-12, atol=1e-12)
+
+
+def test_batch_equals_rows_one_at_a_time():
+    x = torch.randn(4, 17, 6)
+    ol, orr = offsets(4, 17, 2, dtype=torch.float32), offsets(4, 17, 2, dtype=torch.float32)
+    batched = ops.talk_conv(x, ol, orr, 5, 5)
+    for b in range(4):
+        assert torch.equal(batched[b : b + 1], ops.talk_conv(x[b : b + 1], ol[b : b + 1], orr[b : b + 1], 5, 5))
+
+
+@pytest.mark.parametrize("max_left", [0, 1, 7])
+def test_steps_equal_causal_op(max_left):
+    """Prefix via the full op, then single steps and a chunk from the fixed-size state, equal the full causal op."""
+    T, split = 23, 6
+    x = torch.randn(2, T, 6, dtype=torch.float64)
+    ol = offsets(2, T, 3)
+    full = ops.talk_conv(x, ol, None, max_left, 0)
+    state = ops.talk_conv_state_from_prefix(x[:, :split], max_left)
+    outs = [ops.talk_conv(x[:, :split], ol[:, :split], None, max_left, 0)]
+    for t in range(split, T - 5):
+        out, state = ops.talk_conv_step(x[:, t : t + 1], ol[:, t : t + 1], state, max_left)
+        assert state.shape == (2, max_left + 2, 6)
+        outs.append(out)
+    out, state = ops.talk_conv_step(x[:, T - 5 :], ol[:, T - 5 :], state, max_left)  # a multi-token chunk
+    outs.append(out)
+    torch.testing.assert_close(torch.cat(outs, 1), full, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(state, ops.talk_conv_state_from_prefix(x, max_left), rtol=1e-12, atol=1e-12)
+
+
+def test_steps_from_empty_state_in_fp16_keep_fp32_state():
+    x = torch.randn(1, 12, 4).half()
+    ol = offsets(1, 12, 2, dtype=torch.float16)
+    state = ops.talk_conv_init_state(1, 4, 3)
+    outs = []
+    for t in range(12):
+        out, state = ops.talk_conv_step(x[:, t : t + 1], ol[:, t : t + 1], state, 3)
+        outs.append(out)
+    assert state.dtype == torch.float32 and outs[0].dtype == torch.float16
+    assert_close(torch.cat(outs, 1), ops.talk_conv_ref(x.double(), ol.double(), None, 3, 0), torch.float16)
+
+
+def test_opcheck():
+    x = torch.randn(2, 7, 6)
+    ol, orr = offsets(2, 7, 3, dtype=torch.float32), offsets(2, 7, 3, dtype=torch.float32)
+    fwd = torch.ops.talk_hf.talk_conv_fwd.default
+    torch.library.opcheck(fwd, (x.requires_grad_(), ol.requires_grad_(), orr.requires_grad_(), 3, 2))
+    torch.library.opcheck(fwd, (x, ol, None, 3, 0))
+    torch.library.opcheck(torch.ops.talk_hf.talk_conv_bwd.default, (torch.randn(2, 7, 6), x.detach(), ol.detach(), None, 3, 0))
+
+
+def test_torch_compile_matches_eager():
+    x, ol, orr = torch.randn(2, 9, 6), offsets(2, 9, 3, dtype=torch.float32), offsets(2, 9, 3, dtype=torch.float32)
+    compiled = torch.compile(lambda a, b, c: ops.talk_conv(a, b, c, 4, 4) * 2, fullgraph=True)
+    torch.testing.assert_close(compiled(x, ol, orr), ops.talk_conv(x, ol, orr, 4, 4) * 2)
+
+
+BAD_INPUTS = [
+    (lambda x, o: ops.talk_conv(x[0], o, o, 2, 2), ValueError, "x must have 3 dimensions"),
+    (lambda x, o: ops.talk_conv(x, torch.rand(2, 5, 4), torch.rand(2, 5, 4), 2, 2), ValueError, "divisible"),
+    (lambda x, o: ops.talk_conv(x, o, o, -1, 2), ValueError, "max_left"),
+    (lambda x, o: ops.talk_conv(x, o, o, 2, -3), ValueError, "max_right"),
+    (lambda x, o: ops.talk_conv(x, o, None, 2, 2), ValueError, "offset_right"),
+    (lambda x, o: ops.talk_conv(x, o.double(), o, 2, 2), TypeError, "offset_left"),
+    (lambda x, o: ops.talk_conv(x, o, o[:, :3], 2, 2), ValueError, "offset_right"),
+    (lambda x, o: ops.talk_conv(x, o.to("meta"), o, 2, 2), ValueError, "offset_left"),
+    (lambda x, o: ops.talk_conv(x.long(), o, o, 2, 2), TypeError, "x must be a floating-point"),
+    (lambda x, o: ops.talk_conv(x, o, o, 2.5, 2), TypeError, "max_left"),
+    (lambda x, o: ops.talk_conv_step(x, o, torch.zeros(2, 3, 6), 2), ValueError, "state"),
+]
+
+
+@pytest.mark.parametrize("call,error,match", BAD_INPUTS)
+def test_bad_input_names_the_argument(call, error, match):
+    with pytest.raises(error, match=match):
+        call(torch.randn(2, 5, 6), torch.rand(2, 5, 3))
