@@ -1,0 +1,63 @@
+"""Validation helpers and named presets shared by the talk_hf configs. Every check raises ValueError naming the
+config field, so a wrong value fails when the config is built, not deep inside a forward pass."""
+
+from transformers.activations import ACT2FN
+
+
+def per_layer(name, value, num_layers, default):
+    """A per-layer list: None -> `default` (the paper's pattern, truncated or extended with its last entry);
+    an int -> that value for every layer; a list -> checked to have one entry per layer."""
+    if value is None:
+        value = list(default[:num_layers]) + [default[-1]] * max(0, num_layers - len(default))
+    elif isinstance(value, int) and not isinstance(value, bool):
+        value = [value] * num_layers
+    value = list(value)
+    if len(value) != num_layers:
+        raise ValueError(f"{name} has {len(value)} entries but there are {num_layers} layers")
+    for v in value:
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ValueError(f"{name} entries must be non-negative ints, got {value}")
+    return value
+
+
+def check_positive(config, *names):
+    for name in names:
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+def check_probability(config, *names):
+    for name in names:
+        value = getattr(config, name)
+        if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+            raise ValueError(f"{name} must be a probability in [0, 1), got {value!r}")
+
+
+def check_divisible(name, value, heads_name, heads):
+    if value % heads:
+        raise ValueError(f"{name}={value} must be divisible by {heads_name}={heads}")
+
+
+def check_activation(config, name="activation_function"):
+    if getattr(config, name) not in ACT2FN:
+        raise ValueError(f"{name}={getattr(config, name)!r} is not a known activation ({', '.join(sorted(ACT2FN))})")
+
+
+def check_token_ids(config, *names):
+    for name in names:
+        value = getattr(config, name)
+        if value is not None and not 0 <= value < config.vocab_size:
+            raise ValueError(f"{name}={value} is outside the vocabulary (vocab_size={config.vocab_size})")
+
+
+class PresetMixin:
+    """`Config.from_preset(name, **overrides)`: the papers' hyperparameters by name (see each config's PRESETS)."""
+
+    PRESETS = {}
+
+    @classmethod
+    def from_preset(cls, name, **overrides):
+        if name not in cls.PRESETS:
+            raise ValueError(f"unknown preset {name!r} for {cls.__name__}; choose one of {sorted(cls.PRESETS)}")
+        return cls(**{**cls.PRESETS[name], **overrides})

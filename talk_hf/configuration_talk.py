@@ -1,0 +1,156 @@
+"""Configurations of the TaLK convolution models (Lioutas & Guo, ICML 2020)."""
+
+from transformers import PreTrainedConfig
+
+from .configuration_common import (
+    PresetMixin,
+    check_activation,
+    check_divisible,
+    check_positive,
+    check_probability,
+    check_token_ids,
+    per_layer,
+)
+
+ENCODER_OFFSETS = [1, 3, 7, 15]  # the paper's growing max offsets; later layers repeat the last entry
+ENCODER_OFFSETS_BIG = [3, 7, 15, 31]
+
+
+class TalkConfig(PresetMixin, PreTrainedConfig):
+    r"""TaLK encoder-decoder for translation and summarisation (`TalkModel`, `TalkForConditionalGeneration`).
+
+    Defaults are the paper's IWSLT14 De-En model (`talkconv_iwslt_de_en`: 7+6 layers, d_model 512, FFN 1024, 4 heads,
+    no GLU, dropout 0.3). Presets: `TalkConfig.from_preset("iwslt-de-en" | "wmt-en-de-big" | "base", **overrides)`.
+
+    Args:
+        encoder_max_offsets / decoder_max_offsets (`list[int]`): per-layer maximum window reach (encoder: left and
+            right; decoder: left only). Default [1, 3, 7, 15, 15, ...].
+        encoder_heads / decoder_heads (`int`): TaLK offset heads (channels per head share their window).
+        decoder_attention_heads (`int`): heads of the softmax cross-attention.
+        conv_dim (`int`, optional): width of the TaLK sub-block (default d_model); encoder_glu/decoder_glu double
+            the input projection and gate it.
+        offset_dropout (`float`): dropout on the predicted relative offsets (windows may exceed max while training).
+        input_dropout (`float`): dropout before the sub-block's input projection.
+        activation_function (`str`): FFN activation ("swish" in the paper).
+    """
+
+    model_type = "talk"
+    keys_to_ignore_at_inference = ["past_key_values"]
+    attribute_map = {
+        "hidden_size": "d_model",
+        "num_hidden_layers": "decoder_layers",
+        "num_attention_heads": "decoder_attention_heads",
+    }
+    PRESETS = {
+        "iwslt-de-en": {},
+        "base": dict(
+            encoder_ffn_dim=2048, decoder_ffn_dim=2048, encoder_heads=8, decoder_heads=8, decoder_attention_heads=8,
+            encoder_glu=True, decoder_glu=True, dropout=0.1, attention_dropout=0.0, offset_dropout=0.0, input_dropout=0.1,
+        ),
+        "wmt-en-de-big": dict(
+            d_model=1024, encoder_ffn_dim=4096, decoder_ffn_dim=4096, encoder_heads=16, decoder_heads=16,
+            decoder_attention_heads=16, encoder_glu=True, decoder_glu=True, dropout=0.3, attention_dropout=0.1,
+            offset_dropout=0.1, input_dropout=0.1, encoder_max_offsets=[3, 7, 15, 31, 31, 31, 31],
+            decoder_max_offsets=[3, 7, 15, 31, 31, 31],
+        ),
+    }
+
+    vocab_size: int = 10000
+    d_model: int = 512
+    encoder_layers: int = 7
+    decoder_layers: int = 6
+    encoder_ffn_dim: int = 1024
+    decoder_ffn_dim: int = 1024
+    encoder_heads: int = 4
+    decoder_heads: int = 4
+    decoder_attention_heads: int = 4
+    encoder_max_offsets: list[int] | None = None
+    decoder_max_offsets: list[int] | None = None
+    conv_dim: int | None = None
+    encoder_glu: bool = False
+    decoder_glu: bool = False
+    encoder_normalize_before: bool = False
+    decoder_normalize_before: bool = False
+    activation_function: str = "swish"
+    dropout: float = 0.3
+    attention_dropout: float = 0.1
+    activation_dropout: float = 0.0
+    input_dropout: float = 0.0
+    offset_dropout: float = 0.1
+    scale_embedding: bool = True
+    use_cache: bool = True
+    pad_token_id: int | None = 1
+    bos_token_id: int | None = 0
+    eos_token_id: int | list[int] | None = 2
+    decoder_start_token_id: int | None = 2
+    is_encoder_decoder: bool = True
+    tie_word_embeddings: bool = True
+
+    def __post_init__(self, **kwargs):
+        super().__post_init__(**kwargs)
+        self.conv_dim = self.conv_dim or self.d_model
+        check_positive(self, "vocab_size", "d_model", "conv_dim", "encoder_layers", "decoder_layers", "encoder_ffn_dim",
+                       "decoder_ffn_dim", "encoder_heads", "decoder_heads", "decoder_attention_heads")
+        self.encoder_max_offsets = per_layer("encoder_max_offsets", self.encoder_max_offsets, self.encoder_layers, ENCODER_OFFSETS)
+        self.decoder_max_offsets = per_layer("decoder_max_offsets", self.decoder_max_offsets, self.decoder_layers, ENCODER_OFFSETS)
+        check_divisible("conv_dim", self.conv_dim, "encoder_heads", self.encoder_heads)
+        check_divisible("conv_dim", self.conv_dim, "decoder_heads", self.decoder_heads)
+        check_divisible("d_model", self.d_model, "decoder_attention_heads", self.decoder_attention_heads)
+        check_probability(self, "dropout", "attention_dropout", "activation_dropout", "input_dropout", "offset_dropout")
+        check_activation(self)
+        check_token_ids(self, "pad_token_id", "bos_token_id", "decoder_start_token_id")
+
+
+class TalkLMConfig(PresetMixin, PreTrainedConfig):
+    r"""TaLK decoder-only language model (`TalkLMModel`, `TalkForCausalLM`).
+
+    As in the paper's LM: pre-norm layers ("training is not stable without this") and no final LayerNorm by default.
+    Presets: `TalkLMConfig.from_preset("lm" | "lm-big")`.
+
+    Args:
+        decoder_max_offsets (`list[int]`): per-layer maximum left reach (default [1, 3, 7, 15, 15, ...]).
+        decoder_heads (`int`): TaLK offset heads. label_smoothing (`float`): applied inside the model's loss
+            (Trainer's label smoother does not shift labels for registered LMs).
+    """
+
+    model_type = "talk_lm"
+    keys_to_ignore_at_inference = ["past_key_values"]
+    attribute_map = {"hidden_size": "d_model", "num_hidden_layers": "decoder_layers"}
+    PRESETS = {
+        "lm": {},
+        "lm-big": dict(d_model=1024, decoder_layers=12, decoder_ffn_dim=4096, decoder_heads=16, decoder_glu=True,
+                       decoder_max_offsets=[3, 7, 15, 31] + [63] * 8, dropout=0.2),
+    }
+
+    vocab_size: int = 10000
+    d_model: int = 512
+    decoder_layers: int = 6
+    decoder_ffn_dim: int = 2048
+    decoder_heads: int = 8
+    decoder_max_offsets: list[int] | None = None
+    conv_dim: int | None = None
+    decoder_glu: bool = True
+    decoder_normalize_before: bool = True
+    final_layer_norm: bool = False
+    activation_function: str = "swish"
+    dropout: float = 0.1
+    activation_dropout: float = 0.0
+    input_dropout: float = 0.0
+    offset_dropout: float = 0.1
+    label_smoothing: float = 0.0
+    scale_embedding: bool = True
+    use_cache: bool = True
+    pad_token_id: int | None = 1
+    bos_token_id: int | None = 0
+    eos_token_id: int | list[int] | None = 2
+    tie_word_embeddings: bool = True
+
+    def __post_init__(self, **kwargs):
+        super().__post_init__(**kwargs)
+        self.conv_dim = self.conv_dim or self.d_model
+        check_positive(self, "vocab_size", "d_model", "conv_dim", "decoder_layers", "decoder_ffn_dim", "decoder_heads")
+        self.decoder_max_offsets = per_layer("decoder_max_offsets", self.decoder_max_offsets, self.decoder_layers, ENCODER_OFFSETS)
+        check_divisible("conv_dim", self.conv_dim, "decoder_heads", self.decoder_heads)
+        check_probability(self, "dropout", "activation_dropout", "input_dropout", "offset_dropout", "label_smoothing")
+        check_activation(self)
+        check_token_ids(self, "pad_token_id", "bos_token_id")

@@ -1,0 +1,644 @@
+"""Building blocks shared by the talk_hf models: the recurrent decoding cache, positions, softmax attention,
+feed-forward, residual layers, encoder/decoder stacks, and the forward logic of encoder-decoder and causal-LM heads.
+
+The models differ only in their token mixers (modeling_talk.py, modeling_dynamic_conv.py, modeling_rfa_doc.py);
+everything else lives here once. A mixer is an nn.Module called as
+
+    mixer(x, attention_mask=None, past_key_values=None, separators=None) -> (B, T, C)
+
+with x: (B, T, C); attention_mask: (B, T), 1 for real tokens; past_key_values: the layer's `LayerState` when
+decoding with a cache; separators: (B, T) bool, sentence-separator positions (used by the RFA-doc gate only).
+"""
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import PreTrainedModel
+from transformers.activations import ACT2FN
+from transformers.cache_utils import Cache
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import (
+    BaseModelOutput,
+    BaseModelOutputWithPast,
+    CausalLMOutputWithPast,
+    Seq2SeqLMOutput,
+    Seq2SeqModelOutput,
+)
+
+# ---------------------------------------------------------------------------------------------------------------
+# Recurrent cache: fixed-size state per layer instead of a growing key/value cache (hf_integration.md §2.2)
+
+
+class LayerState:
+    """Decoding state of one decoder layer: named tensors whose first dimension is the batch (mixer state,
+    cross-attention keys/values). Duck-types the cache-layer methods that `generate()` calls."""
+
+    is_compileable = False
+    is_sliding = False
+    is_croppable = False
+    supports_early_init = False
+
+    def __init__(self):
+        self.tensors = {}
+
+    @property
+    def is_initialized(self):
+        return bool(self.tensors)
+
+    def get(self, name):
+        return self.tensors.get(name)
+
+    def set(self, name, tensor):
+        self.tensors[name] = tensor
+
+    def reorder_cache(self, beam_idx):
+        for name, t in self.tensors.items():
+            self.tensors[name] = t.index_select(0, beam_idx.to(t.device))
+
+    def batch_repeat_interleave(self, repeats):
+        for name, t in self.tensors.items():
+            self.tensors[name] = t.repeat_interleave(repeats, dim=0)
+
+    def batch_select_indices(self, indices):
+        for name, t in self.tensors.items():
+            self.tensors[name] = t[indices]
+
+    def reset(self):
+        self.tensors = {}
+
+    def crop(self, max_length):
+        raise NotImplementedError("a recurrent state cannot be rolled back to an earlier length")
+
+    def offload(self):
+        pass
+
+    def prefetch(self):
+        pass
+
+    def get_max_length(self):
+        return -1
+
+
+class RecurrentCache(Cache):
+    """O(1)-per-token decoding state of a talk_hf decoder: one `LayerState` per layer plus the number of tokens
+    consumed (used for positions and by `generate()`)."""
+
+    def __init__(self, num_layers):
+        super().__init__(layers=[LayerState() for _ in range(num_layers)])
+        self.seen_tokens = 0
+
+    def get_seq_length(self, layer_idx=0):
+        return self.seen_tokens
+
+    def advance(self, num_tokens):
+        self.seen_tokens += num_tokens
+
+    def reset(self):
+        super().reset()
+        self.seen_tokens = 0
+
+    def crop(self, max_length):
+        raise NotImplementedError("a recurrent state cannot be rolled back to an earlier length")
+
+    @property
+    def is_compileable(self):
+        return False
+
+    @property
+    def is_croppable(self):
+        return False
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Positions and masks
+
+
+def sinusoidal_positions(positions, dim):
+    """Sinusoidal position embeddings, [sin | cos] halves (fairseq layout), for any position (no table, no maximum).
+
+    positions: (B, T) int -> (B, T, dim) float32.
+    """
+    half = dim // 2
+    scale = math.log(10000.0) / max(half - 1, 1)
+    freqs = torch.exp(torch.arange(half, device=positions.device, dtype=torch.float32) * -scale)
+    angles = positions.float().unsqueeze(-1) * freqs
+    emb = torch.cat([torch.sin(angles), torch.cos(angles)], dim=-1)
+    return F.pad(emb, (0, dim % 2))
+
+
+def positions_from_mask(attention_mask, length):
+    """Positions counting real tokens only, for the last `length` columns of a (B, T_total) mask -> (B, length).
+
+    Padding on either side then does not shift the positions of real tokens."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp_min(0)[:, -length:]
+
+
+def shift_tokens_right(labels, pad_token_id, decoder_start_token_id):
+    """Decoder inputs from labels: (B, T) -> (B, T), start token in front, -100 replaced by the pad id."""
+    if decoder_start_token_id is None:
+        raise ValueError("config.decoder_start_token_id must be set to build decoder inputs from labels")
+    shifted = labels.new_empty(labels.shape)
+    shifted[:, 1:] = labels[:, :-1]
+    shifted[:, 0] = decoder_start_token_id
+    return shifted.masked_fill(shifted == -100, pad_token_id)
+
+
+def zero_padding(x, attention_mask):
+    """x: (B, T, C), attention_mask: (B, T) or None -> x with padded positions set to zero."""
+    return x if attention_mask is None else x * attention_mask.unsqueeze(-1).to(x.dtype)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Sub-layers
+
+
+class FeedForward(nn.Module):
+    """Position-wise feed-forward: fc2(dropout(act(fc1(x))))."""
+
+    def __init__(self, d_model, ffn_dim, activation, activation_dropout):
+        super().__init__()
+        self.fc1 = nn.Linear(d_model, ffn_dim)
+        self.fc2 = nn.Linear(ffn_dim, d_model)
+        self.act = ACT2FN[activation]
+        self.activation_dropout = activation_dropout
+
+    def forward(self, x):
+        x = F.dropout(self.act(self.fc1(x)), p=self.activation_dropout, training=self.training)
+        return self.fc2(x)
+
+
+class SoftmaxAttention(nn.Module):
+    """Multi-head softmax attention over a memory (scaled_dot_product_attention)."""
+
+    def __init__(self, d_model, heads, dropout):
+        super().__init__()
+        if d_model % heads:
+            raise ValueError(f"d_model={d_model} must be divisible by the attention heads ({heads})")
+        self.heads, self.dropout = heads, dropout
+        self.q_proj = nn.Linear(d_model, d_model)
+        self.k_proj = nn.Linear(d_model, d_model)
+        self.v_proj = nn.Linear(d_model, d_model)
+        self.out_proj = nn.Linear(d_model, d_model)
+
+    def _split(self, x):  # (B, T, C) -> (B, H, T, C/H)
+        return x.view(*x.shape[:2], self.heads, -1).transpose(1, 2)
+
+    def project_memory(self, memory):
+        """memory: (B, S, C) -> keys, values: (B, H, S, C/H)."""
+        return self._split(self.k_proj(memory)), self._split(self.v_proj(memory))
+
+    def attend(self, x, keys, values, key_mask=None):
+        """x: (B, T, C) queries; keys/values: (B, H, S, C/H); key_mask: (B, S), 1 = attend -> (B, T, C)."""
+        mask = None if key_mask is None else key_mask.bool()[:, None, None, :]
+        out = F.scaled_dot_product_attention(
+            self._split(self.q_proj(x)), keys, values, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0
+        )
+        return self.out_proj(out.transpose(1, 2).reshape(x.shape))
+
+
+class SoftmaxSelfAttention(SoftmaxAttention):
+    """Non-causal self-attention, used as the mixer of softmax-attention encoders (the RFA-doc encoder)."""
+
+    def forward(self, x, attention_mask=None, past_key_values=None, separators=None):
+        keys, values = self.project_memory(x)
+        return self.attend(x, keys, values, attention_mask)
+
+
+class SoftmaxCrossAttention(SoftmaxAttention):
+    """Decoder cross-attention; with a cache, the encoder keys/values are computed once per source."""
+
+    def forward(self, x, encoder_hidden_states, encoder_attention_mask=None, past_key_values=None):
+        state = past_key_values
+        if state is not None and state.get("cross_k") is not None:
+            keys, values = state.get("cross_k"), state.get("cross_v")
+        else:
+            keys, values = self.project_memory(encoder_hidden_states)
+            if state is not None:
+                state.set("cross_k", keys)
+                state.set("cross_v", values)
+        return self.attend(x, keys, values, encoder_attention_mask)
+
+
+def residual(x, norm, sublayer, normalize_before, dropout, training):
+    """Pre-norm: x + dropout(sublayer(norm(x))); post-norm: norm(x + dropout(sublayer(x)))."""
+    h = sublayer(norm(x) if normalize_before else x)
+    x = x + F.dropout(h, p=dropout, training=training)
+    return x if normalize_before else norm(x)
+
+
+class EncoderLayer(GradientCheckpointingLayer):
+    """Token mixer then feed-forward, each in a residual block (pre- or post-norm)."""
+
+    def __init__(self, d_model, mixer, ffn, normalize_before, dropout):
+        super().__init__()
+        self.mixer, self.ffn = mixer, ffn
+        self.mixer_layer_norm = nn.LayerNorm(d_model)
+        self.final_layer_norm = nn.LayerNorm(d_model)
+        self.normalize_before, self.dropout = normalize_before, dropout
+
+    def forward(self, hidden_states, attention_mask=None):
+        args = (self.normalize_before, self.dropout, self.training)
+        x = residual(hidden_states, self.mixer_layer_norm, lambda h: self.mixer(h, attention_mask), *args)
+        return residual(x, self.final_layer_norm, self.ffn, *args)
+
+
+class DecoderLayer(GradientCheckpointingLayer):
+    """Causal token mixer, optional cross-attention, feed-forward; each in a residual block."""
+
+    def __init__(self, d_model, mixer, cross_attention, ffn, normalize_before, dropout):
+        super().__init__()
+        self.mixer, self.cross_attention, self.ffn = mixer, cross_attention, ffn
+        self.mixer_layer_norm = nn.LayerNorm(d_model)
+        self.cross_attention_layer_norm = nn.LayerNorm(d_model) if cross_attention is not None else None
+        self.final_layer_norm = nn.LayerNorm(d_model)
+        self.normalize_before, self.dropout = normalize_before, dropout
+
+    def forward(
+        self,
+        hidden_states,
+        attention_mask=None,
+        encoder_hidden_states=None,
+        encoder_attention_mask=None,
+        past_key_values=None,
+        separators=None,
+    ):
+        args = (self.normalize_before, self.dropout, self.training)
+        state = past_key_values
+
+        def mix(h):
+            return self.mixer(h, attention_mask, state, separators)
+
+        x = residual(hidden_states, self.mixer_layer_norm, mix, *args)
+        if self.cross_attention is not None:
+
+            def cross(h):
+                return self.cross_attention(h, encoder_hidden_states, encoder_attention_mask, state)
+
+            x = residual(x, self.cross_attention_layer_norm, cross, *args)
+        return residual(x, self.final_layer_norm, self.ffn, *args)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Stacks
+
+
+class TokenEmbedding(nn.Module):
+    """Scaled token embeddings plus sinusoidal positions, then dropout."""
+
+    def __init__(self, embed_tokens, d_model, scale_embedding, dropout):
+        super().__init__()
+        self.embed_tokens = embed_tokens
+        self.scale = math.sqrt(d_model) if scale_embedding else 1.0
+        self.dropout = dropout
+
+    def forward(self, input_ids, inputs_embeds, positions):
+        x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+        x = x * self.scale + sinusoidal_positions(positions, x.shape[-1]).to(x.dtype)
+        return F.dropout(x, p=self.dropout, training=self.training)
+
+
+def _check_inputs(input_ids, inputs_embeds):
+    if (input_ids is None) == (inputs_embeds is None):
+        raise ValueError("pass exactly one of input_ids and inputs_embeds")
+    return input_ids if input_ids is not None else inputs_embeds
+
+
+class EncoderStack(nn.Module):
+    """Embeddings, encoder layers, final norm (pre-norm only). Padding on either side does not change the
+    outputs of real tokens: positions count real tokens and every mixer ignores padded positions."""
+
+    def __init__(self, embed_tokens, layers, d_model, scale_embedding, dropout, normalize_before):
+        super().__init__()
+        self.embed = TokenEmbedding(embed_tokens, d_model, scale_embedding, dropout)
+        self.layers = nn.ModuleList(layers)
+        self.layer_norm = nn.LayerNorm(d_model) if normalize_before else None
+
+    @property
+    def embed_tokens(self):
+        return self.embed.embed_tokens
+
+    def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, output_hidden_states=None, **kwargs):
+        """input_ids: (B, S) or inputs_embeds: (B, S, C); attention_mask: (B, S) -> BaseModelOutput (B, S, C)."""
+        ref = _check_inputs(input_ids, inputs_embeds)
+        if attention_mask is None:
+            attention_mask = torch.ones(ref.shape[:2], dtype=torch.long, device=ref.device)
+        x = self.embed(input_ids, inputs_embeds, positions_from_mask(attention_mask, ref.shape[1]))
+        hidden = [x] if output_hidden_states else None
+        for layer in self.layers:
+            x = layer(x, attention_mask=attention_mask)
+            if hidden is not None:
+                hidden.append(x)
+        if self.layer_norm is not None:
+            x = self.layer_norm(x)
+        return BaseModelOutput(last_hidden_state=x, hidden_states=tuple(hidden) if hidden else None)
+
+
+class DecoderStack(nn.Module):
+    """Embeddings, causal decoder layers, optional final norm; carries a `RecurrentCache` when use_cache."""
+
+    def __init__(self, embed_tokens, layers, d_model, scale_embedding, dropout, final_layer_norm, sep_token_id=None):
+        super().__init__()
+        self.embed = TokenEmbedding(embed_tokens, d_model, scale_embedding, dropout)
+        self.layers = nn.ModuleList(layers)
+        self.layer_norm = nn.LayerNorm(d_model) if final_layer_norm else None
+        self.sep_token_id = sep_token_id
+
+    @property
+    def embed_tokens(self):
+        return self.embed.embed_tokens
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        encoder_hidden_states=None,
+        encoder_attention_mask=None,
+        past_key_values=None,
+        use_cache=False,
+        inputs_embeds=None,
+        position_ids=None,
+        output_hidden_states=None,
+        **kwargs,
+    ):
+        """input_ids: (B, T) new tokens (or inputs_embeds (B, T, C)); attention_mask: (B, T_past + T) for
+        left-padded prompts or None; encoder states (B, S, C) -> BaseModelOutputWithPast (B, T, C)."""
+        ref = _check_inputs(input_ids, inputs_embeds)
+        length = ref.shape[1]
+        cache = past_key_values if use_cache else None
+        if use_cache and cache is None:
+            cache = RecurrentCache(len(self.layers))
+        past = cache.get_seq_length() if cache is not None else 0
+        if position_ids is None:
+            if attention_mask is not None:
+                position_ids = positions_from_mask(attention_mask, length)
+            else:
+                position_ids = torch.arange(past, past + length, device=ref.device).expand(ref.shape[0], -1)
+        mask = attention_mask[:, -length:] if attention_mask is not None else None
+        separators = None
+        if self.sep_token_id is not None and input_ids is not None:
+            separators = input_ids == self.sep_token_id
+        x = self.embed(input_ids, inputs_embeds, position_ids)
+        hidden = [x] if output_hidden_states else None
+        for i, layer in enumerate(self.layers):
+            state = cache.layers[i] if cache is not None else None
+            x = layer(
+                x,
+                attention_mask=mask,
+                encoder_hidden_states=encoder_hidden_states,
+                encoder_attention_mask=encoder_attention_mask,
+                past_key_values=state,
+                separators=separators,
+            )
+            if hidden is not None:
+                hidden.append(x)
+        if self.layer_norm is not None:
+            x = self.layer_norm(x)
+        if cache is not None:
+            cache.advance(length)
+        return BaseModelOutputWithPast(
+            last_hidden_state=x, past_key_values=cache, hidden_states=tuple(hidden) if hidden else None
+        )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Pre-trained model plumbing shared by the three families
+
+
+class RecurrentPreTrainedModel(PreTrainedModel):
+    """Settings every talk_hf model shares: a recurrent cache that generate() must not replace."""
+
+    base_model_prefix = "model"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["EncoderLayer", "DecoderLayer"]
+    _skip_keys_device_placement = ["past_key_values"]
+    _is_stateful = True  # the state cannot be rolled back: assisted decoding is refused
+    accepts_loss_kwargs = False  # the loss is a mean: Trainer must scale it for gradient accumulation
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls):
+        return False  # forward() creates a RecurrentCache itself
+
+    def _init_weights(self, module):
+        """fairseq initialisation: N(0, d^-1/2) embeddings with a zero pad row, xavier-uniform linears, zero biases."""
+        from transformers import initialization as init
+
+        if isinstance(module, nn.Embedding):
+            init.normal_(module.weight, mean=0.0, std=module.embedding_dim**-0.5)
+            if module.padding_idx is not None:
+                init.zeros_(module.weight[module.padding_idx])
+        elif isinstance(module, nn.Linear):
+            init.xavier_uniform_(module.weight)
+            if module.bias is not None:
+                init.zeros_(module.bias)
+        elif isinstance(module, nn.LayerNorm):
+            init.ones_(module.weight)
+            init.zeros_(module.bias)
+
+
+def language_model_loss(logits, labels, label_smoothing=0.0):
+    """Mean cross-entropy over positions whose label is not -100; logits (B, T, V), labels (B, T)."""
+    return F.cross_entropy(
+        logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100, label_smoothing=label_smoothing
+    )
+
+
+class Seq2SeqModelMixin:
+    """forward() of the encoder-decoder base models; subclasses build `shared`, `encoder` and `decoder`."""
+
+    def get_input_embeddings(self):
+        return self.shared
+
+    def set_input_embeddings(self, value):
+        self.shared = value
+        self.encoder.embed.embed_tokens = value
+        self.decoder.embed.embed_tokens = value
+
+    def get_encoder(self):
+        return self.encoder
+
+    def get_decoder(self):
+        return self.decoder
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        decoder_input_ids=None,
+        decoder_attention_mask=None,
+        encoder_outputs=None,
+        past_key_values=None,
+        inputs_embeds=None,
+        decoder_inputs_embeds=None,
+        use_cache=None,
+        output_hidden_states=None,
+        return_dict=None,
+        **kwargs,
+    ):
+        """input_ids: (B, S) source; decoder_input_ids: (B, T) -> Seq2SeqModelOutput with (B, T, C) states."""
+        use_cache = use_cache if use_cache is not None else self.config.use_cache
+        if encoder_outputs is None:
+            encoder_outputs = self.encoder(input_ids, attention_mask, inputs_embeds, output_hidden_states)
+        elif not isinstance(encoder_outputs, BaseModelOutput):
+            encoder_outputs = BaseModelOutput(*encoder_outputs)
+        decoder_outputs = self.decoder(
+            input_ids=decoder_input_ids,
+            attention_mask=decoder_attention_mask,
+            encoder_hidden_states=encoder_outputs.last_hidden_state,
+            encoder_attention_mask=attention_mask,
+            past_key_values=past_key_values,
+            use_cache=use_cache,
+            inputs_embeds=decoder_inputs_embeds,
+            output_hidden_states=output_hidden_states,
+        )
+        return Seq2SeqModelOutput(
+            last_hidden_state=decoder_outputs.last_hidden_state,
+            past_key_values=decoder_outputs.past_key_values,
+            decoder_hidden_states=decoder_outputs.hidden_states,
+            encoder_last_hidden_state=encoder_outputs.last_hidden_state,
+            encoder_hidden_states=encoder_outputs.hidden_states,
+        )
+
+
+class Seq2SeqLMMixin:
+    """forward() of the encoder-decoder generation heads: `self.model` (a Seq2SeqModelMixin) and `self.lm_head`.
+    Head classes also list GenerationMixin among their direct bases (transformers' can_generate() looks there)."""
+
+    def get_encoder(self):
+        return self.model.get_encoder()
+
+    def get_decoder(self):
+        return self.model.get_decoder()
+
+    def prepare_decoder_input_ids_from_labels(self, labels):
+        return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        decoder_input_ids=None,
+        decoder_attention_mask=None,
+        encoder_outputs=None,
+        past_key_values=None,
+        inputs_embeds=None,
+        decoder_inputs_embeds=None,
+        labels=None,
+        use_cache=None,
+        output_hidden_states=None,
+        return_dict=None,
+        **kwargs,
+    ):
+        """labels: (B, T), -100 ignored; decoder inputs default to labels shifted right -> Seq2SeqLMOutput."""
+        if labels is not None and decoder_input_ids is None and decoder_inputs_embeds is None:
+            decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
+            use_cache = False
+        if decoder_input_ids is None and decoder_inputs_embeds is None:
+            raise ValueError(
+                "pass decoder_input_ids or labels (with label smoothing, Trainer drops labels before forward: build "
+                "decoder_input_ids in the collator, e.g. DataCollatorForSeq2Seq(tokenizer, model=model))"
+            )
+        outputs = self.model(
+            input_ids,
+            attention_mask=attention_mask,
+            decoder_input_ids=decoder_input_ids,
+            decoder_attention_mask=decoder_attention_mask,
+            encoder_outputs=encoder_outputs,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            decoder_inputs_embeds=decoder_inputs_embeds,
+            use_cache=use_cache,
+            output_hidden_states=output_hidden_states,
+        )
+        logits = self.lm_head(outputs.last_hidden_state)
+        loss = language_model_loss(logits, labels) if labels is not None else None
+        return Seq2SeqLMOutput(
+            loss=loss,
+            logits=logits,
+            past_key_values=outputs.past_key_values,
+            decoder_hidden_states=outputs.decoder_hidden_states,
+            encoder_last_hidden_state=outputs.encoder_last_hidden_state,
+            encoder_hidden_states=outputs.encoder_hidden_states,
+        )
+
+
+class CausalLMBaseMixin:
+    """forward() of the decoder-only base models: `self.decoder` is a DecoderStack without cross-attention."""
+
+    def get_input_embeddings(self):
+        return self.decoder.embed.embed_tokens
+
+    def set_input_embeddings(self, value):
+        self.decoder.embed.embed_tokens = value
+
+    @property
+    def embed_tokens(self):
+        return self.decoder.embed.embed_tokens
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        position_ids=None,
+        past_key_values=None,
+        inputs_embeds=None,
+        use_cache=None,
+        output_hidden_states=None,
+        return_dict=None,
+        **kwargs,
+    ):
+        """input_ids: (B, T); attention_mask: (B, T_past + T), left padding allowed -> (B, T, C) states."""
+        use_cache = use_cache if use_cache is not None else self.config.use_cache
+        return self.decoder(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            past_key_values=past_key_values,
+            use_cache=use_cache,
+            inputs_embeds=inputs_embeds,
+            position_ids=position_ids,
+            output_hidden_states=output_hidden_states,
+        )
+
+
+class CausalLMMixin:
+    """forward() of the causal-LM heads: `self.model` (a CausalLMBaseMixin) and `self.lm_head`; head classes list
+    GenerationMixin among their direct bases."""
+
+    def get_decoder(self):
+        return self.model.decoder
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        position_ids=None,
+        past_key_values=None,
+        inputs_embeds=None,
+        labels=None,
+        use_cache=None,
+        output_hidden_states=None,
+        return_dict=None,
+        logits_to_keep=0,
+        **kwargs,
+    ):
+        """labels: (B, T) (usually input_ids; shifted inside, -100 ignored) -> CausalLMOutputWithPast."""
+        outputs = self.model(
+            input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            output_hidden_states=output_hidden_states,
+        )
+        hidden = outputs.last_hidden_state
+        if logits_to_keep:
+            hidden = hidden[:, -logits_to_keep:]
+        logits = self.lm_head(hidden)
+        loss = None
+        if labels is not None:
+            loss = language_model_loss(logits[:, :-1], labels[:, 1:], getattr(self.config, "label_smoothing", 0.0))
+        return CausalLMOutputWithPast(
+            loss=loss, logits=logits, past_key_values=outputs.past_key_values, hidden_states=outputs.hidden_states
+        )

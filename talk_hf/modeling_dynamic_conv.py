@@ -1,0 +1,171 @@
+"""LightConv / DynamicConv models (Wu et al., ICLR 2019): encoder-decoder and causal LM.
+
+Porting notes (reference_impls.md §B.5, §E.10-14):
+- The conv sub-block is: input dropout -> linear1 (or to 2*conv_dim + GLU) -> zero padded positions -> kernels
+  (DynamicConv: Linear(conv_dim, H*K, no bias) of the current position; LightConv: one (H, K) parameter) softmaxed
+  over all K taps, then DropConnect -> convolution (encoder padding K//2, decoder K-1) -> linear2. The FFN is ReLU.
+- Kernels are softmaxed over all K taps and then truncated at the sequence start (zeros), in training and in
+  decoding alike (fairseq's unfold path normalised short prefixes differently, §B.2).
+- Decoding carries the last K-1 conv inputs per layer; any number of new tokens per call (fairseq #3908).
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import GenerationMixin
+
+from .configuration_dynamic_conv import DynamicConvConfig, DynamicConvLMConfig
+from .dynamic_conv import dynamic_conv, dynamic_conv_state_from_prefix, dynamic_conv_step
+from .modeling_base import (
+    CausalLMBaseMixin,
+    CausalLMMixin,
+    DecoderLayer,
+    DecoderStack,
+    EncoderLayer,
+    EncoderStack,
+    FeedForward,
+    RecurrentPreTrainedModel,
+    Seq2SeqLMMixin,
+    Seq2SeqModelMixin,
+    SoftmaxCrossAttention,
+    zero_padding,
+)
+
+
+class DynamicConvMixer(nn.Module):
+    """The LightConv/DynamicConv sub-block. x: (B, T, d_model) -> (B, T, d_model)."""
+
+    def __init__(self, config, conv_dim, heads, kernel_size, causal, glu):
+        super().__init__()
+        self.heads, self.kernel_size, self.causal, self.glu = heads, kernel_size, causal, glu
+        self.padding_left = kernel_size - 1 if causal else kernel_size // 2
+        self.weight_softmax, self.weight_dropout = config.weight_softmax, config.weight_dropout
+        self.input_dropout = config.input_dropout
+        self.linear1 = nn.Linear(config.d_model, 2 * conv_dim if glu else conv_dim)
+        if config.conv_type == "dynamic":
+            self.weight_linear, self.weight = nn.Linear(conv_dim, heads * kernel_size, bias=False), None
+        else:
+            self.weight_linear, self.weight = None, nn.Parameter(torch.empty(heads, kernel_size))
+        self.linear2 = nn.Linear(conv_dim, config.d_model)
+
+    def kernels(self, x):
+        """x: (B, T, conv_dim) -> normalised kernels (B, T, H, K) (DynamicConv) or (H, K) (LightConv)."""
+        if self.weight_linear is not None:
+            w = self.weight_linear(x).view(*x.shape[:2], self.heads, self.kernel_size)
+        else:
+            w = self.weight.to(x.dtype)
+        if self.weight_softmax:
+            w = torch.softmax(w.float(), dim=-1).to(x.dtype)
+        return F.dropout(w, p=self.weight_dropout, training=self.training)
+
+    def forward(self, x, attention_mask=None, past_key_values=None, separators=None):
+        x = self.linear1(F.dropout(x, p=self.input_dropout, training=self.training))
+        x = zero_padding(F.glu(x, dim=-1) if self.glu else x, attention_mask)
+        w = self.kernels(x)
+        state = past_key_values if self.causal else None
+        if state is None or state.get("conv") is None:
+            y = dynamic_conv(x, w, self.padding_left)
+            if state is not None:
+                state.set("conv", dynamic_conv_state_from_prefix(x, self.kernel_size))
+        else:
+            y, new_state = dynamic_conv_step(x, w, state.get("conv"))
+            state.set("conv", new_state)
+        return self.linear2(y)
+
+
+def _encoder_layer(config, i):
+    mixer = DynamicConvMixer(
+        config, config.conv_dim, config.encoder_conv_heads, config.encoder_kernel_sizes[i], False, config.encoder_glu
+    )
+    ffn = FeedForward(config.d_model, config.encoder_ffn_dim, config.activation_function, config.activation_dropout)
+    return EncoderLayer(config.d_model, mixer, ffn, config.encoder_normalize_before, config.dropout)
+
+
+def _decoder_layer(config, i, cross_attention):
+    mixer = DynamicConvMixer(
+        config, config.conv_dim, config.decoder_conv_heads, config.decoder_kernel_sizes[i], True, config.decoder_glu
+    )
+    cross = None
+    if cross_attention:
+        cross = SoftmaxCrossAttention(config.d_model, config.decoder_attention_heads, config.attention_dropout)
+    ffn = FeedForward(config.d_model, config.decoder_ffn_dim, config.activation_function, config.activation_dropout)
+    return DecoderLayer(config.d_model, mixer, cross, ffn, config.decoder_normalize_before, config.dropout)
+
+
+def _embedding(config):
+    return nn.Embedding(config.vocab_size, config.d_model, padding_idx=config.pad_token_id)
+
+
+class DynamicConvInitMixin:
+    def _init_weights(self, module):
+        super()._init_weights(module)
+        if isinstance(module, DynamicConvMixer) and module.weight is not None:
+            from transformers import initialization as init
+
+            init.xavier_uniform_(module.weight)
+
+
+class DynamicConvPreTrainedModel(DynamicConvInitMixin, RecurrentPreTrainedModel):
+    config: DynamicConvConfig
+
+
+class DynamicConvModel(Seq2SeqModelMixin, DynamicConvPreTrainedModel):
+    """LightConv/DynamicConv encoder and decoder (causal kernels + softmax cross-attention)."""
+
+    _tied_weights_keys = {
+        "encoder.embed.embed_tokens.weight": "shared.weight",
+        "decoder.embed.embed_tokens.weight": "shared.weight",
+    }
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.shared = _embedding(config)
+        self.encoder = EncoderStack(
+            _embedding(config), [_encoder_layer(config, i) for i in range(config.encoder_layers)],
+            config.d_model, config.scale_embedding, config.dropout, config.encoder_normalize_before,
+        )
+        self.decoder = DecoderStack(
+            _embedding(config), [_decoder_layer(config, i, True) for i in range(config.decoder_layers)],
+            config.d_model, config.scale_embedding, config.dropout, config.decoder_normalize_before,
+        )
+        self.post_init()
+
+
+class DynamicConvForConditionalGeneration(Seq2SeqLMMixin, DynamicConvPreTrainedModel, GenerationMixin):
+    """LightConv/DynamicConv encoder-decoder with a (tied) output projection."""
+
+    _tied_weights_keys = {"lm_head.weight": "model.shared.weight"}
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.model = DynamicConvModel(config)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.post_init()
+
+
+class DynamicConvLMPreTrainedModel(DynamicConvInitMixin, RecurrentPreTrainedModel):
+    config: DynamicConvLMConfig
+
+
+class DynamicConvLMModel(CausalLMBaseMixin, DynamicConvLMPreTrainedModel):
+    """LightConv/DynamicConv decoder without cross-attention."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.decoder = DecoderStack(
+            _embedding(config), [_decoder_layer(config, i, False) for i in range(config.decoder_layers)],
+            config.d_model, config.scale_embedding, config.dropout, config.final_layer_norm,
+        )
+        self.post_init()
+
+
+class DynamicConvForCausalLM(CausalLMMixin, DynamicConvLMPreTrainedModel, GenerationMixin):
+    """LightConv/DynamicConv causal language model."""
+
+    _tied_weights_keys = {"lm_head.weight": "model.decoder.embed.embed_tokens.weight"}
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.model = DynamicConvLMModel(config)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.post_init()

@@ -1,0 +1,177 @@
+"""TaLK convolution models (Lioutas & Guo, ICML 2020): encoder-decoder and causal LM.
+
+Porting notes (reference_impls.md §A.8, §E):
+- The TaLK sub-block is: input dropout -> linear1 (or linear1 to 2*conv_dim + GLU) -> zero padded positions ->
+  TaLK convolution with offsets sigmoid(Linear(conv_dim, 2H)) (decoder: H, left only) and offset dropout ->
+  linear2. The offsets Linear keeps PyTorch's default init (windows start near half their reach); the other
+  Linears are xavier-uniform with zero bias.
+- Positions count real tokens only, so padding on either side of an encoder input or an LM prompt does not
+  change any real token's output (fairseq relied on right padding in the decoder).
+- Decoding carries the last max_left + 2 prefix sums per layer (fixed size) instead of the whole history.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import GenerationMixin
+
+from .configuration_talk import TalkConfig, TalkLMConfig
+from .modeling_base import (
+    CausalLMBaseMixin,
+    CausalLMMixin,
+    DecoderLayer,
+    DecoderStack,
+    EncoderLayer,
+    EncoderStack,
+    FeedForward,
+    RecurrentPreTrainedModel,
+    Seq2SeqLMMixin,
+    Seq2SeqModelMixin,
+    SoftmaxCrossAttention,
+    zero_padding,
+)
+from .talk_conv import talk_conv, talk_conv_state_from_prefix, talk_conv_step
+
+
+class TalkOffsetProjection(nn.Linear):
+    """Predicts the relative window offsets; initialised like a plain nn.Linear (reference_impls.md §E.6)."""
+
+
+class TalkConvMixer(nn.Module):
+    """The TaLK sub-block: projections around a TaLK convolution whose windows are predicted per token and head.
+
+    x: (B, T, d_model) -> (B, T, d_model). Causal mixers decode from a fixed-size prefix-sum state.
+    """
+
+    def __init__(self, d_model, conv_dim, heads, max_offset, causal, glu, input_dropout, offset_dropout):
+        super().__init__()
+        self.heads, self.max_offset, self.causal, self.glu = heads, max_offset, causal, glu
+        self.input_dropout, self.offset_dropout = input_dropout, offset_dropout
+        self.linear1 = nn.Linear(d_model, 2 * conv_dim if glu else conv_dim)
+        self.offsets = TalkOffsetProjection(conv_dim, heads if causal else 2 * heads)
+        self.linear2 = nn.Linear(conv_dim, d_model)
+
+    def forward(self, x, attention_mask=None, past_key_values=None, separators=None):
+        x = self.linear1(F.dropout(x, p=self.input_dropout, training=self.training))
+        x = zero_padding(F.glu(x, dim=-1) if self.glu else x, attention_mask)
+        offsets = F.dropout(torch.sigmoid(self.offsets(x)), p=self.offset_dropout, training=self.training)
+        if not self.causal:
+            y = talk_conv(x, offsets[..., : self.heads], offsets[..., self.heads :], self.max_offset, self.max_offset)
+        else:
+            y = self._causal(x, offsets, past_key_values)
+        return self.linear2(y)
+
+    def _causal(self, x, offsets, state):
+        """Full causal op, or a continuation from the layer's prefix-sum state when decoding with a cache."""
+        prefix_sums = state.get("talk") if state is not None else None
+        if prefix_sums is None:
+            y = talk_conv(x, offsets, None, self.max_offset, 0)
+            if state is not None:
+                state.set("talk", talk_conv_state_from_prefix(x, self.max_offset))
+            return y
+        y, prefix_sums = talk_conv_step(x, offsets, prefix_sums, self.max_offset)
+        state.set("talk", prefix_sums)
+        return y
+
+
+def _encoder_layer(config, i):
+    mixer = TalkConvMixer(
+        config.d_model, config.conv_dim, config.encoder_heads, config.encoder_max_offsets[i], False,
+        config.encoder_glu, config.input_dropout, config.offset_dropout,
+    )
+    ffn = FeedForward(config.d_model, config.encoder_ffn_dim, config.activation_function, config.activation_dropout)
+    return EncoderLayer(config.d_model, mixer, ffn, config.encoder_normalize_before, config.dropout)
+
+
+def _decoder_layer(config, i, cross_attention):
+    mixer = TalkConvMixer(
+        config.d_model, config.conv_dim, config.decoder_heads, config.decoder_max_offsets[i], True,
+        config.decoder_glu, config.input_dropout, config.offset_dropout,
+    )
+    cross = None
+    if cross_attention:
+        cross = SoftmaxCrossAttention(config.d_model, config.decoder_attention_heads, config.attention_dropout)
+    ffn = FeedForward(config.d_model, config.decoder_ffn_dim, config.activation_function, config.activation_dropout)
+    return DecoderLayer(config.d_model, mixer, cross, ffn, config.decoder_normalize_before, config.dropout)
+
+
+def _embedding(config):
+    return nn.Embedding(config.vocab_size, config.d_model, padding_idx=config.pad_token_id)
+
+
+class TalkInitMixin:
+    def _init_weights(self, module):
+        if isinstance(module, TalkOffsetProjection):
+            from transformers import initialization as init
+
+            bound = module.in_features**-0.5  # nn.Linear's default: kaiming_uniform(a=sqrt(5)) and U(+-1/sqrt(fan_in))
+            init.uniform_(module.weight, -bound, bound)
+            init.uniform_(module.bias, -bound, bound)
+        else:
+            super()._init_weights(module)
+
+
+class TalkPreTrainedModel(TalkInitMixin, RecurrentPreTrainedModel):
+    config: TalkConfig
+
+
+class TalkModel(Seq2SeqModelMixin, TalkPreTrainedModel):
+    """TaLK encoder (non-causal windows) and decoder (causal windows + softmax cross-attention)."""
+
+    _tied_weights_keys = {
+        "encoder.embed.embed_tokens.weight": "shared.weight",
+        "decoder.embed.embed_tokens.weight": "shared.weight",
+    }
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.shared = _embedding(config)
+        self.encoder = EncoderStack(
+            _embedding(config), [_encoder_layer(config, i) for i in range(config.encoder_layers)],
+            config.d_model, config.scale_embedding, config.dropout, config.encoder_normalize_before,
+        )
+        self.decoder = DecoderStack(
+            _embedding(config), [_decoder_layer(config, i, True) for i in range(config.decoder_layers)],
+            config.d_model, config.scale_embedding, config.dropout, config.decoder_normalize_before,
+        )
+        self.post_init()
+
+
+class TalkForConditionalGeneration(Seq2SeqLMMixin, TalkPreTrainedModel, GenerationMixin):
+    """TaLK encoder-decoder with a (tied) output projection: translation, summarisation, `generate()`."""
+
+    _tied_weights_keys = {"lm_head.weight": "model.shared.weight"}
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.model = TalkModel(config)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.post_init()
+
+
+class TalkLMPreTrainedModel(TalkInitMixin, RecurrentPreTrainedModel):
+    config: TalkLMConfig
+
+
+class TalkLMModel(CausalLMBaseMixin, TalkLMPreTrainedModel):
+    """TaLK decoder without cross-attention (pre-norm by default)."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.decoder = DecoderStack(
+            _embedding(config), [_decoder_layer(config, i, False) for i in range(config.decoder_layers)],
+            config.d_model, config.scale_embedding, config.dropout, config.final_layer_norm,
+        )
+        self.post_init()
+
+
+class TalkForCausalLM(CausalLMMixin, TalkLMPreTrainedModel, GenerationMixin):
+    """TaLK causal language model."""
+
+    _tied_weights_keys = {"lm_head.weight": "model.decoder.embed.embed_tokens.weight"}
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.model = TalkLMModel(config)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.post_init()
