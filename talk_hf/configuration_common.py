@@ -3,6 +3,8 @@ config field, so a wrong value fails when the config is built, not deep inside a
 
 from transformers.activations import ACT2FN
 
+from .pipeline_translation import custom_pipelines_entry  # importing it also registers the pipeline tasks
+
 
 def per_layer(name, value, num_layers, default):
     """A per-layer list: None -> `default` (the paper's pattern, truncated or extended with its last entry);
@@ -51,13 +53,22 @@ def check_token_ids(config, *names):
             raise ValueError(f"{name}={value} is outside the vocabulary (vocab_size={config.vocab_size})")
 
 
-class PresetMixin:
-    """`Config.from_preset(name, **overrides)`: the papers' hyperparameters by name (see each config's PRESETS)."""
+class TalkHfConfigMixin:
+    """Shared by the talk_hf configs: named presets, and the pipeline record of folders saved with their code."""
 
     PRESETS = {}
 
     @classmethod
     def from_preset(cls, name, **overrides):
+        """The papers' hyperparameters by name (see the class's PRESETS), with any field overridden."""
         if name not in cls.PRESETS:
             raise ValueError(f"unknown preset {name!r} for {cls.__name__}; choose one of {sorted(cls.PRESETS)}")
         return cls(**{**cls.PRESETS[name], **overrides})
+
+    def to_diff_dict(self):
+        """An encoder-decoder saved with its code (an `auto_map`) also lists its translation/summarization
+        pipelines, so `pipeline("translation", model=repo, trust_remote_code=True)` needs no talk_hf install."""
+        out = super().to_diff_dict()
+        if self.is_encoder_decoder and "auto_map" in out:
+            out["custom_pipelines"] = {**custom_pipelines_entry(), **(out.get("custom_pipelines") or {})}
+        return out

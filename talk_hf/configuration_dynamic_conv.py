@@ -3,7 +3,7 @@
 from transformers import PreTrainedConfig
 
 from .configuration_common import (
-    PresetMixin,
+    TalkHfConfigMixin,
     check_activation,
     check_divisible,
     check_positive,
@@ -21,7 +21,7 @@ def _check_conv_type(config):
         raise ValueError(f"conv_type must be one of {CONV_TYPES}, got {config.conv_type!r}")
 
 
-class DynamicConvConfig(PresetMixin, PreTrainedConfig):
+class DynamicConvConfig(TalkHfConfigMixin, PreTrainedConfig):
     r"""LightConv/DynamicConv encoder-decoder (`DynamicConvModel`, `DynamicConvForConditionalGeneration`).
 
     Defaults are fairseq's `lightconv_iwslt_de_en` with the README's dropout 0.3 (7+6 layers, d_model 512, FFN 1024,
@@ -108,7 +108,7 @@ class DynamicConvConfig(PresetMixin, PreTrainedConfig):
         check_token_ids(self, "pad_token_id", "bos_token_id", "decoder_start_token_id")
 
 
-class DynamicConvLMConfig(PresetMixin, PreTrainedConfig):
+class DynamicConvLMConfig(TalkHfConfigMixin, PreTrainedConfig):
     r"""LightConv/DynamicConv decoder-only language model (`DynamicConvLMModel`, `DynamicConvForCausalLM`).
 
     Pre-norm layers with a final LayerNorm by default. Presets: `DynamicConvLMConfig.from_preset("lm")`.

@@ -3,7 +3,7 @@
 from transformers import PreTrainedConfig
 
 from .configuration_common import (
-    PresetMixin,
+    TalkHfConfigMixin,
     check_activation,
     check_divisible,
     check_positive,
@@ -16,7 +16,7 @@ ENCODER_OFFSETS = [1, 3, 7, 15]  # the paper's growing max offsets; later layers
 ENCODER_OFFSETS_BIG = [3, 7, 15, 31]
 
 
-class TalkConfig(PresetMixin, PreTrainedConfig):
+class TalkConfig(TalkHfConfigMixin, PreTrainedConfig):
     r"""TaLK encoder-decoder for translation and summarisation (`TalkModel`, `TalkForConditionalGeneration`).
 
     Defaults are the paper's IWSLT14 De-En model (`talkconv_iwslt_de_en`: 7+6 layers, d_model 512, FFN 1024, 4 heads,
@@ -101,7 +101,7 @@ class TalkConfig(PresetMixin, PreTrainedConfig):
         check_token_ids(self, "pad_token_id", "bos_token_id", "decoder_start_token_id")
 
 
-class TalkLMConfig(PresetMixin, PreTrainedConfig):
+class TalkLMConfig(TalkHfConfigMixin, PreTrainedConfig):
     r"""TaLK decoder-only language model (`TalkLMModel`, `TalkForCausalLM`).
 
     As in the paper's LM: pre-norm layers ("training is not stable without this") and no final LayerNorm by default.

@@ -86,7 +86,7 @@ def dynamic_conv_state_from_prefix(x, kernel_size):
     """The decoding state after the causal op has consumed x: (B, T, C) -> (B, K - 1, C) last inputs."""
     check_float_tensor("x", x, 3)
     check_int("kernel_size", kernel_size, minimum=1)
-    last = x[:, x.shape[1] - (kernel_size - 1) :] if kernel_size > 1 else x[:, :0]
+    last = x[:, max(x.shape[1] - (kernel_size - 1), 0) :] if kernel_size > 1 else x[:, :0]
     return torch.nn.functional.pad(last, (0, 0, kernel_size - 1 - last.shape[1], 0))
 
 

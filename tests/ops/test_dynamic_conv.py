@@ -112,11 +112,12 @@ def test_batch_equals_rows_one_at_a_time():
         assert torch.equal(batched[b : b + 1], ops.dynamic_conv(x[b : b + 1], w[b : b + 1], 6))
 
 
-@pytest.mark.parametrize("K", [1, 3, 31])
+@pytest.mark.parametrize("K,split", [(1, 5), (3, 5), (5, 3), (6, 5), (6, 7), (31, 5)])
 @pytest.mark.parametrize("light", [False, True], ids=["dynamic", "light"])
-def test_steps_equal_causal_op(K, light):
-    """Softmax over all K taps then truncation at the start: steps from the K-1 input ring equal the full op."""
-    T, split = 20, 5
+def test_steps_equal_causal_op(K, split, light):
+    """Softmax over all K taps then truncation at the start: steps from the K-1 input ring equal the full op,
+    whether the prefix is shorter than, as long as, or longer than the ring."""
+    T = 20
     x = torch.randn(2, T, 6, dtype=torch.float64)
     w = softmax_weights(3, K) if light else softmax_weights(2, T, 3, K)
     wt = (lambda a, b: w) if light else (lambda a, b: w[:, a:b])

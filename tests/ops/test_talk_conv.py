@@ -164,10 +164,11 @@ def test_batch_equals_rows_one_at_a_time():
         assert torch.equal(batched[b : b + 1], ops.talk_conv(x[b : b + 1], ol[b : b + 1], orr[b : b + 1], 5, 5))
 
 
-@pytest.mark.parametrize("max_left", [0, 1, 7])
-def test_steps_equal_causal_op(max_left):
-    """Prefix via the full op, then single steps and a chunk from the fixed-size state, equal the full causal op."""
-    T, split = 23, 6
+@pytest.mark.parametrize("max_left,split", [(0, 6), (1, 6), (7, 6), (4, 5), (4, 6), (4, 7)])
+def test_steps_equal_causal_op(max_left, split):
+    """Prefix via the full op, then single steps and a chunk from the fixed-size state, equal the full causal op
+    (prefixes shorter than, as long as, and longer than the max_left + 2 state)."""
+    T = 23
     x = torch.randn(2, T, 6, dtype=torch.float64)
     ol = offsets(2, T, 3)
     full = ops.talk_conv(x, ol, None, max_left, 0)

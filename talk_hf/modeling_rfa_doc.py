@@ -1,0 +1,209 @@
+"""RFA-doc (Wu et al., 2022): softmax-attention encoder, random-feature-attention decoder with a sentential gate.
+
+Porting notes (reference_impls.md §C, §E.16-23):
+- Features: phi(x) = 0.1 [sin u, cos u] (interleaved), u = W (x/(|x|+1e-3)) / tau with a learned per-head tau;
+  the normaliser is clamped below at rfa_eps = 0.1; cross-attention key features are norm-rescaled.
+- Random projections: the reference samples from a stored quasi-Monte-Carlo pool that we cannot redistribute; we
+  draw i.i.d. Gaussian projections every training step and use one fixed draw (seeded, stored in the checkpoint,
+  the same for every layer) for evaluation and decoding.
+- Decay gate (the paper's RFA-sgate): at every decoder *input* token equal to sep_token_id the causal attention
+  state is multiplied by sigmoid(w.x + b) per head, after that token's own output (its key keeps weight 1).
+- The training form is chunked (talk_hf/rfa.py), not a loop over sentences; decoding carries the fixed-size
+  state (S, z) per layer, and the cross-attention state is computed once per source.
+"""
+
+import torch
+from torch import nn
+from transformers import GenerationMixin
+
+from .configuration_rfa_doc import RfaDocConfig
+from .modeling_base import (
+    DecoderLayer,
+    DecoderStack,
+    EncoderLayer,
+    EncoderStack,
+    FeedForward,
+    RecurrentPreTrainedModel,
+    Seq2SeqLMMixin,
+    Seq2SeqModelMixin,
+    SoftmaxSelfAttention,
+)
+from .rfa import (
+    rfa_causal,
+    rfa_cross,
+    rfa_cross_state,
+    rfa_feature_map,
+    rfa_key_norm_rescale,
+    rfa_random_projection,
+)
+
+
+class RfaProjection(nn.Linear):
+    """A q/k/v/output projection of RFA attention (xavier-uniform with gain rfa_init_scale**-0.5)."""
+
+
+class RfaGateProjection(nn.Linear):
+    """The sentential gate's projection (bias initialised to gate_bias_init)."""
+
+
+class RandomFeatures(nn.Module):
+    """Random projections (H, D, d) of one attention layer: a fixed evaluation draw (a persistent buffer) and,
+    when `resample` is on, a fresh Gaussian draw for every training forward."""
+
+    def __init__(self, heads, num_frequencies, head_dim, resample):
+        super().__init__()
+        self.resample = resample
+        self.register_buffer("projection", torch.empty(heads, num_frequencies, head_dim))
+        self.tau = nn.Parameter(torch.ones(heads))  # learned per-head temperature
+
+    def current(self):
+        if self.training and self.resample:
+            return torch.randn_like(self.projection)
+        return self.projection
+
+    def __call__(self, x, projection):
+        """x: (B, T, H, d) -> features (B, T, H, 2D) in fp32."""
+        return rfa_feature_map(x, projection, self.tau)
+
+
+def _heads(x, heads):  # (B, T, C) -> (B, T, H, C/H)
+    return x.view(*x.shape[:2], heads, -1)
+
+
+class RfaCausalAttention(nn.Module):
+    """Causal random feature attention with the optional sentential decay gate. x: (B, T, C) -> (B, T, C)."""
+
+    def __init__(self, config):
+        super().__init__()
+        d, self.heads, self.eps = config.d_model, config.decoder_attention_heads, config.rfa_eps
+        self.q_proj, self.k_proj, self.v_proj, self.out_proj = (RfaProjection(d, d) for _ in range(4))
+        self.features = RandomFeatures(self.heads, config.causal_num_frequencies, d // self.heads,
+                                       config.resample_random_features)
+        self.gate = RfaGateProjection(d, self.heads) if config.sentential_gate == "decay" else None
+
+    def decay(self, x, separators):
+        """(B, T, H) state decay: the gate at separator positions, 1 elsewhere; None without a gate."""
+        if self.gate is None or separators is None:
+            return None
+        gate = torch.sigmoid(self.gate(x).float())
+        return torch.where(separators.unsqueeze(-1), gate, torch.ones_like(gate))
+
+    def forward(self, x, attention_mask=None, past_key_values=None, separators=None):
+        projection = self.features.current()
+        q = self.features(_heads(self.q_proj(x), self.heads), projection)
+        k = self.features(_heads(self.k_proj(x), self.heads), projection)
+        if attention_mask is not None:  # padded keys contribute nothing
+            k = k * attention_mask[:, :, None, None].to(k.dtype)
+        v = _heads(self.v_proj(x), self.heads)
+        state = past_key_values
+        initial = state.get("rfa") if state is not None else None
+        out, final = rfa_causal(q, k, v, self.decay(x, separators), initial_state=initial, eps=self.eps)
+        if state is not None:
+            state.set("rfa", final)
+        return self.out_proj(out.reshape(x.shape))
+
+
+class RfaCrossAttention(nn.Module):
+    """Random feature cross-attention; the source state (S, z) is computed once per source when caching."""
+
+    def __init__(self, config):
+        super().__init__()
+        d, self.heads, self.eps = config.d_model, config.decoder_attention_heads, config.rfa_eps
+        self.norm_rescale = config.norm_rescale
+        self.q_proj, self.k_proj, self.v_proj, self.out_proj = (RfaProjection(d, d) for _ in range(4))
+        self.features = RandomFeatures(self.heads, config.cross_num_frequencies, d // self.heads,
+                                       config.resample_random_features)
+
+    def source_state(self, encoder_hidden_states, encoder_attention_mask, projection):
+        """(B, S, C) encoder states -> (B, H, 2D, d + 1) attention state."""
+        k = _heads(self.k_proj(encoder_hidden_states), self.heads)
+        phi_k = self.features(k, projection)
+        if self.norm_rescale:
+            phi_k = phi_k * rfa_key_norm_rescale(k, self.features.tau, encoder_attention_mask)
+        v = _heads(self.v_proj(encoder_hidden_states), self.heads)
+        return rfa_cross_state(phi_k, v, encoder_attention_mask)
+
+    def forward(self, x, encoder_hidden_states, encoder_attention_mask=None, past_key_values=None):
+        state = past_key_values
+        projection = self.features.current()
+        source = state.get("cross_rfa") if state is not None else None
+        if source is None:
+            source = self.source_state(encoder_hidden_states, encoder_attention_mask, projection)
+            if state is not None:
+                state.set("cross_rfa", source)
+        q = self.features(_heads(self.q_proj(x), self.heads), projection)
+        out = rfa_cross(q, source, eps=self.eps).to(x.dtype)
+        return self.out_proj(out.reshape(x.shape))
+
+
+def _encoder_layer(config):
+    mixer = SoftmaxSelfAttention(config.d_model, config.encoder_attention_heads, config.attention_dropout)
+    ffn = FeedForward(config.d_model, config.encoder_ffn_dim, config.activation_function, config.activation_dropout)
+    return EncoderLayer(config.d_model, mixer, ffn, config.encoder_normalize_before, config.dropout)
+
+
+def _decoder_layer(config):
+    ffn = FeedForward(config.d_model, config.decoder_ffn_dim, config.activation_function, config.activation_dropout)
+    return DecoderLayer(
+        config.d_model, RfaCausalAttention(config), RfaCrossAttention(config), ffn,
+        config.decoder_normalize_before, config.dropout,
+    )
+
+
+def _embedding(config):
+    return nn.Embedding(config.vocab_size, config.d_model, padding_idx=config.pad_token_id)
+
+
+class RfaDocPreTrainedModel(RecurrentPreTrainedModel):
+    config: RfaDocConfig
+
+    def _init_weights(self, module):
+        from transformers import initialization as init
+
+        if isinstance(module, RfaProjection):
+            init.xavier_uniform_(module.weight, gain=self.config.rfa_init_scale**-0.5)
+            init.zeros_(module.bias)
+        elif isinstance(module, RfaGateProjection):
+            init.xavier_uniform_(module.weight, gain=self.config.rfa_init_scale**-0.5)
+            init.constant_(module.bias, self.config.gate_bias_init)
+        elif isinstance(module, RandomFeatures):
+            generator = torch.Generator().manual_seed(self.config.random_feature_seed)  # same draw in every layer
+            init.copy_(module.projection, rfa_random_projection(*module.projection.shape, generator=generator))
+            init.ones_(module.tau)
+        else:
+            super()._init_weights(module)
+
+
+class RfaDocModel(Seq2SeqModelMixin, RfaDocPreTrainedModel):
+    """Softmax-attention encoder and RFA decoder."""
+
+    _tied_weights_keys = {
+        "encoder.embed.embed_tokens.weight": "shared.weight",
+        "decoder.embed.embed_tokens.weight": "shared.weight",
+    }
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.shared = _embedding(config)
+        self.encoder = EncoderStack(
+            _embedding(config), [_encoder_layer(config) for _ in range(config.encoder_layers)],
+            config.d_model, config.scale_embedding, config.dropout, config.encoder_normalize_before,
+        )
+        sep = config.sep_token_id if config.sentential_gate != "none" else None
+        self.decoder = DecoderStack(
+            _embedding(config), [_decoder_layer(config) for _ in range(config.decoder_layers)],
+            config.d_model, config.scale_embedding, config.dropout, config.decoder_normalize_before, sep_token_id=sep,
+        )
+        self.post_init()
+
+
+class RfaDocForConditionalGeneration(Seq2SeqLMMixin, RfaDocPreTrainedModel, GenerationMixin):
+    """RFA-doc encoder-decoder with a (tied) output projection, for sentence- and document-level translation."""
+
+    _tied_weights_keys = {"lm_head.weight": "model.shared.weight"}
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.model = RfaDocModel(config)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.post_init()

@@ -1,0 +1,72 @@
+"""`pipeline("translation")` and `pipeline("summarization")` for the talk_hf encoder-decoders.
+
+transformers 5 removed both tasks; importing this module registers them again (in-process), and every saved
+encoder-decoder config lists them under `custom_pipelines`, so `pipeline("translation", model=repo,
+trust_remote_code=True)` finds this file in the repository without the talk_hf package.
+"""
+
+from transformers import AutoModelForSeq2SeqLM, Pipeline
+from transformers.pipelines import PIPELINE_REGISTRY, REMOVED_TASKS
+
+
+class TranslationPipeline(Pipeline):
+    """Text(s) in, [{"translation_text": ...}] out; generation kwargs (num_beams, max_new_tokens, length_penalty,
+    num_return_sequences, ...) pass through to `model.generate`."""
+
+    _load_processor = False
+    _load_image_processor = False
+    _load_feature_extractor = False
+    _load_tokenizer = True
+    output_key = "translation_text"
+
+    def _sanitize_parameters(self, truncation=None, max_length=None, **generate_kwargs):
+        preprocess = {k: v for k, v in (("truncation", truncation), ("max_length", max_length)) if v is not None}
+        return preprocess, generate_kwargs, {}
+
+    def preprocess(self, text, truncation=True, max_length=None):
+        if not isinstance(text, str):
+            raise TypeError(f"{type(self).__name__} takes a string or a list of strings, got {type(text).__name__}")
+        return self.tokenizer(text, return_tensors="pt", truncation=truncation, max_length=max_length)
+
+    def _forward(self, model_inputs, **generate_kwargs):
+        return {"output_ids": self.model.generate(**model_inputs, **generate_kwargs)}
+
+    def postprocess(self, model_outputs):
+        texts = self.tokenizer.batch_decode(model_outputs["output_ids"], skip_special_tokens=True)
+        return [{self.output_key: text.strip()} for text in texts]
+
+    def __call__(self, inputs, **kwargs):
+        """A string -> [{"translation_text": ...}]; a list of strings -> one dict per input (a list of dicts per
+        input when num_return_sequences > 1)."""
+        result = super().__call__(inputs, **kwargs)
+        if isinstance(inputs, list) and all(len(r) == 1 for r in result):
+            return [r[0] for r in result]
+        return result
+
+
+class SummarizationPipeline(TranslationPipeline):
+    """As TranslationPipeline, with outputs under "summary_text"."""
+
+    output_key = "summary_text"
+
+
+PIPELINES = {"translation": TranslationPipeline, "summarization": SummarizationPipeline}
+
+
+def custom_pipelines_entry():
+    """The `custom_pipelines` value recorded in saved configs (read by `pipeline(..., trust_remote_code=True)`)."""
+    return {
+        task: {"impl": f"pipeline_translation.{cls.__name__}", "pt": ["AutoModelForSeq2SeqLM"], "type": "text"}
+        for task, cls in PIPELINES.items()
+    }
+
+
+def register_pipelines():
+    """Make `pipeline("translation" | "summarization", ...)` work again in this process."""
+    for task, cls in PIPELINES.items():
+        REMOVED_TASKS.pop(task, None)
+        PIPELINE_REGISTRY.supported_tasks.pop(task, None)  # re-registration is not an error
+        PIPELINE_REGISTRY.register_pipeline(task, pipeline_class=cls, pt_model=AutoModelForSeq2SeqLM, type="text")
+
+
+register_pipelines()
