@@ -1,0 +1,247 @@
+"""The models where transformers users reach for them: remote code without the package, pipelines, tokenizer
+packaging, Seq2SeqTrainer and Trainer on real Multi30k pairs."""
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import sacrebleu
+import torch
+from datasets import Dataset
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForSeq2SeqLM,
+    AutoTokenizer,
+    DataCollatorForLanguageModeling,
+    DataCollatorForSeq2Seq,
+    GenerationConfig,
+    Seq2SeqTrainer,
+    Seq2SeqTrainingArguments,
+    Trainer,
+    TrainingArguments,
+    pipeline,
+)
+
+from talk_hf import train_joint_bpe
+from tests.models.tiny import ALL, LM, SEQ2SEQ, make
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "multi30k_pairs.tsv"
+
+
+def pairs():
+    return [line.rstrip("\n").split("\t") for line in FIXTURE.read_text(encoding="utf-8").splitlines()]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return train_joint_bpe([text for pair in pairs() for text in pair], vocab_size=300)
+
+
+@pytest.fixture(scope="module")
+def lm_tokenizer():
+    return train_joint_bpe([text for pair in pairs() for text in pair], vocab_size=300, add_eos=False)
+
+
+def sized(name, tok):
+    return make(name, vocab_size=len(tok))
+
+
+def run_isolated(code, cwd):
+    """Run Python in a fresh process where `import talk_hf` fails (as for a user without the package)."""
+    prelude = "import sys\nsys.modules['talk_hf'] = None\n"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(cwd / "hf_home")}
+    result = subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(code)], capture_output=True, text=True,
+                            cwd=cwd, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return result.stdout
+
+
+# --- remote code --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["talk", "dynamic_conv", "rfa_doc"])
+def test_seq2seq_remote_code_without_the_package(name, tokenizer, tmp_path):
+    model = sized(name, tokenizer)
+    folder = tmp_path / "model"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    assert {"talk_conv.py", "dynamic_conv.py", "rfa.py"} & {p.name for p in folder.iterdir()}
+    text = "Zwei junge Männer spielen Fußball."
+    expected = model.generate(**tokenizer([text], return_tensors="pt"), num_beams=2, max_new_tokens=6, min_new_tokens=6)
+    out = run_isolated(
+        f"""
+        import torch
+        from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, pipeline
+        model = AutoModelForSeq2SeqLM.from_pretrained({str(folder)!r}, trust_remote_code=True)
+        tok = AutoTokenizer.from_pretrained({str(folder)!r}, trust_remote_code=True)
+        assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
+        ids = model.generate(**tok([{text!r}], return_tensors="pt"), num_beams=2, max_new_tokens=6, min_new_tokens=6)
+        print(ids.tolist())
+        translator = pipeline("translation", model={str(folder)!r}, trust_remote_code=True)
+        print(translator({text!r}, max_new_tokens=4, min_new_tokens=4))
+        """,
+        tmp_path,
+    )
+    lines = out.strip().splitlines()
+    assert lines[0] == str(expected.tolist())
+    assert "translation_text" in lines[1]
+
+
+def test_lm_remote_code_without_the_package(lm_tokenizer, tmp_path):
+    model = sized("talk_lm", lm_tokenizer)
+    folder = tmp_path / "lm"
+    model.save_pretrained(folder)
+    lm_tokenizer.save_pretrained(folder)
+    prompt = lm_tokenizer(["Ein Hund"], return_tensors="pt")
+    expected = model.generate(**prompt, max_new_tokens=5, min_new_tokens=5)
+    out = run_isolated(
+        f"""
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        model = AutoModelForCausalLM.from_pretrained({str(folder)!r}, trust_remote_code=True)
+        tok = AutoTokenizer.from_pretrained({str(folder)!r}, trust_remote_code=True)
+        print(model.generate(**tok(["Ein Hund"], return_tensors="pt"), max_new_tokens=5, min_new_tokens=5).tolist())
+        """,
+        tmp_path,
+    )
+    assert out.strip() == str(expected.tolist())
+
+
+def test_remote_code_uses_kernels_when_the_package_is_installed(tokenizer, tmp_path):
+    """Without talk_hf imported, remote code still finds the compiled extension if the package is installed."""
+    folder = tmp_path / "model"
+    sized("talk", tokenizer).save_pretrained(folder)
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf_home")}
+    code = f"""
+    import torch
+    from transformers import AutoModelForSeq2SeqLM
+    model = AutoModelForSeq2SeqLM.from_pretrained({str(folder)!r}, trust_remote_code=True)
+    assert type(model).__module__.startswith("transformers_modules")
+    with torch.profiler.profile() as prof:
+        model(input_ids=torch.tensor([[5, 6, 7]]), decoder_input_ids=torch.tensor([[2, 5]]))
+    print(any(e.name == "talk_hf::talk_conv_fwd" for e in prof.events()))
+    """
+    result = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1] == "True"
+
+
+# --- pipelines -----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["talk", "lightconv", "rfa_doc"])
+def test_translation_and_summarization_pipelines(name, tokenizer, tmp_path):
+    model = sized(name, tokenizer)
+    translator = pipeline("translation", model=model, tokenizer=tokenizer)
+    one = translator("Ein Mann fährt Fahrrad.", max_new_tokens=5, min_new_tokens=5)
+    ids = model.generate(**tokenizer(["Ein Mann fährt Fahrrad."], return_tensors="pt"), max_new_tokens=5, min_new_tokens=5)
+    assert one == [{"translation_text": tokenizer.decode(ids[0], skip_special_tokens=True).strip()}]
+    many = translator(["Ein Hund.", "Zwei Katzen."], num_beams=2, max_new_tokens=4)
+    assert len(many) == 2 and all(set(r) == {"translation_text"} for r in many)
+    two = translator("Ein Hund.", num_beams=3, num_return_sequences=2, max_new_tokens=4)
+    assert len(two) == 2
+    summary = pipeline("summarization", model=model, tokenizer=tokenizer)("Ein Hund läuft.", max_new_tokens=3)
+    assert set(summary[0]) == {"summary_text"}
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    from_path = pipeline("translation", model=str(tmp_path), trust_remote_code=True)
+    assert from_path("Ein Mann fährt Fahrrad.", max_new_tokens=5, min_new_tokens=5) == one
+
+
+@pytest.mark.parametrize("name", list(LM))
+def test_text_generation_pipeline(name, lm_tokenizer):
+    model = sized(name, lm_tokenizer)
+    generator = pipeline("text-generation", model=model, tokenizer=lm_tokenizer)
+    out = generator(["Ein Hund", "Zwei junge Männer spielen"], max_new_tokens=4, min_new_tokens=4, do_sample=False)
+    assert len(out) == 2 and out[0][0]["generated_text"].startswith("Ein Hund")
+
+
+# --- tokenizer packaging --------------------------------------------------------------------------------------------
+
+
+def test_tokenizer_round_trip_with_text_target_and_separator(tokenizer, tmp_path):
+    tokenizer.save_pretrained(tmp_path)
+    loaded = AutoTokenizer.from_pretrained(tmp_path)
+    src, tgt = pairs()[0]
+    batch = loaded([src], text_target=[tgt])
+    assert batch["labels"][0][-1] == loaded.eos_token_id and batch["input_ids"] == tokenizer([src])["input_ids"]
+    window = loaded("Ein Hund. <sep> Eine Katze.")["input_ids"]
+    assert window.count(loaded.convert_tokens_to_ids("<sep>")) == 1
+    assert loaded.convert_tokens_to_ids("<sep>") == ALL["rfa_doc"][3]["sep_token_id"]
+
+
+# --- training --------------------------------------------------------------------------------------------------------
+
+
+def _translation_dataset(tokenizer):
+    src, tgt = zip(*pairs())
+    ds = Dataset.from_dict({"de": list(src), "en": list(tgt)})
+    return ds.map(lambda b: tokenizer(b["de"], text_target=b["en"], max_length=64, truncation=True),
+                  batched=True, remove_columns=["de", "en"])
+
+
+def _bleu_metric(tokenizer):
+    def compute_metrics(prediction):
+        preds, labels = prediction.predictions, prediction.label_ids
+        preds = np.where(preds != -100, preds, tokenizer.pad_token_id)
+        labels = np.where(labels != -100, labels, tokenizer.pad_token_id)
+        hyps = tokenizer.batch_decode(preds, skip_special_tokens=True)
+        refs = tokenizer.batch_decode(labels, skip_special_tokens=True)
+        return {"bleu": sacrebleu.corpus_bleu(hyps, [refs]).score}
+
+    return compute_metrics
+
+
+@pytest.mark.parametrize("name", ["talk", "dynamic_conv", "rfa_doc"])
+def test_seq2seq_trainer_fine_tunes_and_reloads(name, tokenizer, tmp_path):
+    model = sized(name, tokenizer)
+    model.generation_config = GenerationConfig(
+        decoder_start_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id, max_new_tokens=8,
+    )
+    ds = _translation_dataset(tokenizer)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    args = Seq2SeqTrainingArguments(
+        output_dir=str(tmp_path / "run"), per_device_train_batch_size=8, per_device_eval_batch_size=16,
+        gradient_accumulation_steps=2, max_steps=2, learning_rate=1e-3, label_smoothing_factor=0.1,
+        predict_with_generate=True, generation_num_beams=2, generation_max_length=10, report_to="none",
+        use_cpu=True, save_strategy="steps", save_steps=2, logging_steps=1, eval_strategy="no",
+    )
+    trainer = Seq2SeqTrainer(
+        model=model, args=args, train_dataset=ds, eval_dataset=ds.select(range(16)), processing_class=tokenizer,
+        data_collator=DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100),
+        compute_metrics=_bleu_metric(tokenizer),
+    )
+    result = trainer.train()
+    assert result.global_step == 2 and np.isfinite(result.training_loss)
+    assert any(not torch.equal(before[n], p) for n, p in model.named_parameters())
+    metrics = trainer.evaluate()
+    assert "eval_bleu" in metrics and 0.0 <= metrics["eval_bleu"] <= 100.0
+    checkpoint = tmp_path / "run" / "checkpoint-2"
+    reloaded = AutoModelForSeq2SeqLM.from_pretrained(checkpoint)
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, reloaded.state_dict()[key]), key
+
+
+@pytest.mark.parametrize("name", list(LM))
+def test_trainer_trains_a_causal_lm_and_reloads(name, lm_tokenizer, tmp_path):
+    model = sized(name, lm_tokenizer)
+    texts = [text for pair in pairs() for text in pair]
+    ds = Dataset.from_dict({"text": texts}).map(lambda b: lm_tokenizer(b["text"]), batched=True, remove_columns=["text"])
+    args = TrainingArguments(output_dir=str(tmp_path / "run"), per_device_train_batch_size=8, max_steps=2,
+                             gradient_accumulation_steps=2, learning_rate=1e-3, report_to="none", use_cpu=True,
+                             save_strategy="steps", save_steps=2, logging_steps=1)
+    collator = DataCollatorForLanguageModeling(lm_tokenizer, mlm=False)
+    trainer = Trainer(model=model, args=args, train_dataset=ds, data_collator=collator, processing_class=lm_tokenizer)
+    result = trainer.train()
+    assert result.global_step == 2 and np.isfinite(result.training_loss)
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "checkpoint-2")
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, reloaded.state_dict()[key]), key
+
+
+def test_seq2seq_classes_are_covered():
+    assert {ALL[n][2] for n in SEQ2SEQ} == {ALL[n][2] for n in ["talk", "dynamic_conv", "rfa_doc"]}

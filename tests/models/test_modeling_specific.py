@@ -1,0 +1,67 @@
+"""Behaviour specific to one model family."""
+
+import torch
+
+from talk_hf.modeling_talk import TalkOffsetProjection
+from tests.models.tiny import SEP, VOCAB, make, source_batch
+
+
+def test_rfa_gate_acts_only_after_a_separator():
+    """The decay gate changes outputs only at positions after a separator; without the gate, a separator is just
+    another token. Gate bias starts at gate_bias_init."""
+    gated, plain = make("rfa_doc", gate_bias_init=-3.0), make("rfa_doc-nogate")
+    assert all(layer.mixer.gate is not None for layer in gated.model.decoder.layers)
+    assert all(layer.mixer.gate is None for layer in plain.model.decoder.layers)
+    assert torch.equal(gated.model.decoder.layers[0].mixer.gate.bias, torch.full((2,), -3.0))
+    src, mask = source_batch()
+    dec = torch.tensor([[2, 7, 8, 9, SEP, 10, 11, 12]] * 3)
+    with_gate = gated(input_ids=src, attention_mask=mask, decoder_input_ids=dec).logits
+    for layer in gated.model.decoder.layers:  # a gate of exactly 1 (no decay) is the ungated model
+        layer.mixer.gate.weight.data.zero_()
+        layer.mixer.gate.bias.data.fill_(1e4)
+    no_decay = gated(input_ids=src, attention_mask=mask, decoder_input_ids=dec).logits
+    sep = 4
+    torch.testing.assert_close(with_gate[:, : sep + 1], no_decay[:, : sep + 1])
+    assert (with_gate[:, sep + 1 :] - no_decay[:, sep + 1 :]).abs().max() > 1e-3
+
+
+def test_rfa_random_features_fixed_in_eval_and_resampled_in_training():
+    model = make("rfa_doc")
+    features = model.model.decoder.layers[0].mixer.features
+    other = model.model.decoder.layers[1].mixer.features
+    assert torch.equal(features.projection, other.projection)  # one evaluation draw for every layer
+    assert torch.equal(features.current(), features.projection)
+    model.train()
+    assert not torch.equal(features.current(), features.projection)
+    src, mask = source_batch()
+    dec = torch.tensor([[2, 7, 8, 9]] * 3)
+    torch.manual_seed(0)
+    a = model(input_ids=src, attention_mask=mask, decoder_input_ids=dec).logits
+    b = model(input_ids=src, attention_mask=mask, decoder_input_ids=dec).logits
+    assert not torch.equal(a, b)
+
+
+def test_talk_offsets_keep_pytorch_default_init():
+    model = make("talk")
+    for module in model.modules():
+        if isinstance(module, TalkOffsetProjection):
+            bound = module.in_features**-0.5
+            assert module.weight.abs().max() <= bound and module.weight.abs().max() > 0.5 * bound
+    linear1 = model.model.encoder.layers[0].mixer.linear1
+    assert torch.equal(linear1.bias, torch.zeros_like(linear1.bias))  # xavier + zero bias elsewhere
+
+
+def test_lightconv_has_one_kernel_per_head_and_layer():
+    model = make("lightconv")
+    mixers = [layer.mixer for layer in model.model.decoder.layers]
+    assert [tuple(m.weight.shape) for m in mixers] == [(2, 2), (2, 5)]
+    assert all(m.weight_linear is None for m in mixers)
+    dynamic = make("dynamic_conv").model.decoder.layers[1].mixer
+    assert dynamic.weight is None and dynamic.weight_linear.out_features == 4 * 7
+
+
+def test_no_maximum_length():
+    model = make("talk_lm")
+    ids = torch.randint(5, VOCAB, (1, 3000))
+    logits = model(input_ids=ids).logits
+    assert logits.shape == (1, 3000, VOCAB) and torch.isfinite(logits).all()
