@@ -3,7 +3,7 @@ config field, so a wrong value fails when the config is built, not deep inside a
 
 from transformers.activations import ACT2FN
 
-from .pipeline_translation import custom_pipelines_entry  # importing it also registers the pipeline tasks
+from .pipeline_translation import register_pipelines  # noqa: F401  (importing it registers the tasks)
 
 
 def per_layer(name, value, num_layers, default):
@@ -54,7 +54,11 @@ def check_token_ids(config, *names):
 
 
 class TalkHfConfigMixin:
-    """Shared by the talk_hf configs: named presets, and the pipeline record of folders saved with their code."""
+    """Shared by the talk_hf configs: named presets.
+
+    Loading any talk_hf config, from the package or as Hub remote code, imports pipeline_translation, which
+    registers the "translation" and "summarization" tasks; `pipeline()` loads the config before it looks the task
+    up, so `pipeline("translation", model=repo, trust_remote_code=True)` works without the package."""
 
     PRESETS = {}
 
@@ -64,11 +68,3 @@ class TalkHfConfigMixin:
         if name not in cls.PRESETS:
             raise ValueError(f"unknown preset {name!r} for {cls.__name__}; choose one of {sorted(cls.PRESETS)}")
         return cls(**{**cls.PRESETS[name], **overrides})
-
-    def to_diff_dict(self):
-        """An encoder-decoder saved with its code (an `auto_map`) also lists its translation/summarization
-        pipelines, so `pipeline("translation", model=repo, trust_remote_code=True)` needs no talk_hf install."""
-        out = super().to_diff_dict()
-        if self.is_encoder_decoder and "auto_map" in out:
-            out["custom_pipelines"] = {**custom_pipelines_entry(), **(out.get("custom_pipelines") or {})}
-        return out

@@ -1,8 +1,8 @@
 """`pipeline("translation")` and `pipeline("summarization")` for the talk_hf encoder-decoders.
 
-transformers 5 removed both tasks; importing this module registers them again (in-process), and every saved
-encoder-decoder config lists them under `custom_pipelines`, so `pipeline("translation", model=repo,
-trust_remote_code=True)` finds this file in the repository without the talk_hf package.
+transformers 5 removed both tasks; importing this module registers them again. Every talk_hf config module
+imports it, so the tasks exist as soon as a talk_hf config is loaded, from the package or as Hub remote code
+(`pipeline("translation", model=repo, trust_remote_code=True)` without the talk_hf package).
 """
 
 from transformers import AutoModelForSeq2SeqLM, Pipeline
@@ -51,14 +51,6 @@ class SummarizationPipeline(TranslationPipeline):
 
 
 PIPELINES = {"translation": TranslationPipeline, "summarization": SummarizationPipeline}
-
-
-def custom_pipelines_entry():
-    """The `custom_pipelines` value recorded in saved configs (read by `pipeline(..., trust_remote_code=True)`)."""
-    return {
-        task: {"impl": f"pipeline_translation.{cls.__name__}", "pt": ["AutoModelForSeq2SeqLM"], "type": "text"}
-        for task, cls in PIPELINES.items()
-    }
 
 
 def register_pipelines():

@@ -147,8 +147,9 @@ def test_translation_and_summarization_pipelines(name, tokenizer, tmp_path):
     assert set(summary[0]) == {"summary_text"}
     model.save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
-    from_path = pipeline("translation", model=str(tmp_path), trust_remote_code=True)
-    assert from_path("Ein Mann fährt Fahrrad.", max_new_tokens=5, min_new_tokens=5) == one
+    for trust in (False, True):  # the installed package's classes, or the folder's own code
+        from_path = pipeline("translation", model=str(tmp_path), trust_remote_code=trust)
+        assert from_path("Ein Mann fährt Fahrrad.", max_new_tokens=5, min_new_tokens=5) == one
 
 
 @pytest.mark.parametrize("name", list(LM))

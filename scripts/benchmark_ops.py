@@ -1,0 +1,133 @@
+#!/usr/bin/env python
+"""Benchmark the token mixers against their baselines, in one process (ratios, not absolute claims).
+
+For each sequence length: TaLK (compiled), TaLK reference, DynamicConv k=3 and k=31 (compiled), and
+torch.nn.functional.scaled_dot_product_attention, forward and forward+backward; plus a plain copy of the input
+(the memory floor of a one-pass op). Median of timed iterations after warm-up (CUDA events on GPU).
+
+    python scripts/benchmark_ops.py --device cpu --batch 4 --channels 512 --heads 8 --lengths 256 1024 4096
+    python scripts/benchmark_ops.py --device cuda --batch 10 --channels 1024 --heads 16 --lengths 10 100 1000 10000 \
+        --dtype bfloat16
+Writes --output (JSON) and prints a markdown table.
+"""
+
+import argparse
+import json
+import platform
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from talk_hf import ops
+
+
+def timer(fn, device, warmup, iters, budget_s):
+    """Median seconds per call; stops early once `budget_s` is spent (at least 3 timed calls)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    start = time.perf_counter()
+    while len(times) < iters and (len(times) < 3 or time.perf_counter() - start < budget_s):
+        if device == "cuda":
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(begin.elapsed_time(end) / 1e3)
+        else:
+            t = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def cases(x, heads, max_offset):
+    """name -> callable(requires_grad) returning the output of one forward."""
+    B, T, C = x.shape
+    g = torch.Generator(device="cpu").manual_seed(0)
+    ol = torch.rand(B, T, heads, generator=g).to(x)
+    orr = torch.rand(B, T, heads, generator=g).to(x)
+    w3 = torch.rand(B, T, heads, 3, generator=g).softmax(-1).to(x)
+    w31 = torch.rand(B, T, heads, 31, generator=g).softmax(-1).to(x)
+
+    def qkv():
+        return x.view(B, T, heads, C // heads).transpose(1, 2)
+
+    return {
+        "talk": lambda: ops.talk_conv(x, ol, orr, max_offset, max_offset),
+        "talk_ref": lambda: ops.talk_conv_ref(x, ol, orr, max_offset, max_offset),
+        "dynamic_conv_k3": lambda: ops.dynamic_conv(x, w3, 1),
+        "dynamic_conv_k31": lambda: ops.dynamic_conv(x, w31, 15),
+        "sdpa": lambda: F.scaled_dot_product_attention(qkv(), qkv(), qkv()),
+    }
+
+
+def measure(args, T):
+    device, dtype = args.device, getattr(torch, args.dtype)
+    x = torch.randn(args.batch, T, args.channels, device=device, dtype=dtype)
+    row = {"n": T, "copy_ms": 1e3 * timer(lambda: x.clone(), device, args.warmup, args.iters, args.budget)}
+    for name, fn in cases(x, args.heads, args.max_offset).items():
+        if name == "sdpa" and T > args.max_sdpa_length:
+            continue
+        row[f"{name}_fwd_ms"] = 1e3 * timer(fn, device, args.warmup, args.iters, args.budget)
+        xg = x.detach().requires_grad_()
+
+        def fwd_bwd():
+            out = dict(cases(xg, args.heads, args.max_offset))[name]()
+            out.backward(torch.ones_like(out))
+
+        row[f"{name}_fwdbwd_ms"] = 1e3 * timer(fwd_bwd, device, 1, args.iters, args.budget)
+    bytes_moved = 2 * x.numel() * x.element_size()  # read + write
+    row["copy_GBps"] = bytes_moved / row["copy_ms"] / 1e6
+    row["talk_vs_copy"] = row["talk_fwd_ms"] / row["copy_ms"]
+    row["talk_fraction_of_copy_bandwidth"] = row["copy_ms"] / row["talk_fwd_ms"]
+    if "sdpa_fwd_ms" in row:
+        row["sdpa_over_talk"] = row["sdpa_fwd_ms"] / row["talk_fwd_ms"]
+    row["dynamic_conv_k31_over_talk"] = row["dynamic_conv_k31_fwd_ms"] / row["talk_fwd_ms"]
+    row["ref_over_talk"] = row["talk_ref_fwd_ms"] / row["talk_fwd_ms"]
+    return row
+
+
+def table(rows):
+    cols = ["n", "copy_ms", "talk_fwd_ms", "talk_ref_fwd_ms", "dynamic_conv_k3_fwd_ms", "dynamic_conv_k31_fwd_ms",
+            "sdpa_fwd_ms", "talk_fwdbwd_ms", "sdpa_fwdbwd_ms", "talk_vs_copy", "sdpa_over_talk"]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        lines.append("| " + " | ".join(f"{r[c]:.3g}" if isinstance(r.get(c), float) else str(r.get(c, "-")) for c in cols) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--channels", type=int, default=512)
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--max_offset", type=int, default=31, help="TaLK max_left = max_right")
+    parser.add_argument("--lengths", type=int, nargs="+", default=[256, 1024, 4096])
+    parser.add_argument("--max_sdpa_length", type=int, default=16384)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--budget", type=float, default=5.0, help="seconds of timing per measurement at most")
+    parser.add_argument("--output", default=None)
+    args = parser.parse_args(argv)
+    if ops.backend(args.device) != "compiled":
+        raise SystemExit(f"no compiled kernels for {args.device}: build the extension first")
+    env = {"device": args.device, "torch": torch.__version__, "threads": torch.get_num_threads(),
+           "cpu": platform.processor() or platform.machine(),
+           "gpu": torch.cuda.get_device_name() if args.device == "cuda" else None, **vars(args)}
+    rows = [measure(args, T) for T in args.lengths]
+    print(json.dumps(env))
+    print(table(rows))
+    if args.output:
+        with open(args.output, "w") as f:
+            json.dump({"environment": env, "rows": rows}, f, indent=2)
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+#!/usr/bin/env python
+"""Evaluate a saved model: sacreBLEU (printed with its signature), ROUGE for summaries, perplexity for LMs.
+
+    python scripts/evaluate.py --model runs/demo/model --data runs/demo/data --split test            # BLEU
+    python scripts/evaluate.py --model M --source test.de --reference test.en --num_beams 5 --length_penalty 1.6
+    python scripts/evaluate.py --model M --data D --split test --document_level                     # RFA-doc windows
+    python scripts/evaluate.py --model M --source articles.txt --reference summaries.txt --metric rouge
+    python scripts/evaluate.py --model LM --data D --split test --metric perplexity
+"""
+
+import argparse
+import json
+from pathlib import Path
+
+from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
+
+import talk_hf  # noqa: F401
+from talk_hf.training.evaluation import perplexity, rouge, translate
+from talk_hf.training.loop import make_collator, validation_loss
+from talk_hf.training.run import evaluate_translation, load_prepared
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True, help="saved model folder or Hub repo id")
+    parser.add_argument("--data", help="folder written by scripts/preprocess.py")
+    parser.add_argument("--split", default="test")
+    parser.add_argument("--source", help="raw source file, one segment per line")
+    parser.add_argument("--reference", help="raw reference file aligned with --source")
+    parser.add_argument("--metric", choices=["bleu", "rouge", "perplexity"], default="bleu")
+    parser.add_argument("--document_level", action="store_true", help="score the last sentence of each window")
+    parser.add_argument("--num_beams", type=int, default=4)
+    parser.add_argument("--length_penalty", type=float, default=1.0)
+    parser.add_argument("--max_new_tokens", type=int, default=128)
+    parser.add_argument("--max_tokens", type=int, default=8192, help="token budget per batch (perplexity)")
+    parser.add_argument("--trust_remote_code", action="store_true")
+    parser.add_argument("--output", help="write the results as JSON here")
+    args = parser.parse_args(argv)
+    if (args.data is None) == (args.source is None):
+        parser.error("give either --data (prepared) or --source/--reference (raw files)")
+    if args.source and not args.reference:
+        parser.error("--source needs --reference")
+    return args
+
+
+def read_lines(path):
+    return Path(path).read_text(encoding="utf-8").splitlines()
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    kw = {"trust_remote_code": args.trust_remote_code}
+    tokenizer = AutoTokenizer.from_pretrained(args.model, **kw)
+    auto = AutoModelForCausalLM if args.metric == "perplexity" else AutoModelForSeq2SeqLM
+    model = auto.from_pretrained(args.model, **kw).eval()
+    if args.metric == "perplexity":
+        if args.data is None:
+            raise SystemExit("perplexity needs --data with a prepared LM split")
+        loss, tokens = validation_loss(model, load_prepared(args.data, args.split), make_collator(model), args.max_tokens)
+        results = {"loss": loss, "perplexity": perplexity(loss), "tokens": tokens}
+    elif args.metric == "rouge":
+        summaries = translate(model, tokenizer, read_lines(args.source), num_beams=args.num_beams,
+                              length_penalty=args.length_penalty, max_new_tokens=args.max_new_tokens)
+        results = rouge(summaries, read_lines(args.reference))
+    else:
+        if args.data:
+            dataset = load_prepared(args.data, args.split)
+        else:
+            dataset = {"source": read_lines(args.source), "target": read_lines(args.reference)}
+        results = evaluate_translation(model, tokenizer, dataset, num_beams=args.num_beams,
+                                       length_penalty=args.length_penalty, max_new_tokens=args.max_new_tokens,
+                                       document_level=args.document_level)
+        results.pop("hypotheses")
+        print(results["signature"])
+    print(json.dumps(results, indent=2))
+    if args.output:
+        Path(args.output).write_text(json.dumps(results, indent=2) + "\n")
+    return results
+
+
+if __name__ == "__main__":
+    main()

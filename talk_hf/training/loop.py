@@ -1,0 +1,330 @@
+"""An Accelerate training loop for talk_hf models and the transformers baselines.
+
+Token-budget batches (`max_tokens`), gradient accumulation, fp16/bf16, multi-GPU through `accelerate launch`,
+Adam with inverse-sqrt or cosine-with-warmup schedules, label smoothing, periodic validation loss and BLEU, a
+JSONL metrics log and a plot, checkpoints that resume exactly (same next batch, same loss), and averaging of the
+last checkpoints.
+"""
+
+import dataclasses
+import json
+import math
+import shutil
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from accelerate import Accelerator
+from accelerate.utils import set_seed
+from safetensors.torch import load_file
+from torch.utils.data import DataLoader
+from tqdm.auto import tqdm
+from transformers import get_cosine_schedule_with_warmup
+
+from .data import Seq2SeqCollator, TokenBatchSampler
+from .evaluation import corpus_bleu, translate
+
+SCHEDULES = ("inverse_sqrt", "cosine")
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    output_dir: str
+    max_tokens: int = 4096
+    max_steps: int = 0  # optimizer updates; 0: no limit (then max_epochs or max_minutes must stop training)
+    max_epochs: int = 0
+    max_minutes: float = 0.0
+    gradient_accumulation_steps: int = 1
+    learning_rate: float = 5e-4
+    schedule: str = "inverse_sqrt"
+    warmup_steps: int = 4000
+    warmup_init_lr: float = 1e-7
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.98
+    weight_decay: float = 1e-4
+    clip_norm: float = 0.0
+    label_smoothing: float = 0.1
+    mixed_precision: str = "no"
+    seed: int = 1
+    log_every: int = 50
+    eval_every: int = 0  # steps; 0: only at the end
+    save_every: int = 0  # steps; 0: only at the end
+    keep_checkpoints: int = 5
+    average_last: int = 0  # average the weights of the last N checkpoints into the final model
+    bleu_sentences: int = 500  # validation sentences translated for BLEU during training (0: none)
+    num_beams: int = 4
+    max_new_tokens: int = 128
+    resume: bool = False
+
+    def __post_init__(self):
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        if not (self.max_steps or self.max_epochs or self.max_minutes):
+            raise ValueError("set at least one of max_steps, max_epochs and max_minutes")
+        if self.average_last > self.keep_checkpoints:
+            raise ValueError(f"average_last={self.average_last} needs keep_checkpoints >= it ({self.keep_checkpoints})")
+
+
+@dataclasses.dataclass
+class TrainerState:
+    """Where training is; checkpointed with the model, optimizer, scheduler and RNG states."""
+
+    global_step: int = 0
+    epoch: int = 0
+    batch_in_epoch: int = 0  # batches of this epoch already consumed (on this process)
+    elapsed_seconds: float = 0.0
+    micro_step: int = 0  # Accelerate's accumulation counter: it decides which batches form the next update
+
+    def state_dict(self):
+        return dataclasses.asdict(self)
+
+    def load_state_dict(self, state):
+        for key, value in state.items():
+            setattr(self, key, value)
+
+
+def inverse_sqrt_schedule(optimizer, warmup_steps, warmup_init_lr):
+    """fairseq's inverse_sqrt: linear warm-up from warmup_init_lr to the peak lr, then peak * sqrt(warmup / step)."""
+    peak = optimizer.param_groups[0]["lr"]
+
+    def factor(step):
+        step = step + 1
+        if step < warmup_steps:
+            return (warmup_init_lr + (peak - warmup_init_lr) * step / warmup_steps) / peak
+        return math.sqrt(warmup_steps / step)
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def make_scheduler(optimizer, config, total_steps):
+    if config.schedule == "cosine":
+        if not total_steps:
+            raise ValueError("the cosine schedule needs max_steps")
+        return get_cosine_schedule_with_warmup(optimizer, config.warmup_steps, total_steps)
+    return inverse_sqrt_schedule(optimizer, config.warmup_steps, config.warmup_init_lr)
+
+
+def is_causal_lm(model):
+    return not model.config.is_encoder_decoder
+
+
+def lm_collate(examples, pad_token_id):
+    """Causal-LM examples {"input_ids", "labels"} -> right-padded tensors with an attention mask."""
+    length = max(len(e["input_ids"]) for e in examples)
+    ids = torch.full((len(examples), length), pad_token_id, dtype=torch.long)
+    labels = torch.full((len(examples), length), -100, dtype=torch.long)
+    mask = torch.zeros((len(examples), length), dtype=torch.long)
+    for i, e in enumerate(examples):
+        n = len(e["input_ids"])
+        ids[i, :n], labels[i, :n], mask[i, :n] = torch.tensor(e["input_ids"]), torch.tensor(e["labels"]), 1
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+def make_collator(model):
+    config = model.config
+    if is_causal_lm(model):
+        return lambda examples: lm_collate(examples, config.pad_token_id)
+    return Seq2SeqCollator(config.pad_token_id, config.decoder_start_token_id)
+
+
+def token_loss(model, batch, label_smoothing=0.0, reduction="mean"):
+    """Cross-entropy of a collated batch (labels -100 ignored); causal LMs predict the next token."""
+    inputs = {k: v for k, v in batch.items() if k != "labels"}
+    logits = model(**inputs, use_cache=False).logits
+    labels = batch["labels"]
+    if is_causal_lm(model):
+        logits, labels = logits[:, :-1], labels[:, 1:]
+    return F.cross_entropy(
+        logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100, label_smoothing=label_smoothing,
+        reduction=reduction,
+    )
+
+
+def _columns(dataset):
+    return [c for c in dataset.column_names if c in ("input_ids", "labels")]
+
+
+def _loader(dataset, batches, collator):
+    # Its own generator: a DataLoader iterator otherwise draws its base seed from the global RNG, which would
+    # shift every later dropout mask whenever a run creates one iterator more or less (e.g. after resuming).
+    return DataLoader(dataset.with_format(columns=_columns(dataset)), batch_sampler=batches, collate_fn=collator,
+                      generator=torch.Generator())
+
+
+@torch.no_grad()
+def validation_loss(model, dataset, collator, max_tokens, accelerator=None):
+    """Token-weighted mean cross-entropy (no smoothing) over a dataset -> (loss, tokens)."""
+    model.eval()
+    batches = TokenBatchSampler(dataset["num_tokens"], max_tokens, shuffle=False).batches(0)
+    total, tokens = 0.0, 0
+    device = accelerator.device if accelerator is not None else next(model.parameters()).device
+    for batch in _loader(dataset, batches, collator):
+        batch = {k: v.to(device) for k, v in batch.items()}
+        total += token_loss(model, batch, reduction="sum").item()
+        labels = batch["labels"][:, 1:] if is_causal_lm(model) else batch["labels"]
+        tokens += int((labels != -100).sum())
+    model.train()
+    return total / max(tokens, 1), tokens
+
+
+def checkpoints(output_dir):
+    """Saved checkpoints, oldest first."""
+    folder = Path(output_dir) / "checkpoints"
+    found = [p for p in folder.glob("step-*") if p.is_dir()] if folder.exists() else []
+    return sorted(found, key=lambda p: int(p.name.split("-")[1]))
+
+
+def average_checkpoints(paths):
+    """Element-wise mean of the model weights of several checkpoints (fp32 accumulation, original dtypes)."""
+    if not paths:
+        raise ValueError("no checkpoints to average")
+    states = [load_file(str(Path(p) / "model.safetensors")) for p in paths]
+    keys = states[0].keys()
+    for path, state in zip(paths, states):
+        if state.keys() != keys:
+            raise ValueError(f"{path} holds different weights than {paths[0]}")
+    return {k: sum(s[k].float() for s in states).div(len(states)).to(states[0][k].dtype) for k in keys}
+
+
+class Trainer:
+    """Owns the accelerator, the optimisation state and the run folder (metrics.jsonl, checkpoints/, model/)."""
+
+    def __init__(self, model, tokenizer, train_dataset, valid_dataset, config, valid_texts=None):
+        self.config, self.tokenizer = config, tokenizer
+        self.train_dataset, self.valid_dataset, self.valid_texts = train_dataset, valid_dataset, valid_texts
+        self.output_dir = Path(config.output_dir)
+        self.accelerator = Accelerator(
+            mixed_precision=config.mixed_precision, gradient_accumulation_steps=config.gradient_accumulation_steps
+        )
+        set_seed(config.seed)
+        self.collator = make_collator(model)
+        optimizer = torch.optim.AdamW(
+            model.parameters(), lr=config.learning_rate, betas=(config.adam_beta1, config.adam_beta2), weight_decay=config.weight_decay
+        )
+        scheduler = make_scheduler(optimizer, config, config.max_steps)
+        self.model, self.optimizer, self.scheduler = self.accelerator.prepare(model, optimizer, scheduler)
+        self.state = TrainerState()
+        self.accelerator.register_for_checkpointing(self.state)
+        self.sampler = TokenBatchSampler(train_dataset["num_tokens"], config.max_tokens, shuffle=True, seed=config.seed)
+        self.metrics_path = self.output_dir / "metrics.jsonl"
+
+    # -- bookkeeping ------------------------------------------------------------------------------------------
+
+    def log(self, record):
+        if self.accelerator.is_main_process:
+            self.output_dir.mkdir(parents=True, exist_ok=True)
+            with open(self.metrics_path, "a") as f:
+                f.write(json.dumps(record) + "\n")
+
+    def save_checkpoint(self):
+        path = self.output_dir / "checkpoints" / f"step-{self.state.global_step}"
+        self.state.micro_step = self.accelerator.step
+        self.accelerator.save_state(str(path))
+        if self.accelerator.is_main_process:
+            for old in checkpoints(self.output_dir)[: -self.config.keep_checkpoints]:
+                shutil.rmtree(old)
+        return path
+
+    def resume(self):
+        found = checkpoints(self.output_dir)
+        if not found:
+            raise FileNotFoundError(f"--resume: no checkpoint under {self.output_dir / 'checkpoints'}")
+        self.accelerator.load_state(str(found[-1]))
+        self.accelerator.step = self.state.micro_step
+        return found[-1]
+
+    def done(self):
+        c, s = self.config, self.state
+        return (
+            (c.max_steps and s.global_step >= c.max_steps)
+            or (c.max_epochs and s.epoch >= c.max_epochs)
+            or (c.max_minutes and s.elapsed_seconds >= 60 * c.max_minutes)
+        )
+
+    # -- evaluation -------------------------------------------------------------------------------------------
+
+    def evaluate(self):
+        model = self.accelerator.unwrap_model(self.model)
+        loss, _ = validation_loss(model, self.valid_dataset, self.collator, self.config.max_tokens, self.accelerator)
+        record = {"step": self.state.global_step, "epoch": self.state.epoch, "valid_loss": loss,
+                  "valid_ppl": math.exp(min(loss, 50))}
+        if self.valid_texts is not None and self.config.bleu_sentences and not is_causal_lm(model):
+            sources, references = self.valid_texts
+            n = self.config.bleu_sentences
+            hyps = translate(model, self.tokenizer, sources[:n], num_beams=self.config.num_beams,
+                             max_new_tokens=self.config.max_new_tokens)
+            record["valid_bleu"] = corpus_bleu(hyps, references[:n]).score
+        self.log(record)
+        return record
+
+    # -- training ----------------------------------------------------------------------------------------------
+
+    def train_epoch(self, progress):
+        batches = self.sampler.batches(self.state.epoch)
+        if self.state.batch_in_epoch >= len(batches):  # stopped right at the end of this epoch
+            self.state.epoch, self.state.batch_in_epoch = self.state.epoch + 1, 0
+            return
+        loader = self.accelerator.prepare(_loader(self.train_dataset, batches, self.collator))
+        loader = self.accelerator.skip_first_batches(loader, self.state.batch_in_epoch)
+        start = time.monotonic() - self.state.elapsed_seconds
+        for batch in loader:
+            with self.accelerator.accumulate(self.model):
+                loss = token_loss(self.model, batch, self.config.label_smoothing)
+                self.accelerator.backward(loss)
+                if self.accelerator.sync_gradients and self.config.clip_norm > 0:
+                    self.accelerator.clip_grad_norm_(self.model.parameters(), self.config.clip_norm)
+                self.optimizer.step()
+                self.scheduler.step()
+                self.optimizer.zero_grad()
+            self.state.batch_in_epoch += 1
+            self.state.elapsed_seconds = time.monotonic() - start
+            if self.accelerator.sync_gradients:
+                self.after_update(loss, progress)
+                if self.done():
+                    return
+        self.state.epoch += 1
+        self.state.batch_in_epoch = 0
+
+    def after_update(self, loss, progress):
+        s, c = self.state, self.config
+        s.global_step += 1
+        progress.update(1)
+        if s.global_step % c.log_every == 0 or s.global_step == 1:
+            record = {"step": s.global_step, "epoch": s.epoch, "loss": loss.item(),
+                      "lr": self.scheduler.get_last_lr()[0], "elapsed": round(s.elapsed_seconds, 1)}
+            progress.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{record['lr']:.2e}")
+            self.log(record)
+        if c.eval_every and s.global_step % c.eval_every == 0:
+            self.evaluate()
+        if c.save_every and s.global_step % c.save_every == 0:
+            self.save_checkpoint()
+
+    def train(self):
+        """Train until max_steps / max_epochs / max_minutes; returns the final evaluation record."""
+        if self.config.resume:
+            self.resume()
+        total = self.config.max_steps or None
+        with tqdm(total=total, initial=self.state.global_step, disable=not self.accelerator.is_local_main_process,
+                  desc="training") as progress:
+            while not self.done():
+                self.train_epoch(progress)
+        if not checkpoints(self.output_dir) or checkpoints(self.output_dir)[-1].name != f"step-{self.state.global_step}":
+            self.save_checkpoint()
+        if self.config.average_last:
+            averaged = average_checkpoints(checkpoints(self.output_dir)[-self.config.average_last :])
+            self.accelerator.unwrap_model(self.model).load_state_dict(averaged, strict=False)
+        return self.evaluate()
+
+    def save_model(self, folder=None):
+        """The final model with its tokenizer and generation settings, ready for from_pretrained/pipeline."""
+        folder = Path(folder or self.output_dir / "model")
+        self.accelerator.wait_for_everyone()
+        if self.accelerator.is_main_process:
+            model = self.accelerator.unwrap_model(self.model)
+            model.config.use_cache = True
+            model.generation_config.num_beams = self.config.num_beams
+            model.generation_config.max_new_tokens = self.config.max_new_tokens
+            model.save_pretrained(folder)
+            self.tokenizer.save_pretrained(folder)
+        return folder

@@ -1,0 +1,115 @@
+"""Model construction for the training scripts: any talk_hf class from a preset or a config file, and the
+transformers baselines (Marian/BART encoder-decoders, GPT-2) at a matching size."""
+
+import json
+
+from transformers import (
+    BartConfig,
+    BartForConditionalGeneration,
+    GPT2Config,
+    GPT2LMHeadModel,
+    MarianConfig,
+    MarianMTModel,
+)
+
+from .. import (
+    DynamicConvConfig,
+    DynamicConvForCausalLM,
+    DynamicConvForConditionalGeneration,
+    DynamicConvLMConfig,
+    RfaDocConfig,
+    RfaDocForConditionalGeneration,
+    TalkConfig,
+    TalkForCausalLM,
+    TalkForConditionalGeneration,
+    TalkLMConfig,
+)
+
+# kind -> (config class, model class, fixed config values)
+TALK_HF_MODELS = {
+    "talk": (TalkConfig, TalkForConditionalGeneration, {}),
+    "dynamic_conv": (DynamicConvConfig, DynamicConvForConditionalGeneration, {"conv_type": "dynamic"}),
+    "lightconv": (DynamicConvConfig, DynamicConvForConditionalGeneration, {"conv_type": "lightweight"}),
+    "rfa_doc": (RfaDocConfig, RfaDocForConditionalGeneration, {}),
+    "talk_lm": (TalkLMConfig, TalkForCausalLM, {}),
+    "dynamic_conv_lm": (DynamicConvLMConfig, DynamicConvForCausalLM, {"conv_type": "dynamic"}),
+    "lightconv_lm": (DynamicConvLMConfig, DynamicConvForCausalLM, {"conv_type": "lightweight"}),
+}
+BASELINES = ("marian", "bart", "gpt2")
+KINDS = tuple(TALK_HF_MODELS) + BASELINES
+CAUSAL_LM_KINDS = ("talk_lm", "dynamic_conv_lm", "lightconv_lm", "gpt2")
+
+
+def token_ids(tokenizer):
+    """The special ids every model is built with (joint BPE: bos 0, pad 1, eos 2; decoding starts with </s>)."""
+    return dict(
+        vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+
+
+def parse_overrides(items):
+    """["d_model=256", "encoder_max_offsets=[1,3,7]", "dropout=0.1"] -> dict of JSON-decoded values."""
+    overrides = {}
+    for item in items or ():
+        if "=" not in item:
+            raise ValueError(f"config override {item!r} must look like field=value")
+        key, value = item.split("=", 1)
+        try:
+            overrides[key] = json.loads(value)
+        except json.JSONDecodeError:
+            overrides[key] = value
+    return overrides
+
+
+def build_model(kind, tokenizer, preset=None, config_file=None, overrides=None):
+    """A freshly initialised model of `kind` for `tokenizer`'s vocabulary.
+
+    talk_hf kinds take a preset name (see each config's PRESETS) and/or a JSON config file; baselines take
+    `overrides` with the talk_hf field names they share (d_model, encoder_layers, decoder_layers,
+    encoder_ffn_dim, decoder_ffn_dim, decoder_attention_heads, dropout, ...).
+    """
+    if kind not in KINDS:
+        raise ValueError(f"unknown model kind {kind!r}; choose one of {KINDS}")
+    values = dict(json.load(open(config_file)) if config_file else {})
+    values.update(overrides or {})
+    if kind in BASELINES:
+        return _baseline(kind, tokenizer, values)
+    config_class, model_class, fixed = TALK_HF_MODELS[kind]
+    values.update(fixed)
+    values.update(token_ids(tokenizer))
+    if kind not in CAUSAL_LM_KINDS:
+        values.setdefault("decoder_start_token_id", tokenizer.eos_token_id)
+    config = config_class.from_preset(preset, **values) if preset else config_class(**values)
+    return model_class(config)
+
+
+def _baseline(kind, tokenizer, values):
+    ids = token_ids(tokenizer)
+    d_model = values.get("d_model", 512)
+    if kind == "gpt2":
+        config = GPT2Config(
+            vocab_size=ids["vocab_size"], n_embd=d_model, n_layer=values.get("decoder_layers", 6),
+            n_head=values.get("decoder_attention_heads", 8), n_inner=values.get("decoder_ffn_dim", 4 * d_model),
+            n_positions=values.get("max_position_embeddings", 1024), resid_pdrop=values.get("dropout", 0.1),
+            embd_pdrop=values.get("dropout", 0.1), attn_pdrop=values.get("attention_dropout", 0.1),
+            bos_token_id=ids["bos_token_id"], eos_token_id=ids["eos_token_id"], pad_token_id=ids["pad_token_id"],
+        )
+        return GPT2LMHeadModel(config)
+    shared = dict(
+        d_model=d_model, encoder_layers=values.get("encoder_layers", 6), decoder_layers=values.get("decoder_layers", 6),
+        encoder_ffn_dim=values.get("encoder_ffn_dim", 1024), decoder_ffn_dim=values.get("decoder_ffn_dim", 1024),
+        encoder_attention_heads=values.get("encoder_attention_heads", values.get("decoder_attention_heads", 4)),
+        decoder_attention_heads=values.get("decoder_attention_heads", 4), dropout=values.get("dropout", 0.3),
+        attention_dropout=values.get("attention_dropout", 0.1), activation_dropout=values.get("activation_dropout", 0.0),
+        max_position_embeddings=values.get("max_position_embeddings", 1024), scale_embedding=True,
+        decoder_start_token_id=ids["eos_token_id"], forced_eos_token_id=None, **ids,
+    )
+    if kind == "marian":
+        return MarianMTModel(MarianConfig(**shared, activation_function="relu", share_encoder_decoder_embeddings=True))
+    return BartForConditionalGeneration(BartConfig(**shared, activation_function="gelu"))
+
+
+def count_parameters(model):
+    """Trainable parameters, tied weights counted once."""
+    return sum(p.numel() for p in {id(p): p for p in model.parameters() if p.requires_grad}.values())

@@ -1,0 +1,39 @@
+"""A loss/BLEU plot of a run's metrics.jsonl."""
+
+import json
+from pathlib import Path
+
+
+def read_metrics(path):
+    """metrics.jsonl -> list of dicts (training records have "loss", evaluation records "valid_loss")."""
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def plot_metrics(metrics_path, image_path):
+    """Training loss and validation loss against steps, validation BLEU on a second axis when present."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = read_metrics(metrics_path)
+    train = [(r["step"], r["loss"]) for r in records if "loss" in r]
+    valid = [(r["step"], r["valid_loss"]) for r in records if "valid_loss" in r]
+    bleu = [(r["step"], r["valid_bleu"]) for r in records if "valid_bleu" in r]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    if train:
+        ax.plot(*zip(*train), label="train loss (smoothed labels)")
+    if valid:
+        ax.plot(*zip(*valid), "o-", label="valid loss")
+    ax.set_xlabel("update")
+    ax.set_ylabel("cross-entropy")
+    if bleu:
+        ax2 = ax.twinx()
+        ax2.plot(*zip(*bleu), "s--", color="tab:green", label="valid BLEU")
+        ax2.set_ylabel("BLEU")
+        ax2.legend(loc="upper center")
+    ax.legend(loc="upper right")
+    fig.tight_layout()
+    fig.savefig(image_path, dpi=100)
+    plt.close(fig)
+    return image_path

@@ -1,0 +1,77 @@
+"""One training run from a preprocessed data folder to a saved, evaluated, documented model (used by
+scripts/train.py and scripts/demo.py)."""
+
+import json
+import time
+from pathlib import Path
+
+from datasets import load_from_disk
+from transformers import AutoTokenizer
+
+from .evaluation import bleu_signature, last_sentences, translate
+from .loop import Trainer, token_loss  # noqa: F401  (token_loss re-exported for scripts)
+from .models import build_model, count_parameters
+from .plot import plot_metrics
+
+
+def load_prepared(data_dir, split):
+    """A split written by scripts/preprocess.py (Dataset with input_ids, labels, num_tokens, source, target)."""
+    path = Path(data_dir) / split
+    if not path.exists():
+        raise FileNotFoundError(f"no split {split!r} in {data_dir} (expected {path}); run scripts/preprocess.py")
+    return load_from_disk(str(path))
+
+
+def evaluate_translation(model, tokenizer, dataset, num_beams=4, length_penalty=1.0, max_new_tokens=128,
+                         document_level=False, limit=0):
+    """sacreBLEU of the model on a prepared split; document-level scores the last sentence of each window.
+    -> dict(bleu, signature, sentences, hypotheses)."""
+    sources, references = dataset["source"], dataset["target"]
+    if limit:
+        sources, references = sources[:limit], references[:limit]
+    hyps = translate(model, tokenizer, sources, num_beams=num_beams, length_penalty=length_penalty,
+                     max_new_tokens=max_new_tokens, skip_special_tokens=not document_level)
+    if document_level:
+        hyps, references = last_sentences(hyps), last_sentences(references)
+    score, signature = bleu_signature(hyps, references)
+    return {"bleu": score, "signature": signature, "sentences": len(hyps), "hypotheses": hyps}
+
+
+def train_run(data_dir, kind, train_config, preset=None, config_file=None, overrides=None, train_split="train",
+              valid_split="valid", test_split=None, document_level=False, card=None):
+    """Build, train, evaluate and save a model; returns the results dict (also written to eval_results.json).
+
+    `card`: keyword arguments for talk_hf.training.model_card.write_model_card (languages, license, datasets ...);
+    None writes no card.
+    """
+    output_dir = Path(train_config.output_dir)
+    tokenizer = AutoTokenizer.from_pretrained(Path(data_dir) / "tokenizer")
+    train, valid = load_prepared(data_dir, train_split), load_prepared(data_dir, valid_split)
+    model = build_model(kind, tokenizer, preset=preset, config_file=config_file, overrides=overrides)
+    is_seq2seq = model.config.is_encoder_decoder
+    valid_texts = (valid["source"], valid["target"]) if is_seq2seq and not document_level else None
+    trainer = Trainer(model, tokenizer, train, valid, train_config, valid_texts=valid_texts)
+    start = time.monotonic()
+    final = trainer.train()
+    results = {"model": kind, "parameters": count_parameters(model), "train_minutes": (time.monotonic() - start) / 60,
+               "steps": trainer.state.global_step, "valid_loss": final["valid_loss"]}
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    if is_seq2seq and test_split:
+        test = load_prepared(data_dir, test_split)
+        scored = evaluate_translation(model, tokenizer, test, num_beams=train_config.num_beams,
+                                      max_new_tokens=train_config.max_new_tokens, document_level=document_level)
+        results.update({"test_bleu": scored["bleu"], "bleu_signature": scored["signature"],
+                        "test_sentences": scored["sentences"]})
+    elif not is_seq2seq:
+        results["valid_ppl"] = final["valid_ppl"]
+    folder = trainer.save_model()
+    if trainer.accelerator.is_main_process:
+        (output_dir / "eval_results.json").write_text(json.dumps(results, indent=2) + "\n")
+        plot_metrics(trainer.metrics_path, output_dir / "metrics.png")
+        for name in ("eval_results.json", "metrics.jsonl", "metrics.png"):
+            (folder / name).write_bytes((output_dir / name).read_bytes())
+        if card is not None:
+            from .model_card import write_model_card
+
+            write_model_card(folder, model=model, metrics=results, training_args=vars(train_config), **card)
+    return results

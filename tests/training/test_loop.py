@@ -1,0 +1,135 @@
+"""The Accelerate training loop: exact resume, checkpoint averaging, schedules, gradient accumulation, metrics."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from talk_hf.training.data import encode, load_tsv_pairs, train_tokenizer
+from talk_hf.training.loop import (
+    TrainConfig,
+    Trainer,
+    average_checkpoints,
+    checkpoints,
+    inverse_sqrt_schedule,
+    make_scheduler,
+)
+from talk_hf.training.models import build_model, count_parameters
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "multi30k_pairs.tsv"
+TINY = dict(d_model=16, encoder_layers=1, decoder_layers=1, encoder_ffn_dim=32, decoder_ffn_dim=32, encoder_heads=2,
+            decoder_heads=2, decoder_attention_heads=2, encoder_max_offsets=[2], decoder_max_offsets=[3],
+            dropout=0.2, offset_dropout=0.1)
+
+
+@pytest.fixture(scope="module")
+def data():
+    pairs = load_tsv_pairs(FIXTURE, 0, 1)
+    tokenizer = train_tokenizer([pairs], vocab_size=200)
+    return tokenizer, encode(pairs, tokenizer)
+
+
+def run(data, output_dir, **overrides):
+    tokenizer, dataset = data
+    torch.manual_seed(0)
+    model = build_model("talk", tokenizer, overrides=TINY)
+    config = TrainConfig(output_dir=str(output_dir), max_tokens=256, learning_rate=3e-3, warmup_steps=2,
+                         log_every=1, bleu_sentences=0, **overrides)
+    trainer = Trainer(model, tokenizer, dataset, dataset.select(range(16)), config)
+    trainer.train()
+    return trainer
+
+
+def losses(output_dir):
+    records = [json.loads(line) for line in (Path(output_dir) / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in records if "loss" in r}
+
+
+def test_resume_continues_exactly(data, tmp_path):
+    """Stop after 3 updates, resume to 7: same losses and weights as 7 updates in one go (dropout on, epochs
+    crossed, gradient accumulation on)."""
+    straight = run(data, tmp_path / "a", max_steps=7, gradient_accumulation_steps=2)
+    run(data, tmp_path / "b", max_steps=3, gradient_accumulation_steps=2)
+    resumed = run(data, tmp_path / "b", max_steps=7, gradient_accumulation_steps=2, resume=True)
+    assert straight.state.epoch >= 1, "the run should cross an epoch boundary"
+    a, b = losses(tmp_path / "a"), losses(tmp_path / "b")
+    assert set(a) == set(range(1, 8)) and all(a[s] == b[s] for s in a), (a, b)
+    for (name, p), q in zip(straight.model.named_parameters(), resumed.model.parameters()):
+        assert torch.equal(p, q), name
+
+
+def test_resume_without_checkpoint_fails_clearly(data, tmp_path):
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        run(data, tmp_path, max_steps=1, resume=True)
+
+
+def test_checkpoints_are_kept_and_averaged(data, tmp_path):
+    trainer = run(data, tmp_path, max_steps=6, save_every=2, keep_checkpoints=2, average_last=2)
+    found = checkpoints(tmp_path)
+    assert [p.name for p in found] == ["step-4", "step-6"]
+    states = [load_file(str(p / "model.safetensors")) for p in found]
+    averaged = average_checkpoints(found)
+    key = next(k for k in averaged if k.endswith("linear1.weight"))
+    torch.testing.assert_close(averaged[key], (states[0][key] + states[1][key]) / 2)
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    assert torch.equal(model.state_dict()[key], averaged[key])
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert "valid_loss" in records[-1] and math.isfinite(records[-1]["valid_loss"])
+
+
+def test_save_model_writes_a_loadable_folder(data, tmp_path):
+    from transformers import AutoModelForSeq2SeqLM, pipeline
+
+    trainer = run(data, tmp_path, max_steps=2)
+    folder = trainer.save_model()
+    model = AutoModelForSeq2SeqLM.from_pretrained(folder)
+    assert model.generation_config.num_beams == 4
+    out = pipeline("translation", model=str(folder))("Ein Hund.", max_new_tokens=3)
+    assert set(out[0]) == {"translation_text"}
+
+
+def test_inverse_sqrt_schedule_matches_fairseq():
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1e-3)
+    sched = inverse_sqrt_schedule(opt, warmup_steps=4, warmup_init_lr=1e-7)
+    lrs = []
+    for _ in range(16):
+        lrs.append(sched.get_last_lr()[0])
+        opt.step()
+        sched.step()
+    assert lrs[0] == pytest.approx(1e-7 + (1e-3 - 1e-7) / 4)
+    assert max(lrs) == pytest.approx(1e-3)
+    assert lrs[15] == pytest.approx(1e-3 * math.sqrt(4 / 16))
+
+
+def test_cosine_schedule_needs_steps_and_decays():
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+    with pytest.raises(ValueError, match="max_steps"):
+        make_scheduler(opt, TrainConfig(output_dir="x", max_epochs=1, schedule="cosine", warmup_steps=2), 0)
+    sched = make_scheduler(opt, TrainConfig(output_dir="x", max_steps=10, schedule="cosine", warmup_steps=2), 10)
+    lrs = []
+    for _ in range(10):
+        opt.step()
+        sched.step()
+        lrs.append(sched.get_last_lr()[0])
+    assert lrs[1] == pytest.approx(1.0) and lrs[-1] < 0.05
+
+
+@pytest.mark.parametrize("bad,match", [(dict(schedule="linear"), "schedule"), (dict(max_steps=0), "at least one"),
+                                       (dict(average_last=9, keep_checkpoints=2), "keep_checkpoints")])
+def test_config_errors(bad, match):
+    kwargs = {"output_dir": "x", "max_steps": 1, **bad}
+    with pytest.raises(ValueError, match=match):
+        TrainConfig(**kwargs)
+
+
+@pytest.mark.parametrize("kind", ["marian", "bart", "gpt2", "lightconv", "rfa_doc", "talk_lm"])
+def test_baselines_and_families_build_at_a_given_size(kind, data):
+    tokenizer, _ = data
+    model = build_model(kind, tokenizer, overrides=dict(d_model=32, encoder_layers=1, decoder_layers=1,
+                                                        decoder_attention_heads=2, encoder_attention_heads=2))
+    assert model.config.vocab_size == len(tokenizer) and count_parameters(model) > 0
+    if model.config.is_encoder_decoder:
+        assert model.config.decoder_start_token_id == tokenizer.eos_token_id

@@ -1,0 +1,155 @@
+"""scripts/preprocess.py end to end on the 64-pair fixture and the Wikipedia zh-en dev split (in process through
+main(argv), plus --help in a subprocess)."""
+
+import gzip
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import datasets
+import pytest
+from transformers import AutoTokenizer
+
+from talk_hf.tokenization import EOS_ID, SEP_ID, split_sentences
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "preprocess.py"
+FIXTURE = ROOT / "tests" / "fixtures" / "multi30k_pairs.tsv"
+COLUMNS = ["source", "target", "doc_id", "num_context", "input_ids", "labels", "num_tokens"]
+
+
+@pytest.fixture(scope="module")
+def script():
+    spec = importlib.util.spec_from_file_location("preprocess_script", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # importable: no work at import time
+    return module
+
+
+def fixture_pairs():
+    with open(FIXTURE, encoding="utf-8") as f:
+        return [tuple(line.rstrip("\n").split("\t")) for line in f]
+
+
+def test_help_documents_every_flag(script):
+    result = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    actions = [a for a in script.build_parser()._actions if a.option_strings]
+    assert len(actions) > 20
+    for action in actions:
+        assert action.help, action.option_strings  # every flag has a help text
+        assert any(opt in result.stdout for opt in action.option_strings), action.option_strings
+    for flag in ("--source-file", "--target-file", "--split", "--tsv", "--json", "--hub-dataset", "--wiki-zh-en",
+                 "--vocab-size", "--lowercase", "--window", "--max-tokens-per-example", "--output-dir"):
+        assert flag in result.stdout
+
+
+def test_tsv_end_to_end(script, tmp_path):
+    out = tmp_path / "out"
+    summary = script.main(["--tsv", f"train={FIXTURE}", "--tsv", f"valid={FIXTURE}", "--vocab-size", "300",
+                           "--max-tokens-per-example", "30", "--output-dir", str(out)])
+    tok = AutoTokenizer.from_pretrained(out / "tokenizer")
+    assert len(tok) == 300 and tok.sep_token_id == SEP_ID and tok.eos_token_id == EOS_ID
+    pairs = fixture_pairs()
+    keep = [len(tok(s)["input_ids"]) <= 30 and len(tok(t)["input_ids"]) <= 30 for s, t in pairs]
+    assert 0 < keep.count(False) < len(pairs)
+    written = json.loads((out / "preprocess.json").read_text(encoding="utf-8"))
+    assert written == json.loads(json.dumps(summary))
+    assert written["args"]["vocab_size"] == 300 and written["args"]["max_tokens_per_example"] == 30
+    assert written["tokenizer"] == {"vocab_size": 300, "trained_on": ["train"]}
+    for split in ("train", "valid"):
+        counts = written["splits"][split]
+        assert counts["sentences"] == counts["examples"] == 64
+        assert counts["dropped"] == keep.count(False) and counts["kept"] == keep.count(True)
+        ds = datasets.load_from_disk(str(out / split))
+        assert ds.column_names == COLUMNS and len(ds) == keep.count(True)
+        assert list(zip(ds["source"], ds["target"])) == [p for p, k in zip(pairs, keep) if k]
+        assert ds[0]["input_ids"] == tok(ds[0]["source"])["input_ids"] and ds[0]["labels"][-1] == EOS_ID
+        assert counts["num_tokens_total"] == sum(ds["num_tokens"]) and counts["num_tokens_max"] <= 30
+
+
+def test_text_files_match_tsv(script, tmp_path):
+    pairs = fixture_pairs()
+    (tmp_path / "train.de").write_text("".join(p[0] + "\n" for p in pairs), encoding="utf-8")
+    with gzip.open(tmp_path / "train.en.gz", "wt", encoding="utf-8") as f:
+        f.write("".join(p[1] + "\n" for p in pairs))
+    (tmp_path / "test.de").write_text("Ein Hund.\n", encoding="utf-8")
+    (tmp_path / "test.en").write_text("A dog.\n", encoding="utf-8")
+    script.main(["--source-file", str(tmp_path / "train.de"), "--target-file", str(tmp_path / "train.en.gz"),
+                 "--split", f"test={tmp_path / 'test.de'},{tmp_path / 'test.en'}", "--vocab-size", "300",
+                 "--output-dir", str(tmp_path / "text")])
+    script.main(["--tsv", f"train={FIXTURE}", "--vocab-size", "300", "--output-dir", str(tmp_path / "tsv")])
+    text_train = datasets.load_from_disk(str(tmp_path / "text" / "train"))
+    tsv_train = datasets.load_from_disk(str(tmp_path / "tsv" / "train"))
+    assert text_train["input_ids"] == tsv_train["input_ids"] and text_train["labels"] == tsv_train["labels"]
+    test = datasets.load_from_disk(str(tmp_path / "text" / "test"))
+    assert test["source"] == ["Ein Hund."] and test["target"] == ["A dog."]
+    counts = json.loads((tmp_path / "text" / "preprocess.json").read_text())["splits"]
+    assert set(counts) == {"train", "test"} and counts["train"]["dropped"] == 0
+
+
+def test_json_reverse_and_reused_tokenizer(script, tmp_path):
+    pairs = fixture_pairs()[:8]
+    path = tmp_path / "p.jsonl"
+    path.write_text("".join(json.dumps({"translation": {"de": d, "en": e}}) + "\n" for d, e in pairs))
+    script.main(["--tsv", f"train={FIXTURE}", "--vocab-size", "300", "--output-dir", str(tmp_path / "a")])
+    script.main(["--json", f"valid={path}", "--source-key", "translation.de", "--target-key", "translation.en",
+                 "--reverse", "--tokenizer", str(tmp_path / "a" / "tokenizer"), "--output-dir", str(tmp_path / "b")])
+    ds = datasets.load_from_disk(str(tmp_path / "b" / "valid"))
+    assert ds["source"] == [e for _, e in pairs] and ds["target"] == [d for d, _ in pairs]
+    tok = AutoTokenizer.from_pretrained(tmp_path / "a" / "tokenizer")
+    assert ds["input_ids"] == tok([e for _, e in pairs])["input_ids"]
+    assert json.loads((tmp_path / "b" / "preprocess.json").read_text())["tokenizer"]["trained_on"] is None
+
+
+def test_local_hub_folder(script, tmp_path):
+    pairs = fixture_pairs()
+    dd = datasets.DatasetDict({
+        split: datasets.Dataset.from_dict({"translation": [{"de": d, "en": e} for d, e in pairs[a:b]]})
+        for split, (a, b) in {"train": (0, 48), "validation": (48, 64)}.items()
+    })
+    dd.save_to_disk(str(tmp_path / "hub"))
+    summary = script.main(["--hub-dataset", str(tmp_path / "hub"), "--hub-splits", "train,validation",
+                           "--source-lang", "de", "--target-lang", "en", "--vocab-size", "250",
+                           "--output-dir", str(tmp_path / "out")])
+    assert {k: v["examples"] for k, v in summary["splits"].items()} == {"train": 48, "validation": 16}
+    valid = datasets.load_from_disk(str(tmp_path / "out" / "validation"))
+    assert valid["source"] == [d for d, _ in pairs[48:]]
+
+
+def test_wiki_windows(script, tmp_path):
+    out = tmp_path / "wiki"
+    summary = script.main(["--wiki-zh-en", "--wiki-splits", "dev,zh2en-test", "--tokenizer-splits", "dev",
+                           "--window", "4", "--vocab-size", "3000", "--output-dir", str(out)])
+    counts = summary["splits"]
+    assert counts["dev"]["sentences"] == counts["dev"]["examples"] == counts["dev"]["kept"] == 2020
+    assert counts["dev"]["documents"] == 75 and counts["zh2en-test"]["documents"] == 30
+    assert counts["zh2en-test"]["examples"] == 875
+    dev = datasets.load_from_disk(str(out / "dev"))
+    assert dev.column_names == COLUMNS
+    ids, context = dev["doc_id"][:], dev["num_context"][:]
+    starts = [i for i in range(len(ids)) if i == 0 or ids[i] != ids[i - 1]]
+    assert len(starts) == 75 and all(context[i] == 0 for i in starts)
+    assert max(context) == 3 and context.count(3) > 1500
+    row = dev[3]
+    assert row["num_context"] == 3 and len(split_sentences(row["source"])) == 4
+    assert row["input_ids"].count(SEP_ID) == 3 and row["labels"].count(SEP_ID) == 3
+
+
+def test_input_errors(script, tmp_path):
+    with pytest.raises(SystemExit):  # no input
+        script.main(["--output-dir", str(tmp_path / "x")])
+    with pytest.raises(SystemExit):  # two kinds of input
+        script.main(["--tsv", f"train={FIXTURE}", "--wiki-zh-en", "--output-dir", str(tmp_path / "x")])
+    with pytest.raises(SystemExit):  # tokenizer split missing
+        script.main(["--tsv", f"valid={FIXTURE}", "--output-dir", str(tmp_path / "x")])
+    with pytest.raises(ValueError, match="needs a 'doc_id' column"):  # windows need documents
+        script.main(["--tsv", f"train={FIXTURE}", "--window", "2", "--vocab-size", "300",
+                     "--output-dir", str(tmp_path / "x")])
+    assert not (tmp_path / "x").exists()  # checked before anything is written
+    result = subprocess.run([sys.executable, str(SCRIPT), "--tsv", f"train={FIXTURE}", "--window", "2",
+                             "--vocab-size", "300", "--output-dir", str(tmp_path / "y")],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0 and "preprocess.py: error:" in result.stderr and "doc_id" in result.stderr
