@@ -43,6 +43,8 @@ def main(argv=None):
     parser = HfArgumentParser((RunArguments, TrainConfig), description=__doc__)
     run_args, train_config = parser.parse_args_into_dataclasses(argv)
     card = {"languages": run_args.languages, "datasets": [run_args.dataset_name]}
+    if run_args.push_to_hub:
+        card["repo_id"] = run_args.push_to_hub  # the card's code samples then name the repository
     results = train_run(
         run_args.data, run_args.model, train_config, preset=run_args.preset, config_file=run_args.config,
         overrides=parse_overrides(run_args.set), train_split=run_args.train_split, valid_split=run_args.valid_split,

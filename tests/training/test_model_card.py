@@ -1,0 +1,255 @@
+"""Model cards: templates in model_cards/ filled from a run's values, valid Hub metadata, runnable usage code."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from huggingface_hub import HfApi, ModelCard
+from transformers import MarianConfig, MarianMTModel
+
+from talk_hf import train_joint_bpe
+from talk_hf.training.model_card import TEMPLATES_DIR, fill_model_card, parse_metrics, write_model_card
+from tests.hub_server import local_hub  # noqa: F401  (pytest fixture import)
+from tests.models.tiny import ALL, LM, SEQ2SEQ, make
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "multi30k_pairs.tsv"
+SECTIONS = ["Model description", "Intended use", "Training data", "Training procedure", "Evaluation results",
+            "How to use", "Limitations", "Citation"]
+RESULTS = {  # what talk_hf.training.run.train_run returns
+    "model": "talk", "parameters": 9136, "train_minutes": 1.25, "steps": 300, "valid_loss": 3.2114,
+    "test_bleu": 35.2071, "bleu_signature": "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0",
+    "test_sentences": 64,
+}
+ARGS = {"output_dir": "/secret/local/path", "learning_rate": 0.0007, "max_tokens": 4096, "warmup_steps": 4000,
+        "label_smoothing": 0.1, "schedule": "inverse_sqrt", "resume": True, "hub_token": "hf_SECRET",
+        "max_new_tokens": 128, "unused": None}
+
+
+def sections(text):
+    return re.findall(r"^## (.+)$", text, flags=re.M)
+
+
+def section(text, title):
+    return text.split(f"## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def table_rows(text):
+    return {tuple(c.strip() for c in line.strip("|").split("|")) for line in text.splitlines() if line.startswith("|")}
+
+
+def code_blocks(text, language="python"):
+    return re.findall(rf"```{language}\n(.*?)```", text, flags=re.S)
+
+
+def n_params(model):
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+def talk_card(**overrides):
+    kwargs = dict(languages=["de", "en"], license="cc-by-nc-4.0", datasets=["bentrevett/multi30k"], metrics=RESULTS,
+                  training_args=ARGS, dataset_description="The first 29,000 pairs of Multi30k task 1 (de-en).",
+                  repo_id="user/talk-multi30k")
+    kwargs.update(overrides)
+    return fill_model_card(make("talk"), **kwargs)
+
+
+def test_templates_ship_with_their_fields():
+    for name in ("translation.md", "causal_lm.md"):
+        text = (TEMPLATES_DIR / name).read_text()
+        assert text.startswith("---\n{{ card_data }}\n---\n")
+        assert sections(text) == SECTIONS
+        assert "{{ usage_without_talk_hf }}" in text and "{{ results }}" in text
+
+
+def test_translation_card_is_filled_from_the_run_and_parses_back():
+    model = make("talk")
+    text = talk_card()
+    assert "{{" not in text and "}}" not in text and "{%" not in text
+    assert sections(text) == SECTIONS
+
+    card = ModelCard(text)
+    data = card.data
+    assert data.language == ["de", "en"] and data.license == "cc-by-nc-4.0"
+    assert data.datasets == ["bentrevett/multi30k"] and data.metrics == ["bleu"]
+    assert data.pipeline_tag == "translation" and data.library_name == "transformers"
+    assert {"talk_hf", "talk", "translation"} <= set(data.tags)
+    assert data.model_name == "talk-multi30k"
+    results = {(r.dataset_split, r.metric_type): r for r in data.eval_results}
+    assert set(results) == {("test", "bleu"), ("validation", "loss")}
+    bleu = results[("test", "bleu")]
+    assert bleu.metric_value == pytest.approx(35.2071) and bleu.task_type == "translation"
+    assert bleu.dataset_type == "bentrevett/multi30k" and results[("validation", "loss")].metric_value == 3.2114
+
+    description = section(text, "Model description")
+    rows = table_rows(description)
+    assert ("parameters", f"9.1K ({n_params(model):,}; tied weights counted once)") in rows
+    assert ("architecture", "`TalkForConditionalGeneration` (`model_type=talk`)") in rows
+    assert ("`encoder_max_offsets`", "`[1, 4]`") in rows and ("`decoder_heads`", "`4`") in rows
+    assert "Time-aware Large Kernel" in text.split("## Model description")[0]
+    assert "de → en" in text
+
+    procedure = table_rows(section(text, "Training procedure"))
+    assert ("`learning_rate`", "`0.0007`") in procedure and ("`max_tokens`", "`4,096`") in procedure
+    assert ("`schedule`", "`inverse_sqrt`") in procedure
+    for hidden in ("/secret/local/path", "hf_SECRET", "`resume`", "`unused`"):
+        assert hidden not in text
+
+    evaluation = section(text, "Evaluation results")
+    assert ("test", "BLEU", "35.21") in table_rows(evaluation)
+    assert ("validation", "loss (cross-entropy, nats/token)", "3.21") in table_rows(evaluation)
+    assert RESULTS["bleu_signature"] in evaluation
+    assert ("`steps`", "`300`") in table_rows(evaluation)
+    assert section(text, "Training data").strip() == "The first 29,000 pairs of Multi30k task 1 (de-en)."
+
+    with_pkg, without = code_blocks(section(text, "How to use"))
+    assert "import talk_hf" in with_pkg and "trust_remote_code" not in with_pkg
+    assert 'AutoModelForSeq2SeqLM.from_pretrained("user/talk-multi30k")' in with_pkg
+    # with the package: the pipeline reuses the loaded model (the kernels' classes)
+    assert 'pipeline("translation", model=model, tokenizer=tokenizer)' in with_pkg
+    assert 'pipeline("translation", model="user/talk-multi30k", trust_remote_code=True)' in without
+    assert "import talk_hf" not in without
+    assert without.count("trust_remote_code=True") == 3  # model, tokenizer, pipeline
+    assert "lioutas2020timeaware" in section(text, "Citation") and "elliott-etal-2016-multi30k" in text
+    assert "License: `cc-by-nc-4.0`." in text
+
+
+def test_causal_lm_card():
+    model = make("talk_lm")
+    text = fill_model_card(model, languages="en", license="mit", datasets=["wikitext"],
+                           metrics={"valid_loss": 4.5, "valid_ppl": 90.017}, training_args={"learning_rate": 1e-3},
+                           dataset_description="WikiText-2 (raw).", repo_id="user/talk-lm")
+    data = ModelCard(text).data
+    assert data.pipeline_tag == "text-generation" and data.language == ["en"]
+    assert {"talk_hf", "talk_lm", "text-generation"} <= set(data.tags) and "translation" not in data.tags
+    assert {(r.dataset_split, r.metric_type, r.metric_value) for r in data.eval_results} == {
+        ("validation", "loss", 4.5), ("validation", "perplexity", 90.017)}
+    assert data.metrics == ["perplexity"]
+    assert sections(text) == SECTIONS and "{{" not in text
+    assert "language model" in text.split("##")[0] and "translation" not in text.split("## How to use")[0].lower()
+    with_pkg, without = code_blocks(section(text, "How to use"))
+    assert 'AutoModelForCausalLM.from_pretrained("user/talk-lm")' in with_pkg
+    assert 'pipeline("text-generation", model="user/talk-lm", trust_remote_code=True)' in without
+    assert ("validation", "perplexity", "90.02") in table_rows(section(text, "Evaluation results"))
+
+
+@pytest.mark.parametrize("name", list(ALL))
+def test_every_model_class_gets_a_complete_card(name):
+    model = make(name)
+    text = fill_model_card(model, languages=["de", "en"], license="mit", datasets=["multi30k"],
+                           metrics={"test_bleu": 1.5} if name in SEQ2SEQ else {"valid_ppl": 50.0},
+                           training_args={"seed": 1})
+    assert "{{" not in text and "}}" not in text
+    data = ModelCard(text).data
+    assert model.config.model_type in data.tags
+    assert data.pipeline_tag == ("translation" if name in SEQ2SEQ else "text-generation")
+    assert data.model_name == f"{model.config.model_type}-de-en" and len(data.eval_results) == 1
+    assert f"`{type(model).__name__}`" in text and f"({n_params(model):,};" in text
+    conv = getattr(model.config, "conv_type", None)
+    if conv is not None:
+        assert ("**lightweight convolutions**" if conv == "lightweight" else "**dynamic convolutions**") in text
+    if name.startswith("rfa_doc"):
+        assert '" <sep> ".join(' in text and ("`sentential_gate`", f"`{model.config.sentential_gate}`") in \
+            table_rows(text)
+
+
+def test_no_results_means_no_model_index():
+    text = talk_card(metrics=None, training_args=None, dataset_description=None, license=None)
+    data = ModelCard(text).data
+    assert data.eval_results is None and data.metrics is None and data.license is None
+    assert "model-index" not in text.split("\n---\n", 1)[0]
+    assert "No evaluation results were recorded for this run." in text
+    assert "The training hyperparameters were not recorded." in text
+    assert "The model was trained on `bentrevett/multi30k`." in text
+    assert "License: not specified by the authors." in text
+
+
+def test_parse_metrics_rules():
+    results, signature, other = parse_metrics({"test_bleu": 30.0, "valid_chrf": 55.5, "bleu": 29.0, "eval_loss": 2,
+                                               "dev_ter": 60.0, "valid_bleu": "n/a", "train_minutes": 3.0,
+                                               "bleu_signature": "sig", "loss_scale": 1.0}, eval_split="test")
+    assert [(r["split"], r["type"], r["value"]) for r in results] == [
+        ("test", "bleu", 30.0), ("validation", "chrf", 55.5), ("test", "bleu", 29.0), ("validation", "loss", 2),
+        ("validation", "ter", 60.0)]
+    assert signature == "sig"
+    assert other == {"valid_bleu": "n/a", "train_minutes": 3.0, "loss_scale": 1.0}
+
+
+def test_template_errors_are_clear(tmp_path):
+    bad = tmp_path / "bad.md"
+    bad.write_text("---\n{{ card_data }}\n---\n# {{ model_name }}\n{{ not_a_field }} and {{ also_missing }}\n")
+    with pytest.raises(ValueError, match="fields with no value: also_missing, not_a_field"):
+        talk_card(template=bad)
+    good = tmp_path / "short.md"
+    good.write_text("---\n{{ card_data }}\n---\n# {{ model_name }}\n\n{{ results }}\n")
+    text = talk_card(template=good)
+    assert text.splitlines()[-1] == "| `test_sentences` | `64` |" and ModelCard(text).data.model_name == "talk-multi30k"
+    with pytest.raises(FileNotFoundError, match="nope.md"):
+        talk_card(template=tmp_path / "nope.md")
+    with pytest.raises(ValueError, match="no dataset is named"):
+        talk_card(datasets=[])
+    with pytest.raises(ValueError, match="languages"):
+        talk_card(languages=[])
+
+
+def test_baseline_card_needs_no_remote_code():
+    config = MarianConfig(vocab_size=60, d_model=16, encoder_layers=1, decoder_layers=1, encoder_ffn_dim=16,
+                          decoder_ffn_dim=16, encoder_attention_heads=2, decoder_attention_heads=2,
+                          decoder_start_token_id=2, pad_token_id=1)
+    text = fill_model_card(MarianMTModel(config), languages=["de", "en"], license="mit", datasets=["multi30k"],
+                           metrics=RESULTS, training_args={}, repo_id="user/marian")
+    assert "{{" not in text
+    assert {"talk_hf", "marian"} <= set(ModelCard(text).data.tags)
+    with_pkg, without = code_blocks(section(text, "How to use"))
+    assert "trust_remote_code" not in with_pkg + without and 'pipeline("translation", model="user/marian")' in with_pkg
+    assert "import talk_hf" in with_pkg and "import talk_hf" not in without
+    assert "vaswani2017attention" in text
+
+
+def test_write_model_card_next_to_a_saved_model_as_train_run_calls_it(tmp_path):
+    from talk_hf.training.loop import TrainConfig
+
+    model = make("dynamic_conv")
+    folder = tmp_path / "model"
+    model.save_pretrained(folder)
+    config = TrainConfig(output_dir=str(tmp_path), max_steps=300, learning_rate=3e-4)
+    card = {"languages": ["de", "en"], "datasets": ["multi30k"]}  # what scripts/train.py passes
+    path = write_model_card(folder, model=model, metrics=RESULTS, training_args=vars(config), **card)
+    assert path == folder / "README.md"
+    loaded = ModelCard.load(path)
+    assert loaded.data.language == ["de", "en"] and "dynamic_conv" in loaded.data.tags
+    assert ("`max_steps`", "`300`") in table_rows(loaded.text) and str(tmp_path) not in loaded.text
+    assert {p.name for p in folder.iterdir()} >= {"README.md", "config.json", "model.safetensors"}
+    with pytest.raises(FileNotFoundError, match="save the model there first"):
+        write_model_card(tmp_path / "missing", model=model, languages=["de"])
+
+
+def test_usage_code_in_the_cards_runs_against_a_hub_repo(local_hub, tmp_path):
+    """The "How to use" snippets of a translation and an LM card, pushed with their models, run as written: with
+    talk_hf, and in a process where talk_hf cannot be imported."""
+    texts = [t for line in FIXTURE.read_text(encoding="utf-8").splitlines() for t in line.split("\t")]
+    snippets = {True: [], False: []}
+    for name, repo, tok in (("talk", "user/card-mt", train_joint_bpe(texts, vocab_size=300)),
+                            ("talk_lm", "user/card-lm", train_joint_bpe(texts, vocab_size=300, add_eos=False))):
+        model = make(name, vocab_size=len(tok))
+        folder = tmp_path / name
+        model.save_pretrained(folder)
+        tok.save_pretrained(folder)
+        write_model_card(folder, model, languages=["de", "en"], license="mit", datasets=["multi30k"],
+                         metrics={"test_bleu": 1.0} if name in SEQ2SEQ else {"valid_ppl": 60.0}, repo_id=repo)
+        HfApi().create_repo(repo)
+        HfApi().upload_folder(folder_path=folder, repo_id=repo)
+        readme = ModelCard.load(repo).text  # back through the client
+        with_pkg, without = code_blocks(section(readme, "How to use"))
+        snippets[True].append(with_pkg)
+        snippets[False].append(without)
+    assert name in LM
+    for installed in (True, False):
+        prelude = "" if installed else "import sys\nsys.modules['talk_hf'] = None\n"
+        code = prelude + "\n".join(snippets[installed])
+        result = subprocess.run([sys.executable, "-c", code], env=local_hub.subprocess_env(tmp_path / str(installed)),
+                                stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, (installed, result.stderr[-3000:])
+        out = result.stdout
+        assert "'translation_text'" in out and "'generated_text'" in out
