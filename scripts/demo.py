@@ -38,9 +38,11 @@ MODEL = dict(d_model=256, encoder_layers=3, decoder_layers=3, encoder_ffn_dim=51
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--output_dir", default=str(ROOT / "runs" / "demo"))
-    parser.add_argument("--max_steps", type=int, default=2200, help="optimizer updates")
-    parser.add_argument("--max_minutes", type=float, default=12.0, help="training time cap")
+    parser.add_argument("--max_steps", type=int, default=500, help="optimizer updates (~12 minutes on 2 cores)")
+    parser.add_argument("--max_minutes", type=float, default=20.0, help="training time cap on slow machines")
     parser.add_argument("--vocab_size", type=int, default=8000)
+    parser.add_argument("--test_limit", type=int, default=0, help="score only the first N test sentences (0: all)")
+    parser.add_argument("--valid_bleu_sentences", type=int, default=100, help="validation BLEU during training")
     return parser.parse_args(argv)
 
 
@@ -59,11 +61,12 @@ def main(argv=None):
     prepare(out / "data", args.vocab_size)
     config = TrainConfig(
         output_dir=str(out / "talk"), max_tokens=4096, max_steps=args.max_steps, max_minutes=args.max_minutes,
-        learning_rate=1e-3, warmup_steps=400, label_smoothing=0.1, eval_every=500, save_every=500,
-        keep_checkpoints=3, average_last=3, bleu_sentences=200, num_beams=4, max_new_tokens=64, seed=1,
+        learning_rate=1e-3, warmup_steps=200, label_smoothing=0.1, eval_every=200, save_every=100,
+        keep_checkpoints=3, average_last=3, bleu_sentences=args.valid_bleu_sentences, num_beams=4, max_new_tokens=64, seed=1,
     )
     card = {"languages": ["de", "en"], "datasets": ["multi30k"]}
-    results = train_run(out / "data", "talk", config, overrides=MODEL, test_split="test", card=card)
+    results = train_run(out / "data", "talk", config, overrides=MODEL, test_split="test", card=card,
+                        test_limit=args.test_limit)
     print(json.dumps(results, indent=2))
     translator = pipeline("translation", model=str(out / "talk" / "model"))
     for source, result in zip(SENTENCES, translator(SENTENCES, num_beams=4)):

@@ -2,7 +2,7 @@
 """The README's Multi30k de->en results table: TaLK vs DynamicConv vs LightConv vs a transformers Marian baseline,
 same data, same number of updates and tokens per update, near-equal parameter counts, trained by the same loop.
 
-    python scripts/results_multi30k.py --data runs/demo/data --output_dir runs/results --max_steps 600
+    python scripts/results_multi30k.py --data runs/demo/data --output_dir runs/results --max_steps 500
 
 Prepare --data with `make demo` (or scripts/preprocess.py). Writes <output_dir>/<model>/ runs, results.json and
 results.md (a markdown table), printing the table at the end.
@@ -37,9 +37,10 @@ def parse_args(argv=None):
     parser.add_argument("--data", default="runs/demo/data")
     parser.add_argument("--output_dir", default="runs/results")
     parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
-    parser.add_argument("--max_steps", type=int, default=600)
+    parser.add_argument("--max_steps", type=int, default=500)
     parser.add_argument("--max_tokens", type=int, default=4096)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--test_limit", type=int, default=0, help="score only the first N test sentences (0: all)")
     return parser.parse_args(argv)
 
 
@@ -62,7 +63,7 @@ def main(argv=None):
             warmup_steps=200, label_smoothing=0.1, save_every=100, keep_checkpoints=3, average_last=3,
             bleu_sentences=0, num_beams=4, max_new_tokens=64, seed=args.seed,
         )
-        row = train_run(args.data, kind, config, overrides=ROWS[kind], test_split="test")
+        row = train_run(args.data, kind, config, overrides=ROWS[kind], test_split="test", test_limit=args.test_limit)
         row["device"] = f"{platform.machine()} CPU, {torch.get_num_threads()} threads"
         results = [r for r in results if r["model"] != kind] + [row]
         out.mkdir(parents=True, exist_ok=True)

@@ -32,6 +32,7 @@ class RunArguments:
     valid_split: str = "valid"
     test_split: str = dataclasses.field(default=None, metadata={"help": "split to translate and score at the end"})
     document_level: bool = dataclasses.field(default=False, metadata={"help": "score the last sentence per window"})
+    test_limit: int = dataclasses.field(default=0, metadata={"help": "score only the first N test examples"})
     languages: list[str] = dataclasses.field(default_factory=lambda: ["de", "en"], metadata={"help": "for the card"})
     dataset_name: str = dataclasses.field(default="multi30k", metadata={"help": "for the model card"})
     push_to_hub: str = dataclasses.field(default=None, metadata={"help": "repo id to upload the final model to"})
@@ -49,6 +50,7 @@ def main(argv=None):
         run_args.data, run_args.model, train_config, preset=run_args.preset, config_file=run_args.config,
         overrides=parse_overrides(run_args.set), train_split=run_args.train_split, valid_split=run_args.valid_split,
         test_split=run_args.test_split, document_level=run_args.document_level, card=card,
+        test_limit=run_args.test_limit,
     )
     print(json.dumps(results, indent=2))
     if run_args.push_to_hub:

@@ -420,6 +420,20 @@ class RecurrentPreTrainedModel(PreTrainedModel):
     def _supports_default_dynamic_cache(cls):
         return False  # forward() creates a RecurrentCache itself
 
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        """As PreTrainedModel.from_pretrained; a weights file that is not valid safetensors raises an OSError
+        naming the checkpoint (safetensors alone reports only e.g. "header too large")."""
+        from safetensors import SafetensorError
+
+        try:
+            return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        except SafetensorError as err:
+            raise OSError(
+                f"the weights of {pretrained_model_name_or_path!r} are corrupted or not a safetensors file ({err}); "
+                "re-download or re-upload model.safetensors"
+            ) from err
+
     def _init_weights(self, module):
         """fairseq initialisation: N(0, d^-1/2) embeddings with a zero pad row, xavier-uniform linears, zero biases."""
         from transformers import initialization as init
@@ -444,8 +458,25 @@ def language_model_loss(logits, labels, label_smoothing=0.0):
     )
 
 
+def token_embedding(config):
+    """The (tied) token embedding of a model: (vocab_size, d_model) with a zero-initialised pad row."""
+    return nn.Embedding(config.vocab_size, config.d_model, padding_idx=config.pad_token_id)
+
+
 class Seq2SeqModelMixin:
-    """forward() of the encoder-decoder base models; subclasses build `shared`, `encoder` and `decoder`."""
+    """forward() of the encoder-decoder base models; `__init__` calls `build_stacks` with the model's layers."""
+
+    def build_stacks(self, config, encoder_layers, decoder_layers, sep_token_id=None):
+        """Create `shared`, `encoder` and `decoder` (each with its own embedding, tied through _tied_weights_keys)."""
+        self.shared = token_embedding(config)
+        self.encoder = EncoderStack(
+            token_embedding(config), encoder_layers, config.d_model, config.scale_embedding, config.dropout,
+            config.encoder_normalize_before,
+        )
+        self.decoder = DecoderStack(
+            token_embedding(config), decoder_layers, config.d_model, config.scale_embedding, config.dropout,
+            config.decoder_normalize_before, sep_token_id=sep_token_id,
+        )
 
     def get_input_embeddings(self):
         return self.shared
@@ -565,6 +596,12 @@ class Seq2SeqLMMixin:
 
 class CausalLMBaseMixin:
     """forward() of the decoder-only base models: `self.decoder` is a DecoderStack without cross-attention."""
+
+    def build_stack(self, config, layers):
+        self.decoder = DecoderStack(
+            token_embedding(config), layers, config.d_model, config.scale_embedding, config.dropout,
+            config.final_layer_norm,
+        )
 
     def get_input_embeddings(self):
         return self.decoder.embed.embed_tokens

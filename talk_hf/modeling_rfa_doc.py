@@ -19,9 +19,7 @@ from transformers import GenerationMixin
 from .configuration_rfa_doc import RfaDocConfig
 from .modeling_base import (
     DecoderLayer,
-    DecoderStack,
     EncoderLayer,
-    EncoderStack,
     FeedForward,
     RecurrentPreTrainedModel,
     Seq2SeqLMMixin,
@@ -150,10 +148,6 @@ def _decoder_layer(config):
     )
 
 
-def _embedding(config):
-    return nn.Embedding(config.vocab_size, config.d_model, padding_idx=config.pad_token_id)
-
-
 class RfaDocPreTrainedModel(RecurrentPreTrainedModel):
     config: RfaDocConfig
 
@@ -184,15 +178,11 @@ class RfaDocModel(Seq2SeqModelMixin, RfaDocPreTrainedModel):
 
     def __init__(self, config):
         super().__init__(config)
-        self.shared = _embedding(config)
-        self.encoder = EncoderStack(
-            _embedding(config), [_encoder_layer(config) for _ in range(config.encoder_layers)],
-            config.d_model, config.scale_embedding, config.dropout, config.encoder_normalize_before,
-        )
-        sep = config.sep_token_id if config.sentential_gate != "none" else None
-        self.decoder = DecoderStack(
-            _embedding(config), [_decoder_layer(config) for _ in range(config.decoder_layers)],
-            config.d_model, config.scale_embedding, config.dropout, config.decoder_normalize_before, sep_token_id=sep,
+        self.build_stacks(
+            config,
+            [_encoder_layer(config) for _ in range(config.encoder_layers)],
+            [_decoder_layer(config) for _ in range(config.decoder_layers)],
+            sep_token_id=config.sep_token_id if config.sentential_gate != "none" else None,
         )
         self.post_init()
 

@@ -20,9 +20,7 @@ from .modeling_base import (
     CausalLMBaseMixin,
     CausalLMMixin,
     DecoderLayer,
-    DecoderStack,
     EncoderLayer,
-    EncoderStack,
     FeedForward,
     RecurrentPreTrainedModel,
     Seq2SeqLMMixin,
@@ -95,10 +93,6 @@ def _decoder_layer(config, i, cross_attention):
     return DecoderLayer(config.d_model, mixer, cross, ffn, config.decoder_normalize_before, config.dropout)
 
 
-def _embedding(config):
-    return nn.Embedding(config.vocab_size, config.d_model, padding_idx=config.pad_token_id)
-
-
 class TalkInitMixin:
     def _init_weights(self, module):
         if isinstance(module, TalkOffsetProjection):
@@ -125,14 +119,10 @@ class TalkModel(Seq2SeqModelMixin, TalkPreTrainedModel):
 
     def __init__(self, config):
         super().__init__(config)
-        self.shared = _embedding(config)
-        self.encoder = EncoderStack(
-            _embedding(config), [_encoder_layer(config, i) for i in range(config.encoder_layers)],
-            config.d_model, config.scale_embedding, config.dropout, config.encoder_normalize_before,
-        )
-        self.decoder = DecoderStack(
-            _embedding(config), [_decoder_layer(config, i, True) for i in range(config.decoder_layers)],
-            config.d_model, config.scale_embedding, config.dropout, config.decoder_normalize_before,
+        self.build_stacks(
+            config,
+            [_encoder_layer(config, i) for i in range(config.encoder_layers)],
+            [_decoder_layer(config, i, True) for i in range(config.decoder_layers)],
         )
         self.post_init()
 
@@ -158,10 +148,7 @@ class TalkLMModel(CausalLMBaseMixin, TalkLMPreTrainedModel):
 
     def __init__(self, config):
         super().__init__(config)
-        self.decoder = DecoderStack(
-            _embedding(config), [_decoder_layer(config, i, False) for i in range(config.decoder_layers)],
-            config.d_model, config.scale_embedding, config.dropout, config.final_layer_norm,
-        )
+        self.build_stack(config, [_decoder_layer(config, i, False) for i in range(config.decoder_layers)])
         self.post_init()
 
 

@@ -278,22 +278,24 @@ def test_missing_weights_file_names_the_repo_and_the_file(local_hub, tmp_path):
 
 @pytest.mark.parametrize("garbage", [b"\x00 not a safetensors file " * 4, b"\x10\x00\x00\x00\x00\x00\x00\x00{]"],
                          ids=["text", "bad-json-header"])
-def test_corrupted_weights_raise_a_safetensors_error(local_hub, tmp_path, garbage):
+def test_corrupted_weights_raise_a_clear_error(local_hub, tmp_path, garbage):
     files = _saved_files(tmp_path)
     files["model.safetensors"] = garbage
     _seed(local_hub, "user/corrupt", files)
-    with pytest.raises(SafetensorError) as caught:
+    with pytest.raises(OSError) as caught:
         AutoModelForSeq2SeqLM.from_pretrained("user/corrupt")
-    # transformers passes safetensors' message through: it names the problem, but neither the file nor the repo
-    assert "deserializing header" in str(caught.value)
+    # talk_hf names the checkpoint and the file; safetensors' own message ("deserializing header") is kept
+    message = str(caught.value)
+    assert "user/corrupt" in message and "corrupted" in message and "model.safetensors" in message
+    assert "deserializing header" in message and isinstance(caught.value.__cause__, SafetensorError)
     assert local_hub.requests_matching("/resolve/") and local_hub.errors == []
 
 
-def test_truncated_weights_raise_a_safetensors_error(local_hub, tmp_path):
+def test_truncated_weights_raise_a_clear_error(local_hub, tmp_path):
     files = _saved_files(tmp_path)
     files["model.safetensors"] = files["model.safetensors"][:-64]
     _seed(local_hub, "user/truncated", files)
-    with pytest.raises(SafetensorError, match="deserializing header"):
+    with pytest.raises(OSError, match="user/truncated.*corrupted"):
         AutoModelForSeq2SeqLM.from_pretrained("user/truncated")
 
 

@@ -38,11 +38,11 @@ def evaluate_translation(model, tokenizer, dataset, num_beams=4, length_penalty=
 
 
 def train_run(data_dir, kind, train_config, preset=None, config_file=None, overrides=None, train_split="train",
-              valid_split="valid", test_split=None, document_level=False, card=None):
+              valid_split="valid", test_split=None, document_level=False, card=None, test_limit=0):
     """Build, train, evaluate and save a model; returns the results dict (also written to eval_results.json).
 
     `card`: keyword arguments for talk_hf.training.model_card.write_model_card (languages, license, datasets ...);
-    None writes no card.
+    None writes no card. `test_limit`: score only the first N test examples (0: all).
     """
     output_dir = Path(train_config.output_dir)
     tokenizer = AutoTokenizer.from_pretrained(Path(data_dir) / "tokenizer")
@@ -59,7 +59,8 @@ def train_run(data_dir, kind, train_config, preset=None, config_file=None, overr
     if is_seq2seq and test_split:
         test = load_prepared(data_dir, test_split)
         scored = evaluate_translation(model, tokenizer, test, num_beams=train_config.num_beams,
-                                      max_new_tokens=train_config.max_new_tokens, document_level=document_level)
+                                      max_new_tokens=train_config.max_new_tokens, document_level=document_level,
+                                      limit=test_limit)
         results.update({"test_bleu": scored["bleu"], "bleu_signature": scored["signature"],
                         "test_sentences": scored["sentences"]})
     elif not is_seq2seq:

@@ -1,0 +1,148 @@
+"""Every script end to end on tiny data (in-process `main([...])` calls; `--help` for each)."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForSeq2SeqLM
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURE = ROOT / "tests" / "fixtures" / "multi30k_pairs.tsv"
+TINY = ["d_model=16", "encoder_layers=1", "decoder_layers=1", "encoder_ffn_dim=32", "decoder_ffn_dim=32",
+        "encoder_heads=2", "decoder_heads=2", "decoder_attention_heads=2", "encoder_max_offsets=[2]",
+        "decoder_max_offsets=[3]"]
+
+
+def script(name):
+    spec = importlib.util.spec_from_file_location(f"script_{name}", ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("name", ["preprocess", "train", "evaluate", "translate", "average_checkpoints", "demo",
+                                  "benchmark_ops", "results_multi30k"])
+def test_help(name, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        script(name).main(["--help"])
+    assert exit_info.value.code == 0
+    assert "usage" in capsys.readouterr().out.lower()
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """preprocess -> train (3 updates, checkpoints every update) on the fixture pairs."""
+    root = tmp_path_factory.mktemp("run")
+    script("preprocess").main(["--tsv", f"train={FIXTURE}", "--tsv", f"valid={FIXTURE}", "--tsv", f"test={FIXTURE}",
+                               "--vocab-size", "200", "--output-dir", str(root / "data")])
+    results = script("train").main([
+        "--data", str(root / "data"), "--model", "talk", "--set", *TINY, "--output_dir", str(root / "talk"),
+        "--max_tokens", "512", "--max_steps", "3", "--save_every", "1", "--warmup_steps", "1", "--bleu_sentences", "0",
+        "--max_new_tokens", "6", "--test_split", "test", "--test_limit", "8",
+    ])
+    return root, results
+
+
+def test_train_writes_a_complete_run(run):
+    root, results = run
+    assert results["steps"] == 3 and results["test_sentences"] == 8 and 0 <= results["test_bleu"] <= 100
+    assert results["bleu_signature"].startswith("nrefs:1")
+    model_dir = root / "talk" / "model"
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "README.md", "eval_results.json",
+                 "metrics.jsonl", "metrics.png", "talk_conv.py"):
+        assert (model_dir / name).exists(), name
+    assert json.loads((model_dir / "eval_results.json").read_text())["steps"] == 3
+
+
+def test_evaluate_scores_a_prepared_split_and_raw_files(run, tmp_path):
+    root, _ = run
+    model = str(root / "talk" / "model")
+    prepared = script("evaluate").main(["--model", model, "--data", str(root / "data"), "--split", "test",
+                                        "--max_new_tokens", "5", "--num_beams", "2"])
+    src, ref = tmp_path / "src.txt", tmp_path / "ref.txt"
+    pairs = [line.split("\t") for line in FIXTURE.read_text().splitlines()]
+    src.write_text("\n".join(p[0] for p in pairs) + "\n")
+    ref.write_text("\n".join(p[1] for p in pairs) + "\n")
+    raw = script("evaluate").main(["--model", model, "--source", str(src), "--reference", str(ref),
+                                   "--max_new_tokens", "5", "--num_beams", "2", "--output", str(tmp_path / "r.json")])
+    assert prepared["sentences"] == raw["sentences"] == 64
+    assert prepared["bleu"] == pytest.approx(raw["bleu"])
+    assert json.loads((tmp_path / "r.json").read_text())["bleu"] == raw["bleu"]
+
+
+def test_translate_keeps_lines_aligned(run, tmp_path):
+    root, _ = run
+    source = tmp_path / "in.de"
+    source.write_text("Ein Hund läuft.\n\nZwei Männer.\n")
+    out = script("translate").main(["--model", str(root / "talk" / "model"), "--input", str(source),
+                                    "--output", str(tmp_path / "out.en"), "--max_new_tokens", "4"])
+    lines = (tmp_path / "out.en").read_text().split("\n")
+    assert len(out) == 3 and out[1] == "" and lines[:3] == out
+
+
+def test_average_checkpoints_script(run, tmp_path):
+    root, _ = run
+    target = script("average_checkpoints").main(["--run", str(root / "talk"), "--last", "2", "--output",
+                                                 str(tmp_path / "avg")])
+    found = sorted((root / "talk" / "checkpoints").glob("step-*"), key=lambda p: int(p.name.split("-")[1]))[-2:]
+    states = [load_file(str(p / "model.safetensors")) for p in found]
+    model = AutoModelForSeq2SeqLM.from_pretrained(target)
+    key = "model.encoder.layers.0.mixer.linear1.weight"
+    torch.testing.assert_close(model.state_dict()[key], (states[0][key] + states[1][key]) / 2)
+    with pytest.raises(SystemExit, match="fewer than"):
+        script("average_checkpoints").main(["--run", str(root / "talk"), "--last", "99", "--output", str(tmp_path)])
+
+
+def test_demo_smoke(tmp_path, capsys):
+    results = script("demo").main(["--output_dir", str(tmp_path), "--max_steps", "2", "--test_limit", "4",
+                                   "--valid_bleu_sentences", "0", "--vocab_size", "2000"])
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last == f"sacreBLEU (Multi30k test2016, de->en, beam 4): {results['test_bleu']:.2f}"
+    assert (tmp_path / "talk" / "model" / "README.md").exists()
+
+
+def test_results_runner_writes_a_table(run, tmp_path, monkeypatch):
+    root, _ = run
+    module = script("results_multi30k")
+    small = {k: {**v, "d_model": 16, "encoder_ffn_dim": 32, "decoder_ffn_dim": 32, "encoder_layers": 1,
+                 "decoder_layers": 1, "decoder_attention_heads": 2} for k, v in module.ROWS.items()}
+    for k in ("talk",):
+        small[k].update(encoder_heads=2, decoder_heads=2, encoder_max_offsets=[1], decoder_max_offsets=[1])
+    small["marian"]["encoder_attention_heads"] = 2
+    monkeypatch.setattr(module, "ROWS", small)
+    rows = module.main(["--data", str(root / "data"), "--output_dir", str(tmp_path), "--rows", "talk", "marian",
+                        "--max_steps", "2", "--test_limit", "4", "--max_tokens", "512"])
+    assert [r["model"] for r in rows] == ["talk", "marian"]
+    table = (tmp_path / "results.md").read_text()
+    assert "| talk |" in table and "| marian |" in table
+
+
+def test_benchmark_script_reports_ratios(tmp_path):
+    rows = script("benchmark_ops").main(["--lengths", "16", "--batch", "1", "--channels", "8", "--heads", "2",
+                                         "--max_offset", "3", "--iters", "3", "--budget", "0.2",
+                                         "--output", str(tmp_path / "b.json")])
+    saved = json.loads((tmp_path / "b.json").read_text())
+    assert saved["rows"][0]["n"] == 16 and rows[0]["talk_vs_copy"] > 0 and "sdpa_over_talk" in rows[0]
+
+
+from tests.hub_server import local_hub  # noqa: E402,F401  (pytest fixture)
+
+
+def test_train_push_to_hub_uploads_the_run(run, local_hub, tmp_path):  # noqa: F811
+    root, _ = run
+    script("train").main([
+        "--data", str(root / "data"), "--model", "talk", "--set", *TINY, "--output_dir", str(tmp_path / "pushed"),
+        "--max_tokens", "512", "--max_steps", "1", "--warmup_steps", "1", "--bleu_sentences", "0",
+        "--push_to_hub", "user/talk-tiny", "--hub_revision", "v1", "--hub_private",
+    ])
+    files = local_hub.files("user/talk-tiny", revision="v1")
+    for name in ("model.safetensors", "config.json", "generation_config.json", "tokenizer.json", "README.md",
+                 "eval_results.json", "metrics.jsonl", "modeling_talk.py"):
+        assert name in files, name
+    assert local_hub.repo("user/talk-tiny").private
+    assert b"user/talk-tiny" in files["README.md"]  # the card's usage snippet names the repository
+    local = (tmp_path / "pushed" / "model" / "model.safetensors").read_bytes()
+    assert files["model.safetensors"] == local
