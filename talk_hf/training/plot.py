@@ -27,12 +27,14 @@ def plot_metrics(metrics_path, image_path):
         ax.plot(*zip(*valid), "o-", label="valid loss")
     ax.set_xlabel("update")
     ax.set_ylabel("cross-entropy")
+    handles = ax.get_legend_handles_labels()
     if bleu:
         ax2 = ax.twinx()
         ax2.plot(*zip(*bleu), "s--", color="tab:green", label="valid BLEU")
         ax2.set_ylabel("BLEU")
-        ax2.legend(loc="upper center")
-    ax.legend(loc="upper right")
+        more = ax2.get_legend_handles_labels()
+        handles = (handles[0] + more[0], handles[1] + more[1])
+    ax.legend(*handles, loc="center right")  # one legend for both axes
     fig.tight_layout()
     fig.savefig(image_path, dpi=100)
     plt.close(fig)

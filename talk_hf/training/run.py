@@ -9,7 +9,7 @@ from datasets import load_from_disk
 from transformers import AutoTokenizer
 
 from .evaluation import bleu_signature, last_sentences, translate
-from .loop import Trainer, token_loss  # noqa: F401  (token_loss re-exported for scripts)
+from .loop import Trainer
 from .models import build_model, count_parameters
 from .plot import plot_metrics
 
