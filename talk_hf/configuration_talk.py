@@ -23,8 +23,10 @@ class TalkConfig(TalkHfConfigMixin, PreTrainedConfig):
     no GLU, dropout 0.3). Presets: `TalkConfig.from_preset("iwslt-de-en" | "wmt-en-de-big" | "base", **overrides)`.
 
     Args:
-        encoder_max_offsets / decoder_max_offsets (`list[int]`): per-layer maximum window reach (encoder: left and
-            right; decoder: left only). Default [1, 3, 7, 15, 15, ...].
+        encoder_max_offsets / decoder_max_offsets (`list[int]`): per-layer maximum left reach of the windows
+            (the decoder's windows end at the current token). Default [1, 3, 7, 15, 15, ...].
+        encoder_max_right_offsets (`list[int]`, optional): per-layer maximum right reach of the encoder windows
+            (default: the same as encoder_max_offsets, as in the paper).
         encoder_heads / decoder_heads (`int`): TaLK offset heads (channels per head share their window).
         decoder_attention_heads (`int`): heads of the softmax cross-attention.
         conv_dim (`int`, optional): width of the TaLK sub-block (default d_model); encoder_glu/decoder_glu double
@@ -65,6 +67,7 @@ class TalkConfig(TalkHfConfigMixin, PreTrainedConfig):
     decoder_heads: int = 4
     decoder_attention_heads: int = 4
     encoder_max_offsets: list[int] | None = None
+    encoder_max_right_offsets: list[int] | None = None
     decoder_max_offsets: list[int] | None = None
     conv_dim: int | None = None
     encoder_glu: bool = False
@@ -92,6 +95,8 @@ class TalkConfig(TalkHfConfigMixin, PreTrainedConfig):
         check_positive(self, "vocab_size", "d_model", "conv_dim", "encoder_layers", "decoder_layers", "encoder_ffn_dim",
                        "decoder_ffn_dim", "encoder_heads", "decoder_heads", "decoder_attention_heads")
         self.encoder_max_offsets = per_layer("encoder_max_offsets", self.encoder_max_offsets, self.encoder_layers, ENCODER_OFFSETS)
+        self.encoder_max_right_offsets = per_layer("encoder_max_right_offsets", self.encoder_max_right_offsets,
+                                                   self.encoder_layers, self.encoder_max_offsets)
         self.decoder_max_offsets = per_layer("decoder_max_offsets", self.decoder_max_offsets, self.decoder_layers, ENCODER_OFFSETS)
         check_divisible("conv_dim", self.conv_dim, "encoder_heads", self.encoder_heads)
         check_divisible("conv_dim", self.conv_dim, "decoder_heads", self.decoder_heads)

@@ -41,9 +41,9 @@ class TalkConvMixer(nn.Module):
     x: (B, T, d_model) -> (B, T, d_model). Causal mixers decode from a fixed-size prefix-sum state.
     """
 
-    def __init__(self, d_model, conv_dim, heads, max_offset, causal, glu, input_dropout, offset_dropout):
+    def __init__(self, d_model, conv_dim, heads, max_left, max_right, causal, glu, input_dropout, offset_dropout):
         super().__init__()
-        self.heads, self.max_offset, self.causal, self.glu = heads, max_offset, causal, glu
+        self.heads, self.max_left, self.max_right, self.causal, self.glu = heads, max_left, max_right, causal, glu
         self.input_dropout, self.offset_dropout = input_dropout, offset_dropout
         self.linear1 = nn.Linear(d_model, 2 * conv_dim if glu else conv_dim)
         self.offsets = TalkOffsetProjection(conv_dim, heads if causal else 2 * heads)
@@ -54,7 +54,7 @@ class TalkConvMixer(nn.Module):
         x = zero_padding(F.glu(x, dim=-1) if self.glu else x, attention_mask)
         offsets = F.dropout(torch.sigmoid(self.offsets(x)), p=self.offset_dropout, training=self.training)
         if not self.causal:
-            y = talk_conv(x, offsets[..., : self.heads], offsets[..., self.heads :], self.max_offset, self.max_offset)
+            y = talk_conv(x, offsets[..., : self.heads], offsets[..., self.heads :], self.max_left, self.max_right)
         else:
             y = self._causal(x, offsets, past_key_values)
         return self.linear2(y)
@@ -63,19 +63,19 @@ class TalkConvMixer(nn.Module):
         """Full causal op, or a continuation from the layer's prefix-sum state when decoding with a cache."""
         prefix_sums = state.get("talk") if state is not None else None
         if prefix_sums is None:
-            y = talk_conv(x, offsets, None, self.max_offset, 0)
+            y = talk_conv(x, offsets, None, self.max_left, 0)
             if state is not None:
-                state.set("talk", talk_conv_state_from_prefix(x, self.max_offset))
+                state.set("talk", talk_conv_state_from_prefix(x, self.max_left))
             return y
-        y, prefix_sums = talk_conv_step(x, offsets, prefix_sums, self.max_offset)
+        y, prefix_sums = talk_conv_step(x, offsets, prefix_sums, self.max_left)
         state.set("talk", prefix_sums)
         return y
 
 
 def _encoder_layer(config, i):
     mixer = TalkConvMixer(
-        config.d_model, config.conv_dim, config.encoder_heads, config.encoder_max_offsets[i], False,
-        config.encoder_glu, config.input_dropout, config.offset_dropout,
+        config.d_model, config.conv_dim, config.encoder_heads, config.encoder_max_offsets[i],
+        config.encoder_max_right_offsets[i], False, config.encoder_glu, config.input_dropout, config.offset_dropout,
     )
     ffn = FeedForward(config.d_model, config.encoder_ffn_dim, config.activation_function, config.activation_dropout)
     return EncoderLayer(config.d_model, mixer, ffn, config.encoder_normalize_before, config.dropout)
@@ -83,7 +83,7 @@ def _encoder_layer(config, i):
 
 def _decoder_layer(config, i, cross_attention):
     mixer = TalkConvMixer(
-        config.d_model, config.conv_dim, config.decoder_heads, config.decoder_max_offsets[i], True,
+        config.d_model, config.conv_dim, config.decoder_heads, config.decoder_max_offsets[i], 0, True,
         config.decoder_glu, config.input_dropout, config.offset_dropout,
     )
     cross = None

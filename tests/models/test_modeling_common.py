@@ -9,7 +9,7 @@ import torch
 from safetensors import safe_open
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
-from talk_hf.modeling_base import LayerState, RecurrentCache
+from talk_hf.recurrent_cache import LayerState, RecurrentCache
 from tests.models.tiny import ALL, LM, SEQ2SEQ, VOCAB, make, source_batch, target_batch
 
 SEQ2SEQ_NAMES, LM_NAMES = list(SEQ2SEQ), list(LM)
@@ -293,6 +293,7 @@ def test_low_precision_weights_generate(name):
 
 BAD_CONFIGS = [
     ("talk", dict(encoder_max_offsets=[1, 2, 3]), "encoder_max_offsets has 3 entries"),
+    ("talk", dict(encoder_max_right_offsets=[1]), "encoder_max_right_offsets has 1 entries"),
     ("talk", dict(d_model=15), "must be divisible"),
     ("talk", dict(dropout=-0.1), "dropout"),
     ("talk", dict(offset_dropout=1.0), "offset_dropout"),

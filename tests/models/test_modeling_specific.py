@@ -65,3 +65,12 @@ def test_no_maximum_length():
     ids = torch.randint(5, VOCAB, (1, 3000))
     logits = model(input_ids=ids).logits
     assert logits.shape == (1, 3000, VOCAB) and torch.isfinite(logits).all()
+
+
+def test_talk_encoder_windows_can_be_asymmetric():
+    model = make("talk")
+    mixers = [layer.mixer for layer in model.model.encoder.layers]
+    assert [(m.max_left, m.max_right) for m in mixers] == [(1, 3), (4, 0)]
+    assert [m.max_right for m in (layer.mixer for layer in model.model.decoder.layers)] == [0, 0]
+    default = make("talk-glu-prenorm")
+    assert default.config.encoder_max_right_offsets == default.config.encoder_max_offsets

@@ -30,7 +30,7 @@ _LM_COMMON = dict(vocab_size=VOCAB, d_model=16, decoder_layers=2, decoder_ffn_di
 SEQ2SEQ = {
     "talk": (TalkConfig, TalkModel, TalkForConditionalGeneration,
              dict(_SEQ2SEQ_COMMON, encoder_heads=2, decoder_heads=4, encoder_max_offsets=[1, 4],
-                  decoder_max_offsets=[2, 5], offset_dropout=0.0)),
+                  encoder_max_right_offsets=[3, 0], decoder_max_offsets=[2, 5], offset_dropout=0.0)),
     "talk-glu-prenorm": (TalkConfig, TalkModel, TalkForConditionalGeneration,
                          dict(_SEQ2SEQ_COMMON, encoder_heads=2, decoder_heads=2, encoder_glu=True, decoder_glu=True,
                               encoder_normalize_before=True, decoder_normalize_before=True, offset_dropout=0.0)),
