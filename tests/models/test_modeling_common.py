@@ -144,14 +144,17 @@ def test_lm_cached_generation_equals_uncached(name, mode):
 
 @pytest.mark.parametrize("name", ["talk", "lightconv", "rfa_doc"])
 def test_beam_search_really_needs_cache_reordering(name, monkeypatch):
-    """The cached-beam test is sensitive: without reordering the state, beam search gives other tokens."""
-    model = make(name)
-    src, mask = source_batch()
+    """The cached-beam test is sensitive: without reordering the state, beam search gives other tokens (for at
+    least one of a few models and inputs; a single tiny model can happen to keep its beams in order)."""
     kwargs = dict(num_beams=4, max_new_tokens=9, min_new_tokens=9)
-    expected = model.generate(input_ids=src, attention_mask=mask, use_cache=False, **kwargs)
+    runs = []
+    for seed in range(4):
+        model = make(name, seed=seed)
+        src, mask = source_batch(seed=seed + 1)
+        runs.append((model, src, mask, model.generate(input_ids=src, attention_mask=mask, use_cache=False, **kwargs)))
     monkeypatch.setattr(LayerState, "reorder_cache", lambda self, beam_idx: None)
-    broken = model.generate(input_ids=src, attention_mask=mask, use_cache=True, **kwargs)
-    assert not torch.equal(broken, expected)
+    broken = [m.generate(input_ids=s, attention_mask=a, use_cache=True, **kwargs) for m, s, a, _ in runs]
+    assert any(not torch.equal(b, r[3]) for b, r in zip(broken, runs))
 
 
 @pytest.mark.parametrize("name", list(ALL))
