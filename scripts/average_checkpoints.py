@@ -6,7 +6,7 @@
 
 import argparse
 
-from transformers import AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
 import talk_hf  # noqa: F401
 from talk_hf.training.loop import average_checkpoints, checkpoints
@@ -22,7 +22,7 @@ def main(argv=None):
     if len(found) < args.last:
         raise SystemExit(f"{args.run} has {len(found)} checkpoints, fewer than --last {args.last}")
     model_dir = f"{args.run}/model"
-    config = AutoModel.from_pretrained(model_dir).config
+    config = AutoConfig.from_pretrained(model_dir)
     auto = AutoModelForSeq2SeqLM if config.is_encoder_decoder else AutoModelForCausalLM
     model = auto.from_pretrained(model_dir)
     missing, unexpected = model.load_state_dict(average_checkpoints(found[-args.last :]), strict=False)

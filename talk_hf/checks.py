@@ -38,6 +38,6 @@ def check_heads(channels_name, channels, heads_name, heads):
         raise ValueError(f"{channels_name}={channels} must be divisible by {heads_name}={heads}")
 
 
-def accumulation_dtype(dtype):
-    """fp64 stays fp64; everything else accumulates in fp32."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
+def accumulation_dtype(*dtypes):
+    """fp64 if any of the dtypes is fp64, else fp32: sums never accumulate in fp16/bf16."""
+    return torch.float64 if torch.float64 in dtypes else torch.float32

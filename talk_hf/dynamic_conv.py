@@ -44,6 +44,10 @@ def dynamic_conv_ref(x, weight, padding_left):
     x: (B, T, C); weight: (B, T, H, K) or (H, K); padding_left: int -> out: (B, T, C).
     """
     _check_conv_args(x, weight, padding_left)
+    return _dynamic_conv_ref(x, weight, padding_left)
+
+
+def _dynamic_conv_ref(x, weight, padding_left):
     B, T, C = x.shape
     H, K = weight.shape[-2:]
     acc = accumulation_dtype(x.dtype)
@@ -62,7 +66,7 @@ def dynamic_conv(x, weight, padding_left):
     x's device, else `dynamic_conv_ref`. x: (B, T, C) -> (B, T, C). Differentiable w.r.t. x and weight."""
     _check_conv_args(x, weight, padding_left)
     if not use_kernels(x):
-        return dynamic_conv_ref(x, weight, padding_left)
+        return _dynamic_conv_ref(x, weight, padding_left)
     return _kernels.dynamic_conv(x, _expand_weight(weight, x), padding_left)
 
 
@@ -100,7 +104,7 @@ def dynamic_conv_step(x, weight, state):
     if state.shape != (x.shape[0], K - 1, x.shape[2]):
         raise ValueError(f"state must have shape {(x.shape[0], K - 1, x.shape[2])}, got {tuple(state.shape)}")
     xp = torch.cat([state.to(x.dtype), x], dim=1)  # (B, K - 1 + T_new, C)
-    out = dynamic_conv_ref(xp, _pad_time(_expand_weight(weight, x), K - 1), K - 1)[:, K - 1 :]
+    out = _dynamic_conv_ref(xp, _pad_time(_expand_weight(weight, x), K - 1), K - 1)[:, K - 1 :]
     return out, xp[:, xp.shape[1] - (K - 1) :]
 
 

@@ -22,7 +22,7 @@ import math
 
 import torch
 
-from .checks import check_float_tensor
+from .checks import accumulation_dtype, check_float_tensor
 
 DEFAULT_EPS = 0.1
 FEATURE_SCALE = 0.1
@@ -30,7 +30,7 @@ NORM_EPS = 1e-3
 
 
 def _acc_dtype(*tensors):
-    return torch.float64 if any(t is not None and t.dtype == torch.float64 for t in tensors) else torch.float32
+    return accumulation_dtype(*(t.dtype for t in tensors if t is not None))
 
 
 def rfa_random_projection(heads, num_frequencies, head_dim, generator=None, device=None, dtype=torch.float32):

@@ -70,6 +70,10 @@ def talk_conv_ref(x, offset_left, offset_right=None, max_left=1, max_right=0):
     x: (B, T, C); offset_left, offset_right: (B, T, H) relative offsets, C % H == 0 -> out: (B, T, C).
     """
     _check_talk_args(x, offset_left, offset_right, max_left, max_right)
+    return _talk_conv_ref(x, offset_left, offset_right, max_left, max_right)
+
+
+def _talk_conv_ref(x, offset_left, offset_right, max_left, max_right):
     B, T, C = x.shape
     H = offset_left.shape[-1]
     acc = accumulation_dtype(x.dtype)
@@ -94,7 +98,7 @@ def talk_conv(x, offset_left, offset_right=None, max_left=1, max_right=0):
     """
     _check_talk_args(x, offset_left, offset_right, max_left, max_right)
     if not use_kernels(x):
-        return talk_conv_ref(x, offset_left, offset_right, max_left, max_right)
+        return _talk_conv_ref(x, offset_left, offset_right, max_left, max_right)
     return _kernels.talk_conv(x, offset_left, offset_right, max_left, max_right)
 
 

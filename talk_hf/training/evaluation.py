@@ -30,17 +30,11 @@ def translate(model, tokenizer, sources, num_beams=4, length_penalty=1.0, max_ne
 
 
 def corpus_bleu(hypotheses, references):
-    """sacreBLEU over detokenised text; `.score`, and `signature()` via `bleu_signature`."""
+    """sacreBLEU over detokenised text -> (score, signature string as sacreBLEU prints it)."""
     if len(hypotheses) != len(references):
         raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
-    return sacrebleu.corpus_bleu(hypotheses, [references])
-
-
-def bleu_signature(hypotheses, references):
-    """(score, signature string) as sacreBLEU reports them."""
     metric = sacrebleu.metrics.BLEU()
-    score = metric.corpus_score(hypotheses, [references])
-    return score.score, str(metric.get_signature())
+    return metric.corpus_score(hypotheses, [references]).score, str(metric.get_signature())
 
 
 def last_sentences(texts, sep_token="<sep>"):

@@ -254,7 +254,7 @@ class Trainer:
             n = self.config.bleu_sentences
             hyps = translate(model, self.tokenizer, sources[:n], num_beams=self.config.num_beams,
                              max_new_tokens=self.config.max_new_tokens)
-            record["valid_bleu"] = corpus_bleu(hyps, references[:n]).score
+            record["valid_bleu"] = corpus_bleu(hyps, references[:n])[0]
         self.log(record)
         return record
 
@@ -309,7 +309,8 @@ class Trainer:
                   desc="training") as progress:
             while not self.done():
                 self.train_epoch(progress)
-        if not checkpoints(self.output_dir) or checkpoints(self.output_dir)[-1].name != f"step-{self.state.global_step}":
+        saved = checkpoints(self.output_dir)
+        if not saved or saved[-1].name != f"step-{self.state.global_step}":
             self.save_checkpoint()
         if self.config.average_last:
             averaged = average_checkpoints(checkpoints(self.output_dir)[-self.config.average_last :])

@@ -2,6 +2,7 @@
 transformers baselines (Marian/BART encoder-decoders, GPT-2) at a matching size."""
 
 import json
+from pathlib import Path
 
 from transformers import (
     BartConfig,
@@ -71,7 +72,7 @@ def build_model(kind, tokenizer, preset=None, config_file=None, overrides=None):
     """
     if kind not in KINDS:
         raise ValueError(f"unknown model kind {kind!r}; choose one of {KINDS}")
-    values = dict(json.load(open(config_file)) if config_file else {})
+    values = json.loads(Path(config_file).read_text()) if config_file else {}
     values.update(overrides or {})
     if kind in BASELINES:
         return _baseline(kind, tokenizer, values)

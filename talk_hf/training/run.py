@@ -8,7 +8,7 @@ from pathlib import Path
 from datasets import load_from_disk
 from transformers import AutoTokenizer
 
-from .evaluation import bleu_signature, last_sentences, translate
+from .evaluation import corpus_bleu, last_sentences, translate
 from .loop import Trainer
 from .models import build_model, count_parameters
 from .plot import plot_metrics
@@ -33,7 +33,7 @@ def evaluate_translation(model, tokenizer, dataset, num_beams=4, length_penalty=
                      max_new_tokens=max_new_tokens, skip_special_tokens=not document_level)
     if document_level:
         hyps, references = last_sentences(hyps), last_sentences(references)
-    score, signature = bleu_signature(hyps, references)
+    score, signature = corpus_bleu(hyps, references)
     return {"bleu": score, "signature": signature, "sentences": len(hyps), "hypotheses": hyps}
 
 

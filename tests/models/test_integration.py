@@ -27,7 +27,7 @@ from transformers import (
 )
 
 from talk_hf import train_joint_bpe
-from tests.models.tiny import ALL, LM, SEQ2SEQ, make
+from tests.models.tiny import ALL, LM, make
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "multi30k_pairs.tsv"
 
@@ -243,6 +243,3 @@ def test_trainer_trains_a_causal_lm_and_reloads(name, lm_tokenizer, tmp_path):
     for key, value in model.state_dict().items():
         assert torch.equal(value, reloaded.state_dict()[key]), key
 
-
-def test_seq2seq_classes_are_covered():
-    assert {ALL[n][2] for n in SEQ2SEQ} == {ALL[n][2] for n in ["talk", "dynamic_conv", "rfa_doc"]}

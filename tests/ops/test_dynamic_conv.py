@@ -5,10 +5,8 @@ import pytest
 import torch
 
 from talk_hf import ops
-from talk_hf._kernels import devices
 from tests.utils import DTYPES, assert_close, grads, noncontiguous
 
-pytestmark = pytest.mark.skipif("cpu" not in devices(), reason="talk_hf._C is not built")  # see test_backend.py
 
 
 def conv_naive(x, weight, padding_left):

@@ -7,10 +7,8 @@ import pytest
 import torch
 
 from talk_hf import ops
-from talk_hf._kernels import devices
 from tests.utils import DTYPES, REL_TOL, assert_close, grads, noncontiguous, offsets, rel_err
 
-pytestmark = pytest.mark.skipif("cpu" not in devices(), reason="talk_hf._C is not built")  # see test_backend.py
 
 
 def talk_naive(x, offset_left, offset_right, max_left, max_right):
