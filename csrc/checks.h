@@ -4,6 +4,8 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 
+#include <vector>
+
 namespace talk_hf {
 
 inline void check_talk_conv_inputs(const at::Tensor& x, const at::Tensor& offset_left,
@@ -35,6 +37,51 @@ inline void check_dynamic_conv_inputs(const at::Tensor& x, const at::Tensor& wei
   TORCH_CHECK(weight.size(3) > 0, "dynamic_conv: kernel size must be >= 1");
   TORCH_CHECK(weight.scalar_type() == x.scalar_type(), "dynamic_conv: weight dtype must match x");
   TORCH_CHECK(weight.device() == x.device(), "dynamic_conv: weight must be on x's device");
+}
+
+// q, k: (B, T, H, F); v: (B, T, H, D); decay: (B, T, H); initial_state: (B, H, F, D + 1); one float dtype.
+inline void check_rfa_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                             const c10::optional<at::Tensor>& decay, const c10::optional<at::Tensor>& initial_state,
+                             int64_t chunk) {
+  TORCH_CHECK(q.dim() == 4, "rfa_causal: q must be (B, T, H, F), got ", q.sizes());
+  TORCH_CHECK(k.sizes() == q.sizes(), "rfa_causal: k must match q ", q.sizes(), ", got ", k.sizes());
+  TORCH_CHECK(v.dim() == 4 && v.size(0) == q.size(0) && v.size(1) == q.size(1) && v.size(2) == q.size(2),
+              "rfa_causal: v must be (B, T, H, D) for q ", q.sizes(), ", got ", v.sizes());
+  TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble,
+              "rfa_causal: the kernel takes fp32 or fp64 inputs (the state dtype), got ", q.scalar_type());
+  TORCH_CHECK(chunk >= 1, "rfa_causal: chunk must be >= 1, got ", chunk);
+  auto same = [&](const at::Tensor& t, const char* name) {
+    TORCH_CHECK(t.scalar_type() == q.scalar_type(), "rfa_causal: ", name, " dtype must match q");
+    TORCH_CHECK(t.device() == q.device(), "rfa_causal: ", name, " must be on q's device");
+  };
+  same(k, "k");
+  same(v, "v");
+  if (decay.has_value()) {
+    same(*decay, "decay");
+    TORCH_CHECK(decay->sizes() == q.sizes().slice(0, 3), "rfa_causal: decay must be (B, T, H), got ", decay->sizes());
+  }
+  if (initial_state.has_value()) {
+    same(*initial_state, "initial_state");
+    TORCH_CHECK(initial_state->sizes() == at::IntArrayRef({q.size(0), q.size(2), q.size(3), v.size(3) + 1}),
+                "rfa_causal: initial_state must be (B, H, F, D + 1), got ", initial_state->sizes());
+  }
+}
+
+inline void check_rfa_backward_inputs(const at::Tensor& grad_out, const c10::optional<at::Tensor>& grad_state,
+                                      const at::Tensor& checkpoints, const at::Tensor& q, const at::Tensor& v,
+                                      int64_t num_chunks) {
+  TORCH_CHECK(grad_out.sizes() == v.sizes() && grad_out.scalar_type() == v.scalar_type(),
+              "rfa_causal backward: grad_out must match v");
+  const std::vector<int64_t> state{q.size(0), q.size(2), q.size(3), v.size(3) + 1};
+  if (grad_state.has_value()) {
+    TORCH_CHECK(grad_state->sizes() == at::IntArrayRef(state) && grad_state->scalar_type() == q.scalar_type(),
+                "rfa_causal backward: grad_state must be (B, H, F, D + 1) like the state");
+  }
+  TORCH_CHECK(checkpoints.dim() == 5 && checkpoints.size(0) == state[0] && checkpoints.size(1) == state[1] &&
+                  checkpoints.size(2) == num_chunks && checkpoints.size(3) == state[2] &&
+                  checkpoints.size(4) == state[3] && checkpoints.scalar_type() == q.scalar_type(),
+              "rfa_causal backward: checkpoints must be (B, H, ceil(T / chunk), F, D + 1) from the forward, got ",
+              checkpoints.sizes());
 }
 
 }  // namespace talk_hf

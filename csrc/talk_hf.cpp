@@ -16,6 +16,12 @@ TORCH_LIBRARY(talk_hf, m) {
   m.def(
       "talk_conv_bwd(Tensor grad_out, Tensor x, Tensor offset_left, Tensor? offset_right, int max_left, "
       "int max_right) -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "rfa_causal_fwd(Tensor q, Tensor k, Tensor v, Tensor? decay, Tensor? initial_state, float eps, int chunk) "
+      "-> (Tensor, Tensor, Tensor)");
+  m.def(
+      "rfa_causal_bwd(Tensor grad_out, Tensor? grad_state, Tensor q, Tensor k, Tensor v, Tensor? decay, "
+      "Tensor? initial_state, Tensor checkpoints, float eps, int chunk) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def("dynamic_conv_fwd(Tensor x, Tensor weight, int padding_left) -> Tensor");
   m.def("dynamic_conv_bwd(Tensor grad_out, Tensor x, Tensor weight, int padding_left) -> (Tensor, Tensor)");
 }

@@ -1,7 +1,7 @@
 // Plain-C++ contract between the torch bindings (csrc/*.cpp) and the CUDA kernels (csrc/cuda/*.cu).
 // No torch headers here: the .cu files compile with nvcc alone (CI checks sm_80 and sm_90 without a GPU).
-// All tensors are contiguous; layouts are given per field. Math: see talk_hf/talk_conv.py and
-// talk_hf/dynamic_conv.py, whose *_ref functions are the specification.
+// All tensors are contiguous; layouts are given per field. Math: see talk_hf/talk_conv.py,
+// talk_hf/dynamic_conv.py and talk_hf/rfa.py, whose *_ref functions are the specification.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -44,6 +44,28 @@ struct DynamicConvParams {
   void* grad_weight;        // (B, T, H, K)  backward only
 };
 
+struct RfaParams {
+  int64_t batch, seqlen, heads, features, head_dim;  // B, T, H, F, D; the state is (F, E) with E = D + 1
+  int64_t chunk, num_chunks;                         // steps per checkpoint, N = ceil(T / chunk)
+  double eps;                                        // lower bound of the normaliser
+  DType dtype;                                       // kFloat32 or kFloat64 (the state dtype) for every tensor
+  const void* q;                   // (B, T, H, F)
+  const void* k;                   // (B, T, H, F)
+  const void* v;                   // (B, T, H, D)
+  const void* decay;               // (B, T, H) or nullptr (no gate)
+  const void* initial_state;       // (B, H, F, E) or nullptr (zeros)
+  void* out;                       // (B, T, H, D)        forward only
+  void* state;                     // (B, H, F, E)        forward only: the final state
+  void* checkpoints;               // (B, H, N, F, E)     written by the forward, read by the backward
+  const void* grad_out;            // (B, T, H, D)        backward only
+  const void* grad_state;          // (B, H, F, E) or nullptr
+  void* grad_q;                    // (B, T, H, F)
+  void* grad_k;                    // (B, T, H, F)
+  void* grad_v;                    // (B, T, H, D)
+  void* grad_decay;                // (B, T, H) or nullptr
+  void* grad_initial_state;        // (B, H, F, E) or nullptr
+};
+
 // CUDA entry points (csrc/cuda/*.cu). Each takes a device workspace of at least *_workspace_bytes(p)
 // bytes (may be nullptr when that size is 0), enqueues on `stream` without host syncs, and returns
 // cudaGetLastError().
@@ -55,5 +77,9 @@ cudaError_t talk_conv_bwd_cuda(const TalkConvParams& p, void* workspace, cudaStr
 size_t dynamic_conv_bwd_workspace_bytes(const DynamicConvParams& p);
 cudaError_t dynamic_conv_fwd_cuda(const DynamicConvParams& p, cudaStream_t stream);
 cudaError_t dynamic_conv_bwd_cuda(const DynamicConvParams& p, void* workspace, cudaStream_t stream);
+
+size_t rfa_causal_bwd_workspace_bytes(const RfaParams& p);
+cudaError_t rfa_causal_fwd_cuda(const RfaParams& p, cudaStream_t stream);
+cudaError_t rfa_causal_bwd_cuda(const RfaParams& p, void* workspace, cudaStream_t stream);
 
 }  // namespace talk_hf

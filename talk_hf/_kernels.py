@@ -55,6 +55,18 @@ def _register():
     def _(grad_out, x, weight, padding_left):
         return torch.empty_like(x), torch.empty_like(weight)
 
+    @torch.library.register_fake("talk_hf::rfa_causal_fwd")
+    def _(q, k, v, decay, initial_state, eps, chunk):
+        B, T, H, F = q.shape
+        state = v.new_empty(B, H, F, v.shape[-1] + 1)
+        return v.new_empty(v.shape), state, v.new_empty(B, H, -(-T // chunk), F, v.shape[-1] + 1)
+
+    @torch.library.register_fake("talk_hf::rfa_causal_bwd")
+    def _(grad_out, grad_state, q, k, v, decay, initial_state, checkpoints, eps, chunk):
+        grad_decay = torch.empty_like(decay) if decay is not None else q.new_empty(0)
+        grad_state = torch.empty_like(initial_state) if initial_state is not None else q.new_empty(0)
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), grad_decay, grad_state
+
     def talk_setup(ctx, inputs, output):
         x, offset_left, offset_right, ctx.max_left, ctx.max_right = inputs
         ctx.has_right = offset_right is not None
@@ -74,6 +86,19 @@ def _register():
         gx, gw = ops.dynamic_conv_bwd(grad, x, weight, ctx.padding_left)
         return gx, gw, None
 
+    def rfa_setup(ctx, inputs, output):
+        q, k, v, decay, initial_state, ctx.eps, ctx.chunk = inputs
+        ctx.has_decay, ctx.has_state = decay is not None, initial_state is not None
+        ctx.mark_non_differentiable(output[2])
+        ctx.save_for_backward(q, k, v, decay, initial_state, output[2])
+
+    def rfa_backward(ctx, grad_out, grad_state, _):
+        q, k, v, decay, initial_state, checkpoints = ctx.saved_tensors
+        gq, gk, gv, gdecay, gstate = ops.rfa_causal_bwd(grad_out, grad_state, q, k, v, decay, initial_state,
+                                                        checkpoints, ctx.eps, ctx.chunk)
+        return gq, gk, gv, (gdecay if ctx.has_decay else None), (gstate if ctx.has_state else None), None, None
+
+    torch.library.register_autograd("talk_hf::rfa_causal_fwd", rfa_backward, setup_context=rfa_setup)
     torch.library.register_autograd("talk_hf::talk_conv_fwd", talk_backward, setup_context=talk_setup)
     torch.library.register_autograd("talk_hf::dynamic_conv_fwd", conv_backward, setup_context=conv_setup)
 
@@ -85,6 +110,12 @@ if _C is not None:
 def talk_conv(x, offset_left, offset_right, max_left, max_right):
     """Compiled TaLK convolution; arguments as `talk_hf.talk_conv.talk_conv` (already validated)."""
     return torch.ops.talk_hf.talk_conv_fwd(x, offset_left, offset_right, max_left, max_right)
+
+
+def rfa_causal(q, k, v, decay, initial_state, eps, chunk):
+    """Compiled causal RFA; every tensor already in the state dtype (fp32 or fp64). -> (out, final state)."""
+    out, state, _ = torch.ops.talk_hf.rfa_causal_fwd(q, k, v, decay, initial_state, float(eps), chunk)
+    return out, state
 
 
 def dynamic_conv(x, weight, padding_left):

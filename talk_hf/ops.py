@@ -15,6 +15,7 @@ from .dynamic_conv import (
 )
 from .rfa import (
     rfa_causal,
+    rfa_causal_chunked,
     rfa_causal_ref,
     rfa_cross,
     rfa_cross_ref,
@@ -42,6 +43,7 @@ __all__ = [
     "dynamic_conv_step",
     "light_conv",
     "rfa_causal",
+    "rfa_causal_chunked",
     "rfa_causal_ref",
     "rfa_cross",
     "rfa_cross_ref",

@@ -22,7 +22,8 @@ import math
 
 import torch
 
-from .checks import accumulation_dtype, check_float_tensor
+from .backend import _kernels, use_kernels
+from .checks import accumulation_dtype, check_float_tensor, check_int
 
 DEFAULT_EPS = 0.1
 FEATURE_SCALE = 0.1
@@ -134,12 +135,33 @@ def rfa_causal_ref(q, k, v, decay=None, initial_state=None, eps=DEFAULT_EPS):
 
 
 def rfa_causal(q, k, v, decay=None, initial_state=None, eps=DEFAULT_EPS, chunk_size=64):
-    """Causal RFA in chunked form (training and prefill); same function as `rfa_causal_ref`.
+    """Causal RFA (training, prefill and decoding steps): the compiled kernel when built for q's device, else
+    `rfa_causal_chunked`; the same function as `rfa_causal_ref`.
 
     q, k: (B, T, H, F) features; v: (B, T, H, d); decay: (B, T, H) factors in [0, 1] or None;
-    initial_state: (B, H, F, d + 1) or None -> (out (B, T, H, d) in v's dtype, final state (B, H, F, d + 1)).
+    initial_state: (B, H, F, d + 1) or None; chunk_size: steps per chunk (the kernel keeps one state per chunk for
+    its backward) -> (out (B, T, H, d) in v's dtype, final state (B, H, F, d + 1)). Differentiable w.r.t. q, k, v,
+    decay and initial_state.
     """
     _check_attention_args(q, k, v, decay, initial_state)
+    check_int("chunk_size", chunk_size, minimum=1)
+    if not use_kernels(q):
+        return _rfa_causal_chunked(q, k, v, decay, initial_state, eps, chunk_size)
+    acc = _acc_dtype(q, k, v, initial_state)
+    cast = lambda t: None if t is None else t.to(acc)  # noqa: E731
+    out, state = _kernels.rfa_causal(cast(q), cast(k), cast(v), cast(decay), cast(initial_state), eps, chunk_size)
+    return out.to(v.dtype), state
+
+
+def rfa_causal_chunked(q, k, v, decay=None, initial_state=None, eps=DEFAULT_EPS, chunk_size=64):
+    """Causal RFA in chunked matmul form, pure PyTorch (the fallback of `rfa_causal`); arguments and results as
+    `rfa_causal`."""
+    _check_attention_args(q, k, v, decay, initial_state)
+    check_int("chunk_size", chunk_size, minimum=1)
+    return _rfa_causal_chunked(q, k, v, decay, initial_state, eps, chunk_size)
+
+
+def _rfa_causal_chunked(q, k, v, decay, initial_state, eps, chunk_size):
     if q.shape[1] <= 1:  # a decoding step: the recurrence is cheapest
         return rfa_causal_ref(q, k, v, decay, initial_state, eps)
     B, T, H, F = q.shape

@@ -134,9 +134,88 @@ std::tuple<at::Tensor, at::Tensor> dynamic_conv_bwd_cuda_op(const at::Tensor& g_
   return {gx, gw};
 }
 
+RfaParams rfa_params(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& decay,
+                     const at::Tensor& init, double eps, int64_t chunk) {
+  RfaParams p{};
+  p.batch = q.size(0);
+  p.seqlen = q.size(1);
+  p.heads = q.size(2);
+  p.features = q.size(3);
+  p.head_dim = v.size(3);
+  p.chunk = chunk;
+  p.num_chunks = (p.seqlen + chunk - 1) / chunk;
+  p.eps = eps;
+  p.dtype = to_dtype(q.scalar_type());
+  p.q = q.data_ptr();
+  p.k = k.data_ptr();
+  p.v = v.data_ptr();
+  p.decay = decay.defined() ? decay.data_ptr() : nullptr;
+  p.initial_state = init.defined() ? init.data_ptr() : nullptr;
+  return p;
+}
+
+at::Tensor contiguous_or_undefined(const c10::optional<at::Tensor>& t) {
+  return t.has_value() ? t->contiguous() : at::Tensor();
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> rfa_causal_fwd_cuda_op(const at::Tensor& q_, const at::Tensor& k_,
+                                                                      const at::Tensor& v_,
+                                                                      const c10::optional<at::Tensor>& decay_,
+                                                                      const c10::optional<at::Tensor>& init_,
+                                                                      double eps, int64_t chunk) {
+  check_rfa_inputs(q_, k_, v_, decay_, init_, chunk);
+  const c10::cuda::CUDAGuard guard(q_.device());
+  const at::Tensor q = q_.contiguous(), k = k_.contiguous(), v = v_.contiguous();
+  const at::Tensor decay = contiguous_or_undefined(decay_), init = contiguous_or_undefined(init_);
+  RfaParams p = rfa_params(q, k, v, decay, init, eps, chunk);
+  at::Tensor out = at::empty_like(v);
+  at::Tensor state = at::empty({p.batch, p.heads, p.features, p.head_dim + 1}, v.options());
+  at::Tensor checkpoints = at::empty({p.batch, p.heads, p.num_chunks, p.features, p.head_dim + 1}, v.options());
+  p.out = out.data_ptr();
+  p.state = state.data_ptr();
+  p.checkpoints = checkpoints.data_ptr();
+  check_launch(rfa_causal_fwd_cuda(p, c10::cuda::getCurrentCUDAStream()), "rfa_causal_fwd");
+  return {out, state, checkpoints};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rfa_causal_bwd_cuda_op(
+    const at::Tensor& go_, const c10::optional<at::Tensor>& gstate_, const at::Tensor& q_, const at::Tensor& k_,
+    const at::Tensor& v_, const c10::optional<at::Tensor>& decay_, const c10::optional<at::Tensor>& init_,
+    const at::Tensor& checkpoints_, double eps, int64_t chunk) {
+  check_rfa_inputs(q_, k_, v_, decay_, init_, chunk);
+  const int64_t num_chunks = (q_.size(1) + chunk - 1) / chunk;
+  check_rfa_backward_inputs(go_, gstate_, checkpoints_, q_, v_, num_chunks);
+  const c10::cuda::CUDAGuard guard(q_.device());
+  const at::Tensor go = go_.contiguous(), q = q_.contiguous(), k = k_.contiguous(), v = v_.contiguous();
+  const at::Tensor gstate = contiguous_or_undefined(gstate_), checkpoints = checkpoints_.contiguous();
+  const at::Tensor decay = contiguous_or_undefined(decay_), init = contiguous_or_undefined(init_);
+  at::Tensor gq = at::empty_like(q), gk = at::empty_like(k), gv = at::empty_like(v);
+  at::Tensor gdecay = decay.defined() ? at::empty_like(decay) : at::empty({0}, q.options());
+  at::Tensor ginit = init.defined() ? at::empty_like(init) : at::empty({0}, q.options());
+  if (q.size(1) == 0) {  // the final state is the initial state
+    if (init.defined()) gstate.defined() ? ginit.copy_(gstate) : ginit.zero_();
+    return {gq, gk, gv, gdecay, ginit};
+  }
+  RfaParams p = rfa_params(q, k, v, decay, init, eps, chunk);
+  p.checkpoints = const_cast<void*>(checkpoints.data_ptr());
+  p.grad_out = go.data_ptr();
+  p.grad_state = gstate.defined() ? gstate.data_ptr() : nullptr;
+  p.grad_q = gq.data_ptr();
+  p.grad_k = gk.data_ptr();
+  p.grad_v = gv.data_ptr();
+  p.grad_decay = decay.defined() ? gdecay.data_ptr() : nullptr;
+  p.grad_initial_state = init.defined() ? ginit.data_ptr() : nullptr;
+  at::Tensor ws = workspace(rfa_causal_bwd_workspace_bytes(p), q);
+  check_launch(rfa_causal_bwd_cuda(p, ws.numel() ? ws.data_ptr() : nullptr, c10::cuda::getCurrentCUDAStream()),
+               "rfa_causal_bwd");
+  return {gq, gk, gv, gdecay, ginit};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(talk_hf, CUDA, m) {
+  m.impl("rfa_causal_fwd", &rfa_causal_fwd_cuda_op);
+  m.impl("rfa_causal_bwd", &rfa_causal_bwd_cuda_op);
   m.impl("talk_conv_fwd", &talk_conv_fwd_cuda_op);
   m.impl("talk_conv_bwd", &talk_conv_bwd_cuda_op);
   m.impl("dynamic_conv_fwd", &dynamic_conv_fwd_cuda_op);

@@ -1,5 +1,6 @@
-"""Random feature attention: feature map, chunked causal form vs the recurrence and a quadratic definition, decay
-gate, decoding steps, cross attention, precision, memory and argument checks."""
+"""Random feature attention: feature map, the compiled causal kernel and the chunked PyTorch form vs the recurrence
+and a quadratic definition, decay gate, gradients (gradcheck, opcheck, torch.compile), decoding steps, cross
+attention, precision, memory and argument checks."""
 
 import math
 
@@ -8,7 +9,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from talk_hf import ops
-from talk_hf.rfa import rfa_key_norm_rescale
+from talk_hf.rfa import rfa_causal_chunked, rfa_key_norm_rescale
 from tests.utils import REL_TOL, assert_close, rel_err
 
 
@@ -65,6 +66,10 @@ def test_feature_map_approximates_a_softmax_kernel():
     assert (approx - exact).abs().max() < 0.03 * 0.01 * D
 
 
+# ops.rfa_causal runs the compiled kernel in CI (tests/ops/test_backend.py asserts the backend); the chunked
+# matmul form is its fallback without the extension. Both must compute the recurrence.
+CAUSAL = [pytest.param(ops.rfa_causal, id="compiled"), pytest.param(rfa_causal_chunked, id="chunked")]
+
 CASES = [  # B, T, H, F, d, chunk
     pytest.param(2, 1, 2, 8, 4, 64, id="T1"),
     pytest.param(2, 13, 2, 8, 4, 64, id="T13-one-chunk"),
@@ -74,27 +79,79 @@ CASES = [  # B, T, H, F, d, chunk
 ]
 
 
+@pytest.mark.parametrize("causal", CAUSAL)
 @pytest.mark.parametrize("gated", [False, True], ids=["plain", "gated"])
 @pytest.mark.parametrize("B,T,H,F,d,chunk", CASES)
-def test_causal_matches_recurrence_and_definition(B, T, H, F, d, chunk, gated):
+def test_causal_matches_recurrence_and_definition(B, T, H, F, d, chunk, gated, causal):
     g = torch.Generator().manual_seed(T + F)
     q, k = features(B, T, H, F, g), features(B, T, H, F, g)
     v = torch.randn(B, T, H, d, generator=g, dtype=torch.float64)
     decay = gate(B, T, H, g) if gated else None
     expected = causal_naive(q, k, v, decay)
     ref, ref_state = ops.rfa_causal_ref(q, k, v, decay)
-    out, state = ops.rfa_causal(q, k, v, decay, chunk_size=chunk)
+    out, state = causal(q, k, v, decay, chunk_size=chunk)
     assert_close(ref, expected, name="recurrence")
-    assert_close(out, expected, name="chunked")
+    assert_close(out, expected, name="fast path")
     assert_close(state, ref_state, name="final state")
 
 
-def test_chunked_gradcheck():
-    g = torch.Generator().manual_seed(2)
-    q, k = features(1, 7, 2, 4, g).requires_grad_(), features(1, 7, 2, 4, g).requires_grad_()
-    v = torch.randn(1, 7, 2, 3, generator=g, dtype=torch.float64, requires_grad=True)
-    decay = gate(1, 7, 2, g).requires_grad_()
-    assert torch.autograd.gradcheck(lambda *a: ops.rfa_causal(*a, chunk_size=3)[0], (q, k, v, decay))
+@pytest.mark.parametrize("causal", CAUSAL)
+@pytest.mark.parametrize("T,chunk", [(1, 4), (7, 3), (12, 4), (5, 64)])
+def test_gradcheck_all_inputs_and_final_state(causal, T, chunk):
+    """Gradients w.r.t. q, k, v, decay and the initial state, through both the outputs and the final state."""
+    g = torch.Generator().manual_seed(2 + T)
+    q, k = features(1, T, 2, 4, g).requires_grad_(), features(1, T, 2, 4, g).requires_grad_()
+    v = torch.randn(1, T, 2, 3, generator=g, dtype=torch.float64, requires_grad=True)
+    decay = gate(1, T, 2, g).requires_grad_()
+    initial = (0.1 * torch.randn(1, 2, 4, 4, generator=g, dtype=torch.float64)).requires_grad_()
+    assert torch.autograd.gradcheck(lambda *a: causal(*a, chunk_size=chunk), (q, k, v, decay, initial))
+    assert torch.autograd.gradcheck(lambda *a: causal(*a, chunk_size=chunk)[0], (q, k, v))
+
+
+def test_compiled_gradients_match_reference_on_long_gated_sequences():
+    """fp32 kernel gradients over many chunks (T=300, chunk 64) against the float64 recurrence."""
+    g = torch.Generator().manual_seed(9)
+    B, T, H, F, d = 2, 300, 2, 16, 8
+    q, k = features(B, T, H, F, g), features(B, T, H, F, g)
+    v, decay = torch.randn(B, T, H, d, generator=g, dtype=torch.float64), gate(B, T, H, g)
+    initial = 0.1 * torch.randn(B, H, F, d + 1, generator=g, dtype=torch.float64)
+
+    def loss_grads(fn, dtype):
+        inputs = [t.detach().to(dtype).requires_grad_() for t in (q, k, v, decay, initial)]
+        out, state = fn(*inputs)
+        w = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+        ((out.double() * w).sum() + state.double().sum()).backward()
+        return [out.detach(), state.detach()] + [t.grad for t in inputs]
+
+    expected = loss_grads(ops.rfa_causal_ref, torch.float64)
+    got = loss_grads(lambda *a: ops.rfa_causal(*a, chunk_size=64), torch.float32)
+    for name, a, b in zip(["out", "state", "q", "k", "v", "decay", "initial"], got, expected):
+        assert a.dtype == torch.float32
+        assert rel_err(a, b) <= REL_TOL[torch.float32] * 10, name  # 300 sequential fp32 updates
+
+
+def test_opcheck():
+    g = torch.Generator().manual_seed(10)
+    q, k = features(2, 9, 2, 4, g, torch.float32), features(2, 9, 2, 4, g, torch.float32)
+    v, decay = torch.randn(2, 9, 2, 3, generator=g), gate(2, 9, 2, g, torch.float32)
+    initial = torch.randn(2, 2, 4, 4, generator=g) * 0.1
+    grad = lambda t: t.clone().requires_grad_()  # noqa: E731
+    fwd = torch.ops.talk_hf.rfa_causal_fwd.default
+    torch.library.opcheck(fwd, (grad(q), grad(k), grad(v), grad(decay), grad(initial), 0.1, 4))
+    torch.library.opcheck(fwd, (grad(q), grad(k), grad(v), None, None, 0.1, 64))
+    _, _, checkpoints = fwd(q, k, v, decay, initial, 0.1, 4)
+    torch.library.opcheck(torch.ops.talk_hf.rfa_causal_bwd.default,
+                          (torch.randn(2, 9, 2, 3), torch.randn(2, 2, 4, 4), q, k, v, decay, initial, checkpoints, 0.1, 4))
+    torch.library.opcheck(torch.ops.talk_hf.rfa_causal_bwd.default,
+                          (torch.randn(2, 9, 2, 3), None, q, k, v, None, None, fwd(q, k, v, None, None, 0.1, 4)[2], 0.1, 4))
+
+
+def test_torch_compile_matches_eager():
+    g = torch.Generator().manual_seed(11)
+    q, k = features(2, 9, 2, 4, g, torch.float32), features(2, 9, 2, 4, g, torch.float32)
+    v, decay = torch.randn(2, 9, 2, 3, generator=g), gate(2, 9, 2, g, torch.float32)
+    compiled = torch.compile(lambda *a: ops.rfa_causal(*a)[0] * 2, fullgraph=True)
+    torch.testing.assert_close(compiled(q, k, v, decay), ops.rfa_causal(q, k, v, decay)[0] * 2)
 
 
 def test_steps_equal_full_and_chunked_prefill():
@@ -117,22 +174,24 @@ def test_steps_equal_full_and_chunked_prefill():
     torch.testing.assert_close(torch.cat([a, b], 1), full, rtol=1e-10, atol=1e-12)
 
 
-def test_low_precision_values_keep_fp32_state():
+@pytest.mark.parametrize("causal", CAUSAL)
+def test_low_precision_values_keep_fp32_state(causal):
     g = torch.Generator().manual_seed(4)
     q, k = features(2, 40, 2, 8, g, torch.float32), features(2, 40, 2, 8, g, torch.float32)
     v = torch.randn(2, 40, 2, 4, generator=g).bfloat16()
-    out, state = ops.rfa_causal(q, k, v, chunk_size=16)
+    out, state = causal(q, k, v, chunk_size=16)
     assert out.dtype == torch.bfloat16 and state.dtype == torch.float32
     expected, _ = ops.rfa_causal_ref(q.double(), k.double(), v.double())
     assert rel_err(out, expected) <= REL_TOL[torch.bfloat16]
 
 
-def test_denominator_guard():
+@pytest.mark.parametrize("causal", CAUSAL)
+def test_denominator_guard(causal):
     """Sin/cos features can make phi(q).z negative; the normaliser is clamped at eps = 0.1 (§C.3)."""
     q = torch.tensor([[[[1.0, 0.0]]], [[[0.0, 1.0]]]], dtype=torch.float64).view(1, 2, 1, 2)
     k = torch.tensor([[-0.05, 0.0], [0.0, 0.02]], dtype=torch.float64).view(1, 2, 1, 2)
     v = torch.tensor([[2.0], [3.0]], dtype=torch.float64).view(1, 2, 1, 1)
-    out, _ = ops.rfa_causal(q, k, v)
+    out, _ = causal(q, k, v)
     torch.testing.assert_close(out.flatten(), torch.tensor([-0.05 * 2 / 0.1, 0.02 * 3 / 0.1], dtype=torch.float64))
 
 
@@ -151,36 +210,39 @@ class MaxNumel(TorchDispatchMode):
         return out
 
 
-def test_chunked_form_never_materialises_t_by_t_or_per_token_states():
+@pytest.mark.parametrize("causal", CAUSAL)
+def test_causal_never_materialises_t_by_t_or_per_token_states(causal):
     B, T, H, F, d = 1, 4096, 1, 64, 32
     g = torch.Generator().manual_seed(5)
     q, k, v = features(B, T, H, F, g, torch.float32), features(B, T, H, F, g, torch.float32), torch.randn(B, T, H, d)
     decay = gate(B, T, H, g, torch.float32)
     with MaxNumel() as mode:
-        ops.rfa_causal(q, k, v, decay, chunk_size=64)
+        causal(q, k, v, decay, chunk_size=64)
     assert mode.max_numel <= T * max(64, F)  # (chunk x chunk) score blocks and chunked inputs: linear in T
     assert mode.max_numel < T * T // 16 and mode.max_numel < T * F * (d + 1) // 8  # T x T, or a state per token
 
 
-def test_right_padding_with_zero_keys_keeps_real_outputs():
+@pytest.mark.parametrize("causal", CAUSAL)
+def test_right_padding_with_zero_keys_keeps_real_outputs(causal):
     """Padded steps with zero key features (and any query/value) leave the real outputs and their states alone."""
     g = torch.Generator().manual_seed(6)
     q, k, v = features(1, 10, 2, 8, g), features(1, 10, 2, 8, g), torch.randn(1, 10, 2, 3, generator=g, dtype=torch.float64)
-    expected, state = ops.rfa_causal(q, k, v, chunk_size=4)
+    expected, state = causal(q, k, v, chunk_size=4)
     junk = lambda t: torch.cat([t, torch.rand(1, 7, *t.shape[2:], generator=g, dtype=t.dtype)], 1)  # noqa: E731
     k_padded = torch.cat([k, torch.zeros(1, 7, 2, 8, dtype=k.dtype)], 1)
-    out, padded_state = ops.rfa_causal(junk(q), k_padded, junk(v), chunk_size=4)
+    out, padded_state = causal(junk(q), k_padded, junk(v), chunk_size=4)
     torch.testing.assert_close(out[:, :10], expected, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(padded_state, state, rtol=1e-10, atol=1e-12)
 
 
-def test_batch_equals_rows_one_at_a_time():
+@pytest.mark.parametrize("causal", CAUSAL)
+def test_batch_equals_rows_one_at_a_time(causal):
     g = torch.Generator().manual_seed(7)
     q, k, v = features(3, 19, 2, 8, g, torch.float32), features(3, 19, 2, 8, g, torch.float32), torch.randn(3, 19, 2, 4, generator=g)
     decay = gate(3, 19, 2, g, torch.float32)
-    batched, _ = ops.rfa_causal(q, k, v, decay, chunk_size=8)
+    batched, _ = causal(q, k, v, decay, chunk_size=8)
     for b in range(3):
-        row, _ = ops.rfa_causal(q[b : b + 1], k[b : b + 1], v[b : b + 1], decay[b : b + 1], chunk_size=8)
+        row, _ = causal(q[b : b + 1], k[b : b + 1], v[b : b + 1], decay[b : b + 1], chunk_size=8)
         torch.testing.assert_close(batched[b : b + 1], row, rtol=1e-6, atol=1e-7)
 
 
@@ -220,6 +282,7 @@ BAD_INPUTS = [
     (lambda q, v: ops.rfa_causal(q, q, v, initial_state=torch.zeros(2, 2, 8, 4)), ValueError, "state must be"),
     (lambda q, v: ops.rfa_causal(q, q, v.to("meta")), ValueError, "v is on"),
     (lambda q, v: ops.rfa_step(q, q, v, None), ValueError, "needs a state"),
+    (lambda q, v: ops.rfa_causal(q, q, v, chunk_size=0), ValueError, "chunk_size must be >= 1"),
     (lambda q, v: ops.rfa_feature_map(v, torch.randn(2, 4, 5)), ValueError, "projection must be"),
     (lambda q, v: ops.rfa_cross(q, torch.zeros(2, 2, 7, 5)), ValueError, "state must be"),
 ]
