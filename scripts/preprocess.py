@@ -17,10 +17,14 @@ encode, and save.
     # the bundled document-level Wikipedia zh-en corpus, 4-sentence windows (RFA-doc, context size 3)
     python scripts/preprocess.py --output-dir D --wiki-zh-en --window 4 --vocab-size 16000 \\
         --max-tokens-per-example 512
+    # a causal-LM corpus: blocks of 128 tokens, the last 10% of the lines held out as 'valid'
+    python scripts/preprocess.py --output-dir D --lm-text train=data/tinyshakespeare/input.txt.gz \\
+        --lm-holdout 0.1 --block-size 128 --vocab-size 4000
 
 Writes <output-dir>/tokenizer/ (save_pretrained), <output-dir>/<split>/ (Dataset.save_to_disk with source, target,
-doc_id, num_context, input_ids, labels, num_tokens) and <output-dir>/preprocess.json (arguments and per-split
-counts, including the examples dropped by --max-tokens-per-example). The work is done by talk_hf.training.data.
+doc_id, num_context, input_ids, labels, num_tokens; LM splits: input_ids, labels, num_tokens) and
+<output-dir>/preprocess.json (arguments and per-split counts, including the examples dropped by
+--max-tokens-per-example and the LM tail tokens that fill no block). The work is done by talk_hf.training.data.
 """
 
 import argparse
@@ -98,6 +102,13 @@ def build_parser():
     wiki.add_argument("--wiki-zh-en", action="store_true", help="use the bundled document-level zh-en corpus")
     wiki.add_argument("--wiki-splits", type=_names, default=["train", "dev", "zh2en-test", "en2zh-test"],
                       help="comma-separated splits (default: train,dev,zh2en-test,en2zh-test)")
+    lm = parser.add_argument_group("language-model input (plain text for a causal LM, instead of translation pairs)")
+    lm.add_argument("--lm-text", metavar="NAME=PATH", type=_named_path, action="append", default=[],
+                    help="a split from a UTF-8 text file; every line is one text, followed by </s> in the token "
+                         "stream (repeatable; .gz fine)")
+    lm.add_argument("--lm-holdout", type=float, default=0.0,
+                    help="move the last FRACTION of the lines of the 'train' text into a 'valid' split (e.g. 0.1)")
+    lm.add_argument("--block-size", type=int, default=128, help="LM block length in tokens (default 128)")
     proc = parser.add_argument_group("processing")
     proc.add_argument("--reverse", action="store_true", help="swap source and target (e.g. en->zh)")
     proc.add_argument("--tokenizer", default=None,
@@ -117,19 +128,27 @@ def build_parser():
     return parser
 
 
-def load_splits(args, parser):
-    """The sentence-level splits named by the arguments: dict name -> Dataset(source, target[, doc_id, ...])."""
-    from talk_hf.training import data
-
+def text_pair_files(args, parser):
+    """[(split, source file, target file)] from --source-file/--target-file and --split; exits unless exactly one
+    kind of input was given."""
     text_pairs = list(args.splits)
     if (args.source_file is None) != (args.target_file is None):
         parser.error("--source-file and --target-file go together")
     if args.source_file is not None:
         text_pairs.insert(0, ("train", args.source_file, args.target_file))
     kinds = [name for name, used in (("text files", text_pairs), ("--tsv", args.tsv), ("--json", args.json),
-                                     ("--hub-dataset", args.hub_dataset), ("--wiki-zh-en", args.wiki_zh_en)) if used]
+                                     ("--hub-dataset", args.hub_dataset), ("--wiki-zh-en", args.wiki_zh_en),
+                                     ("--lm-text", args.lm_text)) if used]
     if len(kinds) != 1:
         parser.error(f"give exactly one kind of input, got {kinds or 'none'}")
+    return text_pairs
+
+
+def load_splits(args, parser):
+    """The sentence-level splits named by the arguments: dict name -> Dataset(source, target[, doc_id, ...])."""
+    from talk_hf.training import data
+
+    text_pairs = text_pair_files(args, parser)
     if args.hub_dataset and not (args.source_lang and args.target_lang):
         parser.error("--hub-dataset needs --source-lang and --target-lang")
     if text_pairs:
@@ -155,12 +174,73 @@ def load_splits(args, parser):
     return splits
 
 
+def lm_texts(args, parser):
+    """The LM splits: dict name -> list of lines (the 'valid' split cut from the end of 'train' with --lm-holdout)."""
+    from talk_hf.training import data
+
+    names = [name for name, _ in args.lm_text]
+    if len(set(names)) != len(names):
+        parser.error(f"split names repeat: {names}")
+    texts = {name: data.read_lines(path) for name, path in args.lm_text}
+    if args.lm_holdout:
+        if not 0 < args.lm_holdout < 1:
+            parser.error(f"--lm-holdout must be in (0, 1), got {args.lm_holdout}")
+        if "train" not in texts or "valid" in texts:
+            parser.error("--lm-holdout needs a 'train' text and no 'valid' one")
+        lines = texts["train"]
+        cut = round(len(lines) * (1 - args.lm_holdout))
+        texts["train"], texts["valid"] = lines[:cut], lines[cut:]
+    return texts
+
+
+def prepare_lm(args, parser, texts, output):
+    """Tokenizer (no </s> appended by the tokenizer itself) and fixed-size blocks per split of `texts` (from
+    `lm_texts`); -> (tokenizer, per-split counts)."""
+    from transformers import AutoTokenizer
+
+    from talk_hf.tokenization import train_joint_bpe
+    from talk_hf.training import data
+
+    if args.tokenizer is not None:
+        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+    else:
+        missing = [name for name in args.tokenizer_splits if name not in texts]
+        if missing:
+            parser.error(f"--tokenizer-splits {missing} are not among the splits {list(texts)}")
+        corpus = (line for name in args.tokenizer_splits for line in texts[name])
+        tokenizer = train_joint_bpe(corpus, args.vocab_size, lowercase=args.lowercase, add_eos=False,
+                                    min_frequency=args.min_frequency)
+    tokenizer.save_pretrained(output / "tokenizer")
+    counts = {}
+    for name, lines in texts.items():
+        blocks = data.lm_blocks(lines, tokenizer, args.block_size, separator_token_id=tokenizer.eos_token_id)
+        blocks.save_to_disk(str(output / name))
+        total = sum(len(ids) + 1 for ids in tokenizer(lines)["input_ids"])
+        counts[name] = {"lines": len(lines), "blocks": len(blocks), "tokens_total": total,
+                        "tokens_in_blocks": len(blocks) * args.block_size,
+                        "tail_tokens_dropped": total - len(blocks) * args.block_size}
+        logging.getLogger("preprocess").info("%s: %s", name, counts[name])
+    return tokenizer, counts
+
+
 def main(argv=None):
     """Parse the arguments, prepare and save every split; returns the preprocess.json contents (a dict)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.window < 1:
         parser.error("--window must be >= 1")
+    if args.lm_text:
+        text_pair_files(args, parser)  # exits if another kind of input was given too
+        if args.block_size < 1:
+            parser.error("--block-size must be >= 1")
+        if args.window != 1 or args.reverse:
+            parser.error("--window and --reverse apply to translation pairs, not to --lm-text")
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+        texts = lm_texts(args, parser)
+        output = Path(args.output_dir)
+        output.mkdir(parents=True, exist_ok=True)
+        tokenizer, counts = prepare_lm(args, parser, texts, output)
+        return write_summary(args, output, tokenizer, counts)
 
     from transformers import AutoTokenizer
 
@@ -197,6 +277,10 @@ def main(argv=None):
             "num_tokens_max": int(max(num_tokens, default=0)),
         }
         logging.getLogger("preprocess").info("%s: %s", name, counts[name])
+    return write_summary(args, output, tokenizer, counts)
+
+
+def write_summary(args, output, tokenizer, counts):
     summary = {
         "args": vars(args),
         "tokenizer": {"vocab_size": len(tokenizer), "trained_on": None if args.tokenizer else args.tokenizer_splits},

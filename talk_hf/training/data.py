@@ -71,7 +71,7 @@ def _column(ds: datasets.Dataset, name: str) -> list:
     return values if isinstance(values, list) else list(values)
 
 
-def _read_lines(path: str | os.PathLike) -> list[str]:
+def read_lines(path: str | os.PathLike) -> list[str]:
     """All lines of a (possibly gzipped, when the name ends in ``.gz``) UTF-8 file without their line ends.
 
     Universal newlines: ``\n``, ``\r\n`` and ``\r`` end a line; other Unicode line separators (U+2028, U+0085,
@@ -107,7 +107,7 @@ def load_text_pairs(source_file: str | os.PathLike, target_file: str | os.PathLi
         ValueError: the two files have different line counts (both files and counts are named), or a file is not
         valid UTF-8.
     """
-    sources, targets = _read_lines(source_file), _read_lines(target_file)
+    sources, targets = read_lines(source_file), read_lines(target_file)
     if len(sources) != len(targets):
         raise ValueError(
             f"line counts differ: {os.fspath(source_file)} has {len(sources)} lines, "
@@ -150,7 +150,7 @@ def load_tsv_pairs(
         line and the field.
     """
     path = os.fspath(path)
-    lines = _read_lines(path)
+    lines = read_lines(path)
     by_name = any(isinstance(c, str) for c in (source_column, target_column, doc_column) if c is not None)
     if by_name and any(isinstance(c, int) for c in (source_column, target_column, doc_column)):
         raise ValueError(f"{path}: give all columns as names (header) or all as int indices, not a mix")
@@ -215,7 +215,7 @@ def load_json_pairs(
     if doc_key is not None:
         roles["doc_id"] = doc_key
     columns: dict[str, list[str]] = {name: [] for name in roles}
-    for number, line in enumerate(_read_lines(path), start=1):
+    for number, line in enumerate(read_lines(path), start=1):
         if not line.strip():
             continue
         try:

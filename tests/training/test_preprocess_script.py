@@ -153,3 +153,38 @@ def test_input_errors(script, tmp_path):
                              "--vocab-size", "300", "--output-dir", str(tmp_path / "y")],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode != 0 and "preprocess.py: error:" in result.stderr and "doc_id" in result.stderr
+
+
+def test_lm_text_blocks_and_holdout(script, tmp_path):
+    lines = [f"{s} {t}" for s, t in fixture_pairs()]  # 64 lines of German and English words
+    corpus = tmp_path / "corpus.txt.gz"
+    with gzip.open(corpus, "wt", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
+    out = tmp_path / "lm"
+    summary = script.main(["--lm-text", f"train={corpus}", "--lm-holdout", "0.25", "--block-size", "16",
+                           "--vocab-size", "300", "--output-dir", str(out)])
+    counts = summary["splits"]
+    assert counts["train"]["lines"] == 48 and counts["valid"]["lines"] == 16  # the last quarter, by position
+    tok = AutoTokenizer.from_pretrained(out / "tokenizer")
+    assert tok("ein Mann")["input_ids"][-1] != EOS_ID  # LM tokenizer: no </s> appended to a prompt
+    for name in ("train", "valid"):
+        blocks = datasets.load_from_disk(str(out / name))
+        c = counts[name]
+        assert len(blocks) == c["blocks"] > 0 and set(blocks.column_names) == {"input_ids", "labels", "num_tokens"}
+        assert all(len(ids) == 16 for ids in blocks["input_ids"]) and blocks["labels"] == blocks["input_ids"]
+        assert c["tokens_in_blocks"] + c["tail_tokens_dropped"] == c["tokens_total"] and c["tail_tokens_dropped"] < 16
+        # the stream is every line's tokens followed by </s>: decoding the blocks gives the lines back, in order
+        stream = [i for ids in blocks["input_ids"] for i in ids]
+        part = lines[:48] if name == "train" else lines[48:]
+        expected = [i for line in part for i in tok(line)["input_ids"] + [EOS_ID]]
+        assert stream == expected[: len(stream)]
+
+
+def test_lm_input_errors(script, tmp_path):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("a b c\n" * 50, encoding="utf-8")
+    for argv in (["--lm-holdout", "1.5"], ["--window", "2"], ["--block-size", "0"], ["--tsv", f"train={FIXTURE}"],
+                 ["--lm-holdout", "0.1", "--lm-text", f"valid={corpus}"]):
+        with pytest.raises(SystemExit):
+            script.main(["--lm-text", f"train={corpus}", *argv, "--output-dir", str(tmp_path / "x")])
+    assert not (tmp_path / "x").exists()

@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,7 @@ def script(name):
 
 
 @pytest.mark.parametrize("name", ["preprocess", "train", "evaluate", "translate", "average_checkpoints", "demo",
-                                  "benchmark_ops", "results_multi30k"])
+                                  "benchmark_ops", "results_multi30k", "results_doc_zh_en", "results_lm"])
 def test_help(name, capsys):
     with pytest.raises(SystemExit) as exit_info:
         script(name).main(["--help"])
@@ -118,6 +119,44 @@ def test_results_runner_writes_a_table(run, tmp_path, monkeypatch):
     assert [r["model"] for r in rows] == ["talk", "marian"]
     table = (tmp_path / "results.md").read_text()
     assert "| talk |" in table and "| marian |" in table
+
+
+def test_doc_results_runner_scores_every_test_window(tmp_path, monkeypatch):
+    from talk_hf.training import data
+
+    module = script("results_doc_zh_en")
+    load = data.load_wiki_zh_en
+    monkeypatch.setattr(data, "load_wiki_zh_en", lambda split: load(split).select(range(40)))  # 40 lines per split
+    tiny = dict(d_model=16, encoder_layers=1, decoder_layers=1, encoder_ffn_dim=32, decoder_ffn_dim=32,
+                encoder_attention_heads=2, decoder_attention_heads=2)
+    monkeypatch.setattr(module, "MODELS", {name: (kind, {**values, **tiny})
+                                           for name, (kind, values) in module.MODELS.items()})
+    rows = module.main(["--output_dir", str(tmp_path), "--rows", "rfa_doc-gate@3", "marian@1", "--max_steps", "2",
+                        "--max_tokens", "1024", "--vocab_size", "300", "--num_beams", "1"])
+    assert [(r["name"], r["window"]) for r in rows] == [("rfa_doc-gate", 3), ("marian", 1)]
+    assert all(r["test_sentences"] == 40 and r["steps"] == 2 for r in rows)  # every window scored, none dropped
+    windows = json.loads((tmp_path / "data_w3" / "preprocess.json").read_text())
+    assert windows["args"]["tokenizer"].endswith("data_w1/tokenizer")  # one tokenizer for both window sizes
+    assert "| rfa_doc-gate | 3 |" in (tmp_path / "results.md").read_text()
+    with pytest.raises(SystemExit):
+        module.main(["--rows", "transformer@4"])
+
+
+def test_lm_results_runner_reports_perplexity(tmp_path, monkeypatch):
+    module = script("results_lm")
+    tiny = {k: {**v, "d_model": 16, "decoder_layers": 1, "decoder_ffn_dim": 32} for k, v in module.ROWS.items()}
+    tiny["talk_lm"]["decoder_max_offsets"] = [3]
+    monkeypatch.setattr(module, "ROWS", tiny)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(line.replace("\t", " ") for line in FIXTURE.read_text(encoding="utf-8").splitlines(True)),
+                      encoding="utf-8")
+    rows = module.main(["--output_dir", str(tmp_path / "lm"), "--corpus", str(corpus), "--max_steps", "2",
+                        "--max_tokens", "128", "--block_size", "16", "--vocab_size", "200"])
+    assert [r["model"] for r in rows] == ["talk_lm", "gpt2"]
+    for r in rows:
+        assert r["steps"] == 2 and 1 < r["valid_ppl"] < 1e6
+        assert r["valid_ppl"] == pytest.approx(math.exp(r["valid_loss"]))
+    assert "| gpt2 |" in (tmp_path / "lm" / "results.md").read_text()
 
 
 def test_benchmark_script_reports_ratios(tmp_path):

@@ -1,0 +1,123 @@
+#!/usr/bin/env python
+"""The README's document-level zh->en results: RFA-doc with and without the sentential decay gate vs a transformers
+Marian model of the same size, at windows of 1 sentence (sentence level) and 4 sentences (3 sentences of context),
+on the bundled Wikipedia zh-en corpus (data/wiki_zh_en). Same data, same number of updates and tokens per update,
+trained by the same loop; the test score is sacreBLEU of the last sentence of each window (zh2en-test).
+
+    python scripts/results_doc_zh_en.py --output_dir runs/doc_zh_en --max_steps 200
+
+At window 1 there is no separator inside an example, so the gate never fires: the gated and ungated models are the
+same function and only the ungated one is trained. Writes <output_dir>/data_w<N>/ (preprocessed windows; the
+tokenizer is trained once on the sentence-level train split and shared), <output_dir>/<row>/ runs, results.json
+and results.md, printing the table at the end.
+"""
+
+import argparse
+import json
+import platform
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import preprocess  # noqa: E402
+
+from talk_hf.training.loop import TrainConfig  # noqa: E402
+from talk_hf.training.run import train_run  # noqa: E402
+
+SIZE = dict(d_model=256, encoder_layers=3, decoder_layers=3, encoder_ffn_dim=512, decoder_ffn_dim=512,
+            encoder_attention_heads=4, decoder_attention_heads=4, dropout=0.2, attention_dropout=0.1)
+MODELS = {
+    "rfa_doc-gate": ("rfa_doc", dict(SIZE, sentential_gate="decay")),
+    "rfa_doc-nogate": ("rfa_doc", dict(SIZE, sentential_gate="none")),
+    "marian": ("marian", SIZE),
+}
+ROWS = ["rfa_doc-nogate@1", "marian@1", "rfa_doc-gate@4", "rfa_doc-nogate@4", "marian@4"]
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--output_dir", default="runs/doc_zh_en")
+    parser.add_argument("--rows", nargs="+", default=ROWS, help="MODEL@WINDOW with MODEL in " + ", ".join(MODELS))
+    parser.add_argument("--max_steps", type=int, default=200)
+    parser.add_argument("--max_tokens", type=int, default=4096)
+    parser.add_argument("--vocab_size", type=int, default=10000)
+    parser.add_argument("--max_tokens_per_example", type=int, default=1000,
+                        help="drop longer training windows (a dropped test window is an error)")
+    parser.add_argument("--num_beams", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--test_limit", type=int, default=0, help="score only the first N test windows (0: all)")
+    args = parser.parse_args(argv)
+    for row in args.rows:
+        name, _, window = row.partition("@")
+        if name not in MODELS or not window.isdigit() or int(window) < 1:
+            parser.error(f"row {row!r} must be MODEL@WINDOW with MODEL in {list(MODELS)} and WINDOW >= 1")
+    return args
+
+
+def prepare(out, window, vocab_size, max_tokens_per_example):
+    """data_w<window>/ from the bundled corpus; the tokenizer comes from data_w1 (trained there first)."""
+    folder = out / f"data_w{window}"
+    if (folder / "preprocess.json").exists():
+        return folder
+    argv = ["--wiki-zh-en", "--wiki-splits", "train,dev,zh2en-test", "--window", str(window),
+            "--max-tokens-per-example", str(max_tokens_per_example), "--output-dir", str(folder)]
+    if window == 1:
+        argv += ["--vocab-size", str(vocab_size)]
+    else:
+        argv += ["--tokenizer", str(prepare(out, 1, vocab_size, max_tokens_per_example) / "tokenizer")]
+    summary = preprocess.main(argv)
+    if summary["splits"]["zh2en-test"]["dropped"]:
+        raise ValueError(f"{folder}: test windows longer than --max_tokens_per_example={max_tokens_per_example} "
+                         "were dropped; raise the limit so that every window is scored")
+    return folder
+
+
+def max_new_tokens(data_dir):
+    """Room for the longest test reference (window) and then some: a shorter limit would truncate hypotheses."""
+    from talk_hf.training.run import load_prepared
+
+    return int(1.25 * max(len(labels) for labels in load_prepared(data_dir, "zh2en-test")["labels"])) + 8
+
+
+def table(results):
+    lines = ["| model | window | parameters | updates | train minutes | valid loss | zh2en-test BLEU (last sentence) |",
+             "|---|---|---|---|---|---|---|"]
+    for r in results:
+        lines.append(f"| {r['name']} | {r['window']} | {r['parameters'] / 1e6:.2f}M | {r['steps']} | "
+                     f"{r['train_minutes']:.1f} | {r['valid_loss']:.3f} | {r['test_bleu']:.2f} |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    out = Path(args.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    results_path = out / "results.json"
+    results = json.loads(results_path.read_text()) if results_path.exists() else []
+    for row in args.rows:
+        name, _, window = row.partition("@")
+        window = int(window)
+        data_dir = prepare(out, window, args.vocab_size, args.max_tokens_per_example)
+        kind, overrides = MODELS[name]
+        config = TrainConfig(
+            output_dir=str(out / f"{name}-w{window}"), max_tokens=args.max_tokens, max_steps=args.max_steps,
+            learning_rate=1e-3, warmup_steps=min(200, args.max_steps), label_smoothing=0.1,
+            save_every=max(args.max_steps // 6, 1), keep_checkpoints=3, average_last=3, bleu_sentences=0,
+            num_beams=args.num_beams, max_new_tokens=max_new_tokens(data_dir), seed=args.seed,
+        )
+        result = train_run(data_dir, kind, config, overrides=overrides, valid_split="dev", test_split="zh2en-test",
+                           document_level=window > 1, test_limit=args.test_limit)
+        result.update(name=name, window=window, device=f"{platform.machine()} CPU, {torch.get_num_threads()} threads")
+        results = [r for r in results if (r["name"], r["window"]) != (name, window)] + [result]
+        results_path.write_text(json.dumps(results, indent=2) + "\n")
+    (out / "results.md").write_text(table(results) + "\n")
+    print(table(results))
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+#!/usr/bin/env python
+"""The README's language-model row: the TaLK causal LM vs a transformers GPT-2 model of about the same size on the
+bundled tiny Shakespeare (data/tinyshakespeare), same BPE blocks, same number of updates and tokens per update,
+trained by the same loop; the score is perplexity on the held-out last 10% of the text.
+
+    python scripts/results_lm.py --output_dir runs/lm --max_steps 200
+
+Writes <output_dir>/data/ (tokenizer and 128-token blocks), <output_dir>/<model>/ runs, results.json and
+results.md, printing the table at the end.
+"""
+
+import argparse
+import json
+import platform
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import preprocess  # noqa: E402
+
+from talk_hf.training.loop import TrainConfig  # noqa: E402
+from talk_hf.training.run import train_run  # noqa: E402
+
+CORPUS = ROOT / "data" / "tinyshakespeare" / "input.txt.gz"
+SIZE = dict(d_model=256, decoder_layers=4, dropout=0.1)
+ROWS = {
+    # TaLK LM layer: GLU input projection (2 d^2) + output projection (d^2) + offsets, then the FFN
+    "talk_lm": dict(SIZE, decoder_ffn_dim=1024, decoder_heads=4, decoder_max_offsets=[3, 7, 15, 31],
+                    final_layer_norm=True),  # pre-norm layers: normalise before the output projection, as GPT-2 does
+    # GPT-2 layer: attention (4 d^2) then the FFN; a 768-wide FFN brings it to the TaLK model's size
+    "gpt2": dict(SIZE, decoder_ffn_dim=768, decoder_attention_heads=4, attention_dropout=0.1),
+}
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--output_dir", default="runs/lm")
+    parser.add_argument("--corpus", default=str(CORPUS), help="plain-text corpus (default: bundled tiny Shakespeare)")
+    parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
+    parser.add_argument("--max_steps", type=int, default=200)
+    parser.add_argument("--max_tokens", type=int, default=8192, help="tokens per update (64 blocks of 128)")
+    parser.add_argument("--block_size", type=int, default=128)
+    parser.add_argument("--vocab_size", type=int, default=4000)
+    parser.add_argument("--seed", type=int, default=1)
+    return parser.parse_args(argv)
+
+
+def prepare(out, corpus, block_size, vocab_size):
+    folder = out / "data"
+    if not (folder / "preprocess.json").exists():
+        preprocess.main(["--lm-text", f"train={corpus}", "--lm-holdout", "0.1", "--block-size", str(block_size),
+                         "--vocab-size", str(vocab_size), "--output-dir", str(folder)])
+    return folder
+
+
+def table(results):
+    lines = ["| model | parameters | updates | train minutes | held-out loss | held-out perplexity |",
+             "|---|---|---|---|---|---|"]
+    for r in results:
+        lines.append(f"| {r['model']} | {r['parameters'] / 1e6:.2f}M | {r['steps']} | {r['train_minutes']:.1f} | "
+                     f"{r['valid_loss']:.3f} | {r['valid_ppl']:.2f} |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    out = Path(args.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    data_dir = prepare(out, args.corpus, args.block_size, args.vocab_size)
+    results_path = out / "results.json"
+    results = json.loads(results_path.read_text()) if results_path.exists() else []
+    for kind in args.rows:
+        config = TrainConfig(
+            output_dir=str(out / kind), max_tokens=args.max_tokens, max_steps=args.max_steps, learning_rate=1e-3,
+            warmup_steps=min(100, args.max_steps), label_smoothing=0.0, save_every=max(args.max_steps // 3, 1),
+            keep_checkpoints=3, bleu_sentences=0, seed=args.seed,
+        )
+        row = train_run(data_dir, kind, config, overrides=ROWS[kind])
+        row["device"] = f"{platform.machine()} CPU, {torch.get_num_threads()} threads"
+        results = [r for r in results if r["model"] != kind] + [row]
+        results_path.write_text(json.dumps(results, indent=2) + "\n")
+    (out / "results.md").write_text(table(results) + "\n")
+    print(table(results))
+    return results
+
+
+if __name__ == "__main__":
+    main()
