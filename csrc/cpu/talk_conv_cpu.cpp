@@ -1,7 +1,13 @@
-// TaLK convolution on the CPU. One task per (batch, head): build that head's summed-area table in the
-// accumulation type (fp64 for fp64, fp32 otherwise), then read every window from it. Backward scatters into a
-// table of the same shape and finishes with a reverse cumulative sum, so there are no atomics and the
-// reduction order is fixed. Specification: talk_hf/talk_conv.py.
+// TaLK convolution on the CPU. Specification: talk_hf/talk_conv.py.
+//
+// Forward, one fused pass per task = (batch, tile of kTile time steps, head, block of <= kChannelBlock channels):
+// compute the tile's window ends, build the prefix sums of just the rows those windows read (the tile plus its
+// halo, usually max_left + max_right + 1 rows, whatever the offsets) in a small buffer that stays in L1/L2, and
+// read every window from it. x is read about once and the output written once; sums accumulate in the
+// accumulation type (fp64 for fp64, fp32 otherwise) and start at the buffer's first row, so they stay short.
+//
+// Backward, one task per (batch, head): the head's whole summed-area table, a scatter into a table of the same
+// shape and a reverse cumulative sum, so there are no atomics and the reduction order is fixed.
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
@@ -10,6 +16,7 @@
 #include <ATen/ops/empty_like.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "../checks.h"
@@ -50,6 +57,57 @@ WindowEnd<acc_t> right_end(const scalar_t* offset_right, const Dims& d, int64_t 
   return {w.lo + 1, w.hi + 1, w.frac};
 }
 
+// x86-64 builds target the baseline ISA (SSE2); the hot loops also get an AVX2 clone picked at load time.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define TALK_HF_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define TALK_HF_VECTOR_CLONES
+#endif
+
+constexpr int64_t kTile = 128;         // time steps per forward task
+constexpr int64_t kChannelBlock = 64;  // channels per forward task
+
+// Forward of one task: time steps [t0, t1), channels [c0, c0 + nc) of head h. `ends` holds 2 (t1 - t0) window
+// ends, `buf` the prefix sums: buf[(i) * nc + c] = sat[base + i] - sat[base] for the rows [base, top] read.
+template <typename scalar_t, typename acc_t>
+TALK_HF_VECTOR_CLONES void forward_tile(const scalar_t* __restrict__ x, const scalar_t* offset_left, const scalar_t* offset_right,
+                  scalar_t* __restrict__ out, const Dims& d, int64_t b, int64_t h, int64_t t0, int64_t t1,
+                  int64_t c0, int64_t nc, std::vector<WindowEnd<acc_t>>& ends, std::vector<acc_t>& buf) {
+  int64_t base = d.T, top = 0;
+  for (int64_t t = t0; t < t1; ++t) {
+    const WindowEnd<acc_t> l = left_end<scalar_t, acc_t>(offset_left, d, b, t, h);
+    const WindowEnd<acc_t> r = right_end<scalar_t, acc_t>(offset_right, d, b, t, h);
+    ends[2 * (t - t0)] = l;
+    ends[2 * (t - t0) + 1] = r;
+    base = std::min({base, l.lo, r.lo});  // any offsets: a negative one can put l past r
+    top = std::max({top, l.hi, r.hi});
+  }
+  buf.resize((top - base + 1) * nc);
+  acc_t* __restrict__ p = buf.data();
+  for (int64_t c = 0; c < nc; ++c) p[c] = acc_t(0);
+  for (int64_t i = 1; i <= top - base; ++i) {
+    const scalar_t* __restrict__ xi = x + (b * d.T + base + i - 1) * d.C + c0;
+    const acc_t* __restrict__ prev = p + (i - 1) * nc;
+    acc_t* __restrict__ cur = p + i * nc;
+#pragma omp simd
+    for (int64_t c = 0; c < nc; ++c) cur[c] = prev[c] + static_cast<acc_t>(xi[c]);
+  }
+  const acc_t inv_norm = acc_t(1) / static_cast<acc_t>(d.max_left + d.max_right + 1);
+  for (int64_t t = t0; t < t1; ++t) {
+    const WindowEnd<acc_t> l = ends[2 * (t - t0)], r = ends[2 * (t - t0) + 1];
+    const acc_t *__restrict__ llo = p + (l.lo - base) * nc, *__restrict__ lhi = p + (l.hi - base) * nc;
+    const acc_t *__restrict__ rlo = p + (r.lo - base) * nc, *__restrict__ rhi = p + (r.hi - base) * nc;
+    const acc_t lf = l.frac, rf = r.frac;
+    scalar_t* __restrict__ o = out + (b * d.T + t) * d.C + c0;
+#pragma omp simd
+    for (int64_t c = 0; c < nc; ++c) {
+      const acc_t left = llo[c] + lf * (lhi[c] - llo[c]);
+      const acc_t right = rlo[c] + rf * (rhi[c] - rlo[c]);
+      o[c] = static_cast<scalar_t>((right - left) * inv_norm);
+    }
+  }
+}
+
 template <typename scalar_t>
 void forward_kernel(const at::Tensor& x, const at::Tensor& ol, const at::Tensor& orr, at::Tensor& out,
                     const Dims& d) {
@@ -58,24 +116,17 @@ void forward_kernel(const at::Tensor& x, const at::Tensor& ol, const at::Tensor&
   const scalar_t* olp = ol.data_ptr<scalar_t>();
   const scalar_t* orp = d.has_right ? orr.data_ptr<scalar_t>() : nullptr;
   scalar_t* outp = out.data_ptr<scalar_t>();
-  const acc_t inv_norm = acc_t(1) / static_cast<acc_t>(d.max_left + d.max_right + 1);
-  at::parallel_for(0, d.B * d.H, 1, [&](int64_t begin, int64_t end) {
-    std::vector<acc_t> sat((d.T + 1) * d.R);
-    for (int64_t bh = begin; bh < end; ++bh) {
-      const int64_t b = bh / d.H, h = bh % d.H;
-      build_sat(xp, d, b, h, sat.data());
-      for (int64_t t = 0; t < d.T; ++t) {
-        const WindowEnd<acc_t> l = left_end<scalar_t, acc_t>(olp, d, b, t, h);
-        const WindowEnd<acc_t> r = right_end<scalar_t, acc_t>(orp, d, b, t, h);
-        const acc_t *llo = &sat[l.lo * d.R], *lhi = &sat[l.hi * d.R];
-        const acc_t *rlo = &sat[r.lo * d.R], *rhi = &sat[r.hi * d.R];
-        scalar_t* o = outp + (b * d.T + t) * d.C + h * d.R;
-        for (int64_t c = 0; c < d.R; ++c) {
-          const acc_t left = llo[c] + l.frac * (lhi[c] - llo[c]);
-          const acc_t right = rlo[c] + r.frac * (rhi[c] - rlo[c]);
-          o[c] = static_cast<scalar_t>((right - left) * inv_norm);
-        }
-      }
+  const int64_t tiles = (d.T + kTile - 1) / kTile;
+  const int64_t blocks = (d.R + kChannelBlock - 1) / kChannelBlock;
+  at::parallel_for(0, d.B * tiles * d.H * blocks, 1, [&](int64_t begin, int64_t end) {
+    std::vector<WindowEnd<acc_t>> ends(2 * kTile);
+    std::vector<acc_t> buf;
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t block = task % blocks, h = task / blocks % d.H, tile = task / (blocks * d.H) % tiles;
+      const int64_t b = task / (blocks * d.H * tiles);
+      const int64_t t0 = tile * kTile, c_begin = block * kChannelBlock;
+      forward_tile<scalar_t, acc_t>(xp, olp, orp, outp, d, b, h, t0, std::min(d.T, t0 + kTile),
+                                    h * d.R + c_begin, std::min(kChannelBlock, d.R - c_begin), ends, buf);
     }
   });
 }

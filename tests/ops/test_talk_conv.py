@@ -50,6 +50,18 @@ def test_matches_naive_loop(B, T, C, H, max_left, max_right, causal):
     assert_close(ops.talk_conv(x, ol, orr, max_left, mr), expected, name="kernel")
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["encoder", "causal"])
+def test_many_tiles_channel_blocks_and_offsets_beyond_one(causal):
+    """Several time tiles (T=389 > 128) and channel blocks (R=160 > 64), with offsets in [-0.5, 2.5] (offset dropout
+    scales sigmoid outputs past 1): windows reach beyond max_left/max_right and are only clamped at the ends."""
+    g = torch.Generator().manual_seed(12)
+    B, T, C, H = 2, 389, 320, 2
+    x = torch.randn(B, T, C, dtype=torch.float64, generator=g)
+    wild = lambda: torch.rand(B, T, H, dtype=torch.float64, generator=g) * 3 - 0.5  # noqa: E731
+    ol, orr, mr = wild(), (None if causal else wild()), (0 if causal else 9)
+    assert_close(ops.talk_conv(x, ol, orr, 13, mr), ops.talk_conv_ref(x, ol, orr, 13, mr))
+
+
 def test_full_and_empty_windows():
     """Offsets 1: a box filter of width max_left + max_right + 1 truncated at the ends; offsets 0: x / norm."""
     x = torch.randn(2, 20, 6, dtype=torch.float64)

@@ -164,7 +164,7 @@ def test_benchmark_script_reports_ratios(tmp_path):
                                          "--max_offset", "3", "--iters", "3", "--budget", "0.2",
                                          "--output", str(tmp_path / "b.json")])
     saved = json.loads((tmp_path / "b.json").read_text())
-    assert saved["rows"][0]["n"] == 16 and rows[0]["talk_vs_copy"] > 0 and "sdpa_over_talk" in rows[0]
+    assert saved["rows"][0]["n"] == 16 and rows[0]["talk_vs_copy"] > 0 and rows[0]["talk_vs_copy_into"] > 0 and "sdpa_over_talk" in rows[0]
 
 
 from tests.hub_server import local_hub  # noqa: E402,F401  (pytest fixture)
