@@ -25,7 +25,8 @@ def script(name):
 
 
 @pytest.mark.parametrize("name", ["preprocess", "train", "evaluate", "translate", "average_checkpoints", "demo",
-                                  "benchmark_ops", "results_multi30k", "results_doc_zh_en", "results_lm"])
+                                  "benchmark_ops", "benchmark_generation", "results_multi30k", "results_doc_zh_en",
+                                  "results_lm"])
 def test_help(name, capsys):
     with pytest.raises(SystemExit) as exit_info:
         script(name).main(["--help"])
@@ -157,6 +158,23 @@ def test_lm_results_runner_reports_perplexity(tmp_path, monkeypatch):
         assert r["steps"] == 2 and 1 < r["valid_ppl"] < 1e6
         assert r["valid_ppl"] == pytest.approx(math.exp(r["valid_loss"]))
     assert "| gpt2 |" in (tmp_path / "lm" / "results.md").read_text()
+
+
+def test_generation_benchmark_reports_speed_and_cache_sizes(tmp_path, monkeypatch):
+    module = script("benchmark_generation")
+    monkeypatch.setattr(module, "D", 16)
+    monkeypatch.setattr(module, "LAYERS", 1)
+    monkeypatch.setattr(module, "SEQ2SEQ", {**module.SEQ2SEQ, "d_model": 16, "encoder_layers": 1, "decoder_layers": 1,
+                                            "encoder_ffn_dim": 32, "decoder_ffn_dim": 32})
+    rows = module.main(["--lm_tokens", "5", "20", "--windows", "1", "3", "--repeats", "1",
+                        "--output", str(tmp_path / "g.json")])
+    assert [r["kind"] for r in rows] == ["lm", "lm", "translation", "translation", "document", "document"]
+    assert all(r["talk_hf_tokens_per_s"] > 0 and r["baseline_tokens_per_s"] > 0 for r in rows)
+    lm_short, lm_long = rows[0], rows[1]
+    # the recurrent state does not grow with the generated length; GPT-2's key/value cache does
+    assert lm_short["talk_hf_cache_MB"] == lm_long["talk_hf_cache_MB"]
+    assert lm_long["baseline_cache_MB"] > 1.5 * lm_short["baseline_cache_MB"]
+    assert json.loads((tmp_path / "g.json").read_text())["rows"][-1]["new_tokens"] == 72
 
 
 def test_benchmark_script_reports_ratios(tmp_path):

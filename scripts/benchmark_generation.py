@@ -1,0 +1,174 @@
+#!/usr/bin/env python
+"""Generation speed and decoding-state size: talk_hf models (fixed-size recurrent state) vs transformers models of
+the same size (a key/value cache that grows with every token), in one process.
+
+Rows (randomly initialised models: speed does not depend on the weights; every run generates exactly the asked
+number of tokens, `min_new_tokens = max_new_tokens`):
+  lm           TaLK causal LM vs GPT-2: `--lm_tokens` new tokens after a 16-token prompt, batch `--lm_batch`.
+  translation  TaLK encoder-decoder vs Marian: greedy and beam-4 translation of a batch of 32 sources of 24
+               tokens, 32 new tokens each.
+  document     RFA-doc vs Marian at document windows (`--windows`): sources and outputs of 24 tokens per sentence,
+               batches of 8, greedy.
+Reported: new tokens per second (median of `--repeats` runs), the ratio talk_hf / transformers, and the bytes of
+the decoding cache at the end of generation.
+
+    python scripts/benchmark_generation.py --device cpu --lm_tokens 1024 4096 --windows 1 4 8 15
+Writes --output (JSON) and prints a markdown table.
+"""
+
+import argparse
+import json
+import platform
+import statistics
+import time
+
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, MarianConfig, MarianMTModel
+
+from talk_hf import (
+    RfaDocConfig,
+    RfaDocForConditionalGeneration,
+    TalkConfig,
+    TalkForCausalLM,
+    TalkForConditionalGeneration,
+    TalkLMConfig,
+)
+
+VOCAB, D, LAYERS, HEADS = 8000, 256, 3, 4
+IDS = dict(vocab_size=VOCAB, pad_token_id=1, bos_token_id=0, eos_token_id=2)
+SEQ2SEQ = dict(d_model=D, encoder_layers=LAYERS, decoder_layers=LAYERS, encoder_ffn_dim=4 * D, decoder_ffn_dim=4 * D,
+               decoder_attention_heads=HEADS, dropout=0.0, decoder_start_token_id=2, **IDS)
+
+
+def models(kind):
+    """(talk_hf model, transformers baseline) of about the same size, in eval mode."""
+    if kind == "lm":
+        talk = TalkForCausalLM(TalkLMConfig(d_model=D, decoder_layers=LAYERS, decoder_ffn_dim=4 * D, decoder_heads=HEADS,
+                                            decoder_max_offsets=[3, 7, 15, 31, 31, 31][:LAYERS], final_layer_norm=True,
+                                            **IDS))
+        base = GPT2LMHeadModel(GPT2Config(n_embd=D, n_layer=LAYERS, n_head=HEADS, n_inner=3 * D, n_positions=16384,
+                                          **IDS))
+    elif kind == "translation":
+        talk = TalkForConditionalGeneration(TalkConfig(encoder_heads=HEADS, decoder_heads=HEADS,
+                                                       encoder_max_offsets=[3] * LAYERS,
+                                                       decoder_max_offsets=[3] * LAYERS, **SEQ2SEQ))
+        base = marian()
+    else:
+        talk = RfaDocForConditionalGeneration(RfaDocConfig(encoder_attention_heads=HEADS, **SEQ2SEQ))
+        base = marian()
+    return talk.eval(), base.eval()
+
+
+def marian():
+    values = dict(SEQ2SEQ, encoder_attention_heads=HEADS, max_position_embeddings=4096, share_encoder_decoder_embeddings=True)
+    return MarianMTModel(MarianConfig(**values))
+
+
+def cache_bytes(cache):
+    """Bytes of every distinct tensor reachable from a cache object (keys/values, recurrent states)."""
+    seen, total = set(), 0
+
+    def walk(obj, depth):
+        nonlocal total
+        if isinstance(obj, torch.Tensor):
+            if id(obj) not in seen:
+                seen.add(id(obj))
+                total += obj.numel() * obj.element_size()
+        elif depth < 5 and isinstance(obj, (list, tuple)):
+            for item in obj:
+                walk(item, depth + 1)
+        elif depth < 5 and isinstance(obj, dict):
+            for item in obj.values():
+                walk(item, depth + 1)
+        elif depth < 5 and hasattr(obj, "__dict__"):
+            for item in vars(obj).values():
+                walk(item, depth + 1)
+
+    walk(cache, 0)
+    return total
+
+
+@torch.no_grad()
+def timed_generate(model, inputs, new_tokens, repeats, **kwargs):
+    """(median new tokens per second, cache bytes at the end)."""
+    args = dict(inputs, min_new_tokens=new_tokens, max_new_tokens=new_tokens, do_sample=False,
+                return_dict_in_generate=True, **kwargs)
+    out = model.generate(**args)  # warm-up, and the cache size
+    rows = out.sequences.shape[0]
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        model.generate(**args)
+        times.append(time.perf_counter() - start)
+    return rows * new_tokens / statistics.median(times), cache_bytes(out.past_key_values)
+
+
+def compare(name, kind, inputs, new_tokens, repeats, talk, base, **kwargs):
+    talk_tps, talk_bytes = timed_generate(talk, inputs, new_tokens, repeats, **kwargs)
+    base_tps, base_bytes = timed_generate(base, inputs, new_tokens, repeats, **kwargs)
+    row = {"row": name, "kind": kind, "new_tokens": new_tokens, "talk_hf_tokens_per_s": talk_tps,
+           "baseline_tokens_per_s": base_tps, "speedup": talk_tps / base_tps, "talk_hf_cache_MB": talk_bytes / 2**20,
+           "baseline_cache_MB": base_bytes / 2**20}
+    print(f"{name}: {talk_tps:.0f} vs {base_tps:.0f} tokens/s ({row['speedup']:.2f}x), cache "
+          f"{row['talk_hf_cache_MB']:.2f} vs {row['baseline_cache_MB']:.2f} MB", flush=True)
+    return row
+
+
+def source(batch, length, device, generator):
+    ids = torch.randint(5, VOCAB, (batch, length), generator=generator).to(device)
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+
+def run(args):
+    device = torch.device(args.device)
+    g = torch.Generator().manual_seed(0)
+    rows = []
+    talk, base = (m.to(device) for m in models("lm"))
+    for n in args.lm_tokens:
+        prompt = source(args.lm_batch, 16, device, g)
+        rows.append(compare(f"LM {n} new tokens, batch {args.lm_batch} (TaLK LM vs GPT-2)", "lm", prompt, n,
+                            args.repeats, talk, base))
+    talk, base = (m.to(device) for m in models("translation"))
+    sources = source(32, 24, device, g)
+    for beams in (1, 4):
+        rows.append(compare(f"translation, beam {beams}, batch 32 (TaLK vs Marian)", "translation", sources, 32,
+                            args.repeats, talk, base, num_beams=beams))
+    talk, base = (m.to(device) for m in models("document"))
+    for w in args.windows:
+        rows.append(compare(f"document window {w}, batch 8 (RFA-doc vs Marian)", "document",
+                            source(8, 24 * w, device, g), 24 * w, args.repeats, talk, base))
+    return rows
+
+
+def table(rows):
+    lines = ["| row | new tokens | talk_hf tokens/s | transformers tokens/s | speed-up | cache MB (talk_hf / transformers) |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['row']} | {r['new_tokens']} | {r['talk_hf_tokens_per_s']:.0f} | "
+                     f"{r['baseline_tokens_per_s']:.0f} | {r['speedup']:.2f}x | "
+                     f"{r['talk_hf_cache_MB']:.2f} / {r['baseline_cache_MB']:.2f} |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--lm_tokens", type=int, nargs="+", default=[1024])
+    parser.add_argument("--lm_batch", type=int, default=1)
+    parser.add_argument("--windows", type=int, nargs="+", default=[1, 4, 8, 15])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--output", default=None)
+    args = parser.parse_args(argv)
+    torch.manual_seed(0)
+    rows = run(args)
+    print(table(rows))
+    if args.output:
+        meta = {"device": args.device if args.device != "cpu" else f"{platform.machine()} CPU, "
+                f"{torch.get_num_threads()} threads", "torch": torch.__version__, "args": vars(args)}
+        with open(args.output, "w") as f:
+            json.dump({"meta": meta, "rows": rows}, f, indent=2)
+    return rows
+
+
+if __name__ == "__main__":
+    main()
