@@ -105,8 +105,13 @@ def make_scheduler(optimizer, config, total_steps):
     return inverse_sqrt_schedule(optimizer, config.warmup_steps, config.warmup_init_lr)
 
 
+def model_config(model):
+    """The config of a model, also when it is wrapped (DistributedDataParallel under `accelerate launch`)."""
+    return getattr(model, "module", model).config
+
+
 def is_causal_lm(model):
-    return not model.config.is_encoder_decoder
+    return not model_config(model).is_encoder_decoder
 
 
 def lm_collate(examples, pad_token_id):
@@ -122,7 +127,7 @@ def lm_collate(examples, pad_token_id):
 
 
 def make_collator(model):
-    config = model.config
+    config = model_config(model)
     if is_causal_lm(model):
         return lambda examples: lm_collate(examples, config.pad_token_id)
     return Seq2SeqCollator(config.pad_token_id, config.decoder_start_token_id)
@@ -221,6 +226,7 @@ class Trainer:
         path = self.output_dir / "checkpoints" / f"step-{self.state.global_step}"
         self.state.micro_step = self.accelerator.step
         self.accelerator.save_state(str(path))
+        self.accelerator.wait_for_everyone()  # every process has written its part before old ones are removed
         if self.accelerator.is_main_process:
             for old in checkpoints(self.output_dir)[: -self.config.keep_checkpoints]:
                 shutil.rmtree(old)
@@ -309,8 +315,10 @@ class Trainer:
                   desc="training") as progress:
             while not self.done():
                 self.train_epoch(progress)
-        saved = checkpoints(self.output_dir)
-        if not saved or saved[-1].name != f"step-{self.state.global_step}":
+        # decided from the loop state, not from the folder: under `accelerate launch` another process may already
+        # be writing step-N, and every process must take part in the same save
+        c, step = self.config, self.state.global_step
+        if not (c.save_every and step % c.save_every == 0 and step > 0):
             self.save_checkpoint()
         if self.config.average_last:
             averaged = average_checkpoints(checkpoints(self.output_dir)[-self.config.average_last :])

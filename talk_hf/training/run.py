@@ -54,7 +54,8 @@ def train_run(data_dir, kind, train_config, preset=None, config_file=None, overr
     start = time.monotonic()
     final = trainer.train()
     results = {"model": kind, "parameters": count_parameters(model), "train_minutes": (time.monotonic() - start) / 60,
-               "steps": trainer.state.global_step, "valid_loss": final["valid_loss"]}
+               "steps": trainer.state.global_step, "valid_loss": final["valid_loss"],
+               "num_processes": trainer.accelerator.num_processes}
     model = trainer.accelerator.unwrap_model(trainer.model)
     if is_seq2seq and test_split:
         test = load_prepared(data_dir, test_split)

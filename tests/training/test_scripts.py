@@ -3,6 +3,10 @@
 import importlib.util
 import json
 import math
+import os
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -120,6 +124,33 @@ def test_results_runner_writes_a_table(run, tmp_path, monkeypatch):
     assert [r["model"] for r in rows] == ["talk", "marian"]
     table = (tmp_path / "results.md").read_text()
     assert "| talk |" in table and "| marian |" in table
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_accelerate_launch_two_processes(run, tmp_path):
+    """`accelerate launch` with 2 CPU processes (torchrun + gloo; `--cpu` alone would start a single process): the
+    same loop runs data-parallel, and one model and one set of checkpoints are saved."""
+    root, _ = run
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "true"}
+    result = subprocess.run(
+        [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+         "--main_process_port", str(free_port()),
+         "--mixed_precision", "no", "--dynamo_backend", "no", str(ROOT / "scripts" / "train.py"),
+         "--data", str(root / "data"), "--model", "talk", "--set", *TINY, "--output_dir", str(tmp_path / "ddp"),
+         "--max_tokens", "256", "--max_steps", "3", "--save_every", "2", "--warmup_steps", "1",
+         "--bleu_sentences", "0", "--max_new_tokens", "6", "--test_split", "test", "--test_limit", "4"],
+        capture_output=True, text=True, timeout=600, env=env,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    results = json.loads((tmp_path / "ddp" / "eval_results.json").read_text())
+    assert results["num_processes"] == 2 and results["steps"] == 3
+    assert (tmp_path / "ddp" / "model" / "model.safetensors").exists()
+    assert sorted(p.name for p in (tmp_path / "ddp" / "checkpoints").iterdir()) == ["step-2", "step-3"]
 
 
 def test_doc_results_runner_scores_every_test_window(tmp_path, monkeypatch):
