@@ -6,8 +6,10 @@
 // read every window from it. x is read about once and the output written once; sums accumulate in the
 // accumulation type (fp64 for fp64, fp32 otherwise) and start at the buffer's first row, so they stay short.
 //
-// Backward, one task per (batch, head): the head's whole summed-area table, a scatter into a table of the same
-// shape and a reverse cumulative sum, so there are no atomics and the reduction order is fixed.
+// Backward, also one pass per (batch, time tile, head) after one pass that computes every window end: offset
+// gradients from local prefix sums, grad x from a local scatter of the outputs whose windows straddle the tile
+// followed by suffix sums (see backward_tile). Every output element is written by one task: no atomics, and the
+// reduction order is fixed.
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
@@ -29,18 +31,6 @@ struct Dims {
   int64_t B, T, C, H, R, max_left, max_right;
   bool has_right;
 };
-
-// sat[i * R + r] = S_{i-1} of channel r of this head (row 0 is S_{-1} = 0).
-template <typename scalar_t, typename acc_t>
-void build_sat(const scalar_t* x, const Dims& d, int64_t b, int64_t h, acc_t* sat) {
-  for (int64_t r = 0; r < d.R; ++r) sat[r] = acc_t(0);
-  for (int64_t t = 0; t < d.T; ++t) {
-    const scalar_t* xt = x + (b * d.T + t) * d.C + h * d.R;
-    const acc_t* prev = sat + t * d.R;
-    acc_t* cur = sat + (t + 1) * d.R;
-    for (int64_t r = 0; r < d.R; ++r) cur[r] = prev[r] + static_cast<acc_t>(xt[r]);
-  }
-}
 
 template <typename scalar_t, typename acc_t>
 WindowEnd<acc_t> left_end(const scalar_t* offset_left, const Dims& d, int64_t b, int64_t t, int64_t h) {
@@ -64,7 +54,7 @@ WindowEnd<acc_t> right_end(const scalar_t* offset_right, const Dims& d, int64_t 
 #define TALK_HF_VECTOR_CLONES
 #endif
 
-constexpr int64_t kTile = 128;         // time steps per forward task
+constexpr int64_t kTile = 128;         // time steps per task
 constexpr int64_t kChannelBlock = 64;  // channels per forward task
 
 // Forward of one task: time steps [t0, t1), channels [c0, c0 + nc) of head h. `ends` holds 2 (t1 - t0) window
@@ -131,50 +121,124 @@ void forward_kernel(const at::Tensor& x, const at::Tensor& ol, const at::Tensor&
   });
 }
 
+// Rows of the summed-area table that the windows of one (b, h) read, relative to t: [t - before, t + after].
+struct Reach {
+  int64_t before = 0, after = 0;
+};
+
+// Backward of one task: time steps [t0, t1) of head h (all its channels).
+//  - offset gradients of the outputs t in [t0, t1): slopes of the window ends, from prefix sums of the rows their
+//    windows read (as in the forward);
+//  - grad x of the positions j in [t0, t1): grad x_j = sum over table rows i >= j + 1 of the table gradient. An
+//    output whose window rows all lie at or after t1 adds +w and -w to that suffix sum (its two ends' weights each
+//    sum to 1) and one whose rows all lie at or before t0 adds nothing, so only the outputs in
+//    [t0 + 1 - after, t1 - 1 + before] are scattered, into a local table of the rows > t0.
+template <typename scalar_t, typename acc_t>
+TALK_HF_VECTOR_CLONES void backward_tile(const scalar_t* __restrict__ g, const scalar_t* __restrict__ x,
+                                         const WindowEnd<acc_t>* ends, Reach reach, scalar_t* __restrict__ gx,
+                                         scalar_t* gol, scalar_t* gor, const Dims& d, int64_t b, int64_t h,
+                                         int64_t t0, int64_t t1, std::vector<acc_t>& buf) {
+  const acc_t inv_norm = acc_t(1) / static_cast<acc_t>(d.max_left + d.max_right + 1);
+  const int64_t R = d.R, c0 = h * d.R;
+  auto end_at = [&](int64_t t, int side) { return ends[((b * d.T + t) * d.H + h) * 2 + side]; };
+
+  // offset gradients
+  int64_t base = d.T, top = 0;
+  for (int64_t t = t0; t < t1; ++t) {
+    const WindowEnd<acc_t> l = end_at(t, 0), r = end_at(t, 1);
+    base = std::min({base, l.lo, r.lo});
+    top = std::max({top, l.hi, r.hi});
+  }
+  buf.assign((top - base + 1) * R, acc_t(0));
+  acc_t* __restrict__ p = buf.data();
+  for (int64_t i = 1; i <= top - base; ++i) {
+    const scalar_t* __restrict__ xi = x + (b * d.T + base + i - 1) * d.C + c0;
+#pragma omp simd
+    for (int64_t c = 0; c < R; ++c) p[i * R + c] = p[(i - 1) * R + c] + static_cast<acc_t>(xi[c]);
+  }
+  for (int64_t t = t0; t < t1; ++t) {
+    const WindowEnd<acc_t> l = end_at(t, 0), r = end_at(t, 1);
+    const scalar_t* __restrict__ gt = g + (b * d.T + t) * d.C + c0;
+    const acc_t *llo = p + (l.lo - base) * R, *lhi = p + (l.hi - base) * R;
+    const acc_t *rlo = p + (r.lo - base) * R, *rhi = p + (r.hi - base) * R;
+    acc_t slope_left = 0, slope_right = 0;
+#pragma omp simd reduction(+ : slope_left, slope_right)
+    for (int64_t c = 0; c < R; ++c) {
+      const acc_t gv = static_cast<acc_t>(gt[c]) * inv_norm;
+      slope_left += gv * (lhi[c] - llo[c]);
+      slope_right += gv * (rhi[c] - rlo[c]);
+    }
+    gol[(b * d.T + t) * d.H + h] = static_cast<scalar_t>(slope_left * static_cast<acc_t>(d.max_left));
+    if (d.has_right) gor[(b * d.T + t) * d.H + h] = static_cast<scalar_t>(slope_right * static_cast<acc_t>(d.max_right));
+  }
+
+  // grad x: local table gradient of the rows (t0, last]
+  const int64_t first_t = std::max<int64_t>(0, t0 + 1 - reach.after);
+  const int64_t last_t = std::min<int64_t>(d.T - 1, t1 - 1 + reach.before);
+  const int64_t last = std::min<int64_t>(d.T, std::max(t1, last_t + reach.after));  // grad x_{t1-1} reads row t1
+  buf.assign((last - t0) * R, acc_t(0));
+  acc_t* __restrict__ q = buf.data();  // q[(i - t0 - 1) * R + c] for table row i in (t0, last]
+  for (int64_t t = first_t; t <= last_t; ++t) {
+    const WindowEnd<acc_t> l = end_at(t, 0), r = end_at(t, 1);
+    const scalar_t* __restrict__ gt = g + (b * d.T + t) * d.C + c0;
+    const int64_t rows[4] = {l.lo, l.hi, r.lo, r.hi};
+    const acc_t weights[4] = {-(acc_t(1) - l.frac), -l.frac, acc_t(1) - r.frac, r.frac};
+    for (int k = 0; k < 4; ++k) {
+      if (rows[k] <= t0 || weights[k] == acc_t(0)) continue;
+      acc_t* __restrict__ row = q + (rows[k] - t0 - 1) * R;
+      const acc_t w = weights[k] * inv_norm;
+#pragma omp simd
+      for (int64_t c = 0; c < R; ++c) row[c] += w * static_cast<acc_t>(gt[c]);
+    }
+  }
+  for (int64_t i = last - 1; i > t0; --i) {  // suffix sums: row i holds the sum of rows >= i
+    acc_t* __restrict__ row = q + (i - t0 - 1) * R;
+    const acc_t* __restrict__ next = row + R;
+#pragma omp simd
+    for (int64_t c = 0; c < R; ++c) row[c] += next[c];
+  }
+  for (int64_t j = t0; j < t1; ++j) {  // grad x_j = suffix sum at row j + 1
+    const acc_t* __restrict__ row = q + (j - t0) * R;
+    scalar_t* __restrict__ out = gx + (b * d.T + j) * d.C + c0;
+#pragma omp simd
+    for (int64_t c = 0; c < R; ++c) out[c] = static_cast<scalar_t>(row[c]);
+  }
+}
+
 template <typename scalar_t>
 void backward_kernel(const at::Tensor& g, const at::Tensor& x, const at::Tensor& ol, const at::Tensor& orr,
                      at::Tensor& gx, at::Tensor& gol, at::Tensor& gor, const Dims& d) {
   using acc_t = at::opmath_type<scalar_t>;
-  const scalar_t* gp = g.data_ptr<scalar_t>();
-  const scalar_t* xp = x.data_ptr<scalar_t>();
   const scalar_t* olp = ol.data_ptr<scalar_t>();
   const scalar_t* orp = d.has_right ? orr.data_ptr<scalar_t>() : nullptr;
-  scalar_t* gxp = gx.data_ptr<scalar_t>();
-  scalar_t* golp = gol.data_ptr<scalar_t>();
-  scalar_t* gorp = d.has_right ? gor.data_ptr<scalar_t>() : nullptr;
-  const acc_t inv_norm = acc_t(1) / static_cast<acc_t>(d.max_left + d.max_right + 1);
+  // every window end once, and how far each (b, h)'s windows reach
+  std::vector<WindowEnd<acc_t>> ends(d.B * d.T * d.H * 2);
+  std::vector<Reach> reach(d.B * d.H);
   at::parallel_for(0, d.B * d.H, 1, [&](int64_t begin, int64_t end) {
-    std::vector<acc_t> sat((d.T + 1) * d.R), gsat((d.T + 1) * d.R);
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / d.H, h = bh % d.H;
-      build_sat(xp, d, b, h, sat.data());
-      std::fill(gsat.begin(), gsat.end(), acc_t(0));
+      Reach& rc = reach[bh];
       for (int64_t t = 0; t < d.T; ++t) {
         const WindowEnd<acc_t> l = left_end<scalar_t, acc_t>(olp, d, b, t, h);
         const WindowEnd<acc_t> r = right_end<scalar_t, acc_t>(orp, d, b, t, h);
-        const scalar_t* gt = gp + (b * d.T + t) * d.C + h * d.R;
-        acc_t slope_left = 0, slope_right = 0;
-        for (int64_t c = 0; c < d.R; ++c) {
-          const acc_t gv = static_cast<acc_t>(gt[c]) * inv_norm;
-          gsat[l.lo * d.R + c] -= (acc_t(1) - l.frac) * gv;
-          gsat[l.hi * d.R + c] -= l.frac * gv;
-          gsat[r.lo * d.R + c] += (acc_t(1) - r.frac) * gv;
-          gsat[r.hi * d.R + c] += r.frac * gv;
-          slope_left += gv * (sat[l.hi * d.R + c] - sat[l.lo * d.R + c]);
-          slope_right += gv * (sat[r.hi * d.R + c] - sat[r.lo * d.R + c]);
-        }
-        golp[(b * d.T + t) * d.H + h] = static_cast<scalar_t>(slope_left * static_cast<acc_t>(d.max_left));
-        if (d.has_right)
-          gorp[(b * d.T + t) * d.H + h] = static_cast<scalar_t>(slope_right * static_cast<acc_t>(d.max_right));
+        ends[((b * d.T + t) * d.H + h) * 2] = l;
+        ends[((b * d.T + t) * d.H + h) * 2 + 1] = r;
+        rc.before = std::max({rc.before, t - l.lo, t - r.lo});
+        rc.after = std::max({rc.after, l.hi - t, r.hi - t});
       }
-      // grad x_j = sum of gsat rows i >= j + 1 (row 0 belongs to the constant S_{-1}).
-      for (int64_t c = 0; c < d.R; ++c) {
-        acc_t running = 0;
-        for (int64_t j = d.T - 1; j >= 0; --j) {
-          running += gsat[(j + 1) * d.R + c];
-          gxp[(b * d.T + j) * d.C + h * d.R + c] = static_cast<scalar_t>(running);
-        }
-      }
+    }
+  });
+  const int64_t tiles = (d.T + kTile - 1) / kTile;
+  const scalar_t *gp = g.data_ptr<scalar_t>(), *xp = x.data_ptr<scalar_t>();
+  scalar_t *gxp = gx.data_ptr<scalar_t>(), *golp = gol.data_ptr<scalar_t>();
+  scalar_t* gorp = d.has_right ? gor.data_ptr<scalar_t>() : nullptr;
+  at::parallel_for(0, d.B * tiles * d.H, 1, [&](int64_t begin, int64_t end) {
+    std::vector<acc_t> buf;
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t h = task % d.H, tile = task / d.H % tiles, b = task / (d.H * tiles);
+      const int64_t t0 = tile * kTile;
+      backward_tile<scalar_t, acc_t>(gp, xp, ends.data(), reach[b * d.H + h], gxp, golp, gorp, d, b, h, t0,
+                                     std::min(d.T, t0 + kTile), buf);
     }
   });
 }

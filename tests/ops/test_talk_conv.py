@@ -52,14 +52,21 @@ def test_matches_naive_loop(B, T, C, H, max_left, max_right, causal):
 
 @pytest.mark.parametrize("causal", [False, True], ids=["encoder", "causal"])
 def test_many_tiles_channel_blocks_and_offsets_beyond_one(causal):
-    """Several time tiles (T=389 > 128) and channel blocks (R=160 > 64), with offsets in [-0.5, 2.5] (offset dropout
-    scales sigmoid outputs past 1): windows reach beyond max_left/max_right and are only clamped at the ends."""
+    """Outputs and gradients over several time tiles (T=389 > 128) and channel blocks (R=160 > 64), with offsets in
+    [-0.5, 2.5] (offset dropout scales sigmoid outputs past 1): windows reach beyond max_left/max_right, a left end
+    can pass the right one, and only the sequence ends clamp them."""
     g = torch.Generator().manual_seed(12)
     B, T, C, H = 2, 389, 320, 2
     x = torch.randn(B, T, C, dtype=torch.float64, generator=g)
     wild = lambda: torch.rand(B, T, H, dtype=torch.float64, generator=g) * 3 - 0.5  # noqa: E731
     ol, orr, mr = wild(), (None if causal else wild()), (0 if causal else 9)
-    assert_close(ops.talk_conv(x, ol, orr, 13, mr), ops.talk_conv_ref(x, ol, orr, 13, mr))
+    inputs = (x, ol) if causal else (x, ol, orr)
+    call = lambda fn: lambda x, ol, orr=None: fn(x, ol, orr, 13, mr)  # noqa: E731
+    out, got = grads(call(ops.talk_conv), *inputs)
+    expected, want = grads(call(ops.talk_conv_ref), *inputs)
+    assert_close(out, expected)
+    for name, a, b in zip(["x", "offset_left", "offset_right"], got, want):
+        assert_close(a, b, name=f"grad {name}")
 
 
 def test_full_and_empty_windows():
