@@ -35,7 +35,7 @@ MODELS = {
     "rfa_doc-nogate": ("rfa_doc", dict(SIZE, sentential_gate="none")),
     "marian": ("marian", SIZE),
 }
-ROWS = ["rfa_doc-nogate@1", "marian@1", "rfa_doc-gate@4", "rfa_doc-nogate@4", "marian@4"]
+ROWS = ["rfa_doc-gate@4", "rfa_doc-nogate@4", "marian@4", "rfa_doc-nogate@1", "marian@1"]
 
 
 def parse_args(argv=None):
@@ -47,7 +47,8 @@ def parse_args(argv=None):
     parser.add_argument("--vocab_size", type=int, default=10000)
     parser.add_argument("--max_tokens_per_example", type=int, default=1000,
                         help="drop longer training windows (a dropped test window is an error)")
-    parser.add_argument("--num_beams", type=int, default=4)
+    parser.add_argument("--warmup_steps", type=int, default=50)
+    parser.add_argument("--num_beams", type=int, default=1, help="beam size at test time (default: greedy)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--test_limit", type=int, default=0, help="score only the first N test windows (0: all)")
     args = parser.parse_args(argv)
@@ -105,7 +106,7 @@ def main(argv=None):
         kind, overrides = MODELS[name]
         config = TrainConfig(
             output_dir=str(out / f"{name}-w{window}"), max_tokens=args.max_tokens, max_steps=args.max_steps,
-            learning_rate=1e-3, warmup_steps=min(200, args.max_steps), label_smoothing=0.1,
+            learning_rate=1e-3, warmup_steps=min(args.warmup_steps, args.max_steps), label_smoothing=0.1,
             save_every=max(args.max_steps // 6, 1), keep_checkpoints=3, average_last=3, bleu_sentences=0,
             num_beams=args.num_beams, max_new_tokens=max_new_tokens(data_dir), seed=args.seed,
         )
