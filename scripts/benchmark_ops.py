@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Benchmark the token mixers against their baselines, in one process (ratios, not absolute claims).
 
-For each sequence length: TaLK (compiled), TaLK reference, DynamicConv k=3 and k=31 (compiled), and
+For each sequence length: TaLK (compiled), TaLK reference, DynamicConv k=3 and k=31 (compiled), causal RFA with a
+decay gate (compiled, and its pure-PyTorch chunked form; F = 64 random features per head, values from x), and
 torch.nn.functional.scaled_dot_product_attention, forward and forward+backward; plus two copies of the input, the
 memory floor of a one-pass op: `x.clone()` (allocates its output, as every op here does; on CPU a large fresh
 allocation pays its page faults) and `out.copy_(x)` into a buffer allocated once (the bandwidth floor alone). Median of timed iterations after warm-up (CUDA events on GPU).
@@ -57,11 +58,17 @@ def cases(x, heads, max_offset):
     def qkv():
         return x.view(B, T, heads, C // heads).transpose(1, 2)
 
+    proj = ops.rfa_random_projection(heads, 32, C // heads, generator=g).to(x.device)
+    phi = ops.rfa_feature_map(torch.randn(B, T, heads, C // heads, generator=g).to(x.device), proj)
+    decay = torch.where(torch.rand(B, T, 1, generator=g) < 0.05, 0.9, 1.0).expand(B, T, heads).to(phi)
+
     return {
         "talk": lambda: ops.talk_conv(x, ol, orr, max_offset, max_offset),
         "talk_ref": lambda: ops.talk_conv_ref(x, ol, orr, max_offset, max_offset),
         "dynamic_conv_k3": lambda: ops.dynamic_conv(x, w3, 1),
         "dynamic_conv_k31": lambda: ops.dynamic_conv(x, w31, 15),
+        "rfa": lambda: ops.rfa_causal(phi, phi, x.view(B, T, heads, C // heads), decay)[0],
+        "rfa_chunked": lambda: ops.rfa_causal_chunked(phi, phi, x.view(B, T, heads, C // heads), decay)[0],
         "sdpa": lambda: F.scaled_dot_product_attention(qkv(), qkv(), qkv()),
     }
 
@@ -72,14 +79,15 @@ def measure(args, T):
     row = {"n": T, "copy_ms": 1e3 * timer(lambda: x.clone(), device, args.warmup, args.iters, args.budget)}
     buffer = torch.empty_like(x)
     row["copy_into_ms"] = 1e3 * timer(lambda: buffer.copy_(x), device, args.warmup, args.iters, args.budget)
+    xg = x.detach().requires_grad_()
+    with_grad = cases(xg, args.heads, args.max_offset)  # inputs built once, outside the timed calls
     for name, fn in cases(x, args.heads, args.max_offset).items():
         if name == "sdpa" and T > args.max_sdpa_length:
             continue
         row[f"{name}_fwd_ms"] = 1e3 * timer(fn, device, args.warmup, args.iters, args.budget)
-        xg = x.detach().requires_grad_()
 
         def fwd_bwd():
-            out = dict(cases(xg, args.heads, args.max_offset))[name]()
+            out = with_grad[name]()
             out.backward(torch.ones_like(out))
 
         row[f"{name}_fwdbwd_ms"] = 1e3 * timer(fwd_bwd, device, 1, args.iters, args.budget)
@@ -92,12 +100,14 @@ def measure(args, T):
         row["sdpa_over_talk"] = row["sdpa_fwd_ms"] / row["talk_fwd_ms"]
     row["dynamic_conv_k31_over_talk"] = row["dynamic_conv_k31_fwd_ms"] / row["talk_fwd_ms"]
     row["ref_over_talk"] = row["talk_ref_fwd_ms"] / row["talk_fwd_ms"]
+    row["rfa_chunked_over_rfa"] = row["rfa_chunked_fwd_ms"] / row["rfa_fwd_ms"]
     return row
 
 
 def table(rows):
     cols = ["n", "copy_ms", "copy_into_ms", "talk_fwd_ms", "talk_ref_fwd_ms", "dynamic_conv_k3_fwd_ms", "dynamic_conv_k31_fwd_ms",
-            "sdpa_fwd_ms", "talk_fwdbwd_ms", "sdpa_fwdbwd_ms", "talk_vs_copy", "talk_vs_copy_into", "sdpa_over_talk"]
+            "rfa_fwd_ms", "rfa_chunked_fwd_ms", "sdpa_fwd_ms", "talk_fwdbwd_ms", "rfa_fwdbwd_ms",
+            "rfa_chunked_fwdbwd_ms", "sdpa_fwdbwd_ms", "talk_vs_copy", "talk_vs_copy_into", "sdpa_over_talk"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         lines.append("| " + " | ".join(f"{r[c]:.3g}" if isinstance(r.get(c), float) else str(r.get(c, "-")) for c in cols) + " |")
