@@ -4,7 +4,7 @@ Marian model of the same size, at windows of 1 sentence (sentence level) and 4 s
 on the bundled Wikipedia zh-en corpus (data/wiki_zh_en). Same data, same number of updates and tokens per update,
 trained by the same loop; the test score is sacreBLEU of the last sentence of each window (zh2en-test).
 
-    python scripts/results_doc_zh_en.py --output_dir runs/doc_zh_en --max_steps 200
+    python scripts/results_doc_zh_en.py --output_dir runs/doc_zh_en --max_steps 120
 
 At window 1 there is no separator inside an example, so the gate never fires: the gated and ungated models are the
 same function and only the ungated one is trained. Writes <output_dir>/data_w<N>/ (preprocessed windows; the
@@ -42,12 +42,12 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--output_dir", default="runs/doc_zh_en")
     parser.add_argument("--rows", nargs="+", default=ROWS, help="MODEL@WINDOW with MODEL in " + ", ".join(MODELS))
-    parser.add_argument("--max_steps", type=int, default=200)
+    parser.add_argument("--max_steps", type=int, default=120)
     parser.add_argument("--max_tokens", type=int, default=4096)
     parser.add_argument("--vocab_size", type=int, default=10000)
     parser.add_argument("--max_tokens_per_example", type=int, default=1000,
                         help="drop longer training windows (a dropped test window is an error)")
-    parser.add_argument("--warmup_steps", type=int, default=50)
+    parser.add_argument("--warmup_steps", type=int, default=30)
     parser.add_argument("--num_beams", type=int, default=1, help="beam size at test time (default: greedy)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--test_limit", type=int, default=0, help="score only the first N test windows (0: all)")

@@ -3,7 +3,7 @@
 bundled tiny Shakespeare (data/tinyshakespeare), same BPE blocks, same number of updates and tokens per update,
 trained by the same loop; the score is perplexity on the held-out last 10% of the text.
 
-    python scripts/results_lm.py --output_dir runs/lm --max_steps 200
+    python scripts/results_lm.py --output_dir runs/lm --max_steps 150
 
 Writes <output_dir>/data/ (tokenizer and 128-token blocks), <output_dir>/<model>/ runs, results.json and
 results.md, printing the table at the end.
@@ -41,7 +41,7 @@ def parse_args(argv=None):
     parser.add_argument("--output_dir", default="runs/lm")
     parser.add_argument("--corpus", default=str(CORPUS), help="plain-text corpus (default: bundled tiny Shakespeare)")
     parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
-    parser.add_argument("--max_steps", type=int, default=200)
+    parser.add_argument("--max_steps", type=int, default=150)
     parser.add_argument("--max_tokens", type=int, default=8192, help="tokens per update (64 blocks of 128)")
     parser.add_argument("--block_size", type=int, default=128)
     parser.add_argument("--vocab_size", type=int, default=4000)
