@@ -42,6 +42,7 @@ def parse_args(argv=None):
     parser.add_argument("--corpus", default=str(CORPUS), help="plain-text corpus (default: bundled tiny Shakespeare)")
     parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
     parser.add_argument("--max_steps", type=int, default=150)
+    parser.add_argument("--warmup_steps", type=int, default=40)
     parser.add_argument("--max_tokens", type=int, default=8192, help="tokens per update (64 blocks of 128)")
     parser.add_argument("--block_size", type=int, default=128)
     parser.add_argument("--vocab_size", type=int, default=4000)
@@ -76,7 +77,7 @@ def main(argv=None):
     for kind in args.rows:
         config = TrainConfig(
             output_dir=str(out / kind), max_tokens=args.max_tokens, max_steps=args.max_steps, learning_rate=1e-3,
-            warmup_steps=min(100, args.max_steps), label_smoothing=0.0, save_every=max(args.max_steps // 3, 1),
+            warmup_steps=min(args.warmup_steps, args.max_steps), label_smoothing=0.0, save_every=max(args.max_steps // 3, 1),
             keep_checkpoints=3, bleu_sentences=0, seed=args.seed,
         )
         row = train_run(data_dir, kind, config, overrides=ROWS[kind])
