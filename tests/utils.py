@@ -34,7 +34,7 @@ def grads(fn, *inputs):
     """Output and gradients of sum(out * fixed random weights) w.r.t. every input."""
     inputs = [t.detach().clone().requires_grad_() for t in inputs]
     out = fn(*inputs)
-    weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(123), dtype=torch.float64)
+    weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(123), dtype=torch.float64).to(out.device)
     (out.double() * weights).sum().backward()
     return out.detach(), [t.grad for t in inputs]
 

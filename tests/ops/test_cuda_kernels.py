@@ -1,0 +1,120 @@
+"""The CUDA kernels against the references, on a GPU (scripts/gpu_check.sh runs this file, then compute-sanitizer
+over its `small` tests). Without a CUDA device there is nothing to run these kernels on and the module is skipped;
+with one, the extension must have been built with its CUDA kernels (otherwise the first test fails).
+
+Each case runs the op on CUDA in float64 (and fp32/bf16 where noted) and compares outputs and gradients with the
+pure-PyTorch reference on the CPU by relative error (tests/utils.py tolerances)."""
+
+import pytest
+import torch
+
+from talk_hf import ops
+from talk_hf.rfa import rfa_causal_chunked
+from tests.utils import REL_TOL, assert_close, grads, offsets, rel_err
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+CUDA = torch.device("cuda")
+
+
+def on(device, *tensors):
+    return [None if t is None else t.to(device) for t in tensors]
+
+
+def test_extension_has_cuda_kernels():
+    assert "cuda" in ops.compiled_devices(), "talk_hf._C was built without CUDA kernels (needs nvcc and CUDA torch)"
+    assert ops.backend("cuda") == "compiled"
+
+
+TALK_CASES = [  # B, T, C, H, max_left, max_right; "small" ones also run under compute-sanitizer
+    pytest.param(2, 13, 6, 3, 3, 4, id="small-T13"),
+    pytest.param(1, 1, 4, 2, 2, 2, id="small-T1"),
+    pytest.param(3, 5, 8, 8, 15, 15, id="small-T<window-H=C"),
+    pytest.param(2, 389, 320, 2, 13, 9, id="T389-R160"),
+    pytest.param(1, 10_000, 64, 4, 31, 31, id="T10000"),
+]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["encoder", "causal"])
+@pytest.mark.parametrize("B,T,C,H,max_left,max_right", TALK_CASES)
+def test_talk_conv_matches_reference(B, T, C, H, max_left, max_right, causal):
+    g = torch.Generator().manual_seed(T + C)
+    x = torch.randn(B, T, C, dtype=torch.float64, generator=g)
+    ol = offsets(B, T, H, generator=g) * 1.5  # past 1, as offset dropout makes them
+    orr, mr = (None, 0) if causal else (offsets(B, T, H, generator=g), max_right)
+    inputs = (x, ol) if causal else (x, ol, orr)
+    call = lambda fn: lambda x, ol, orr=None: fn(x, ol, orr, max_left, mr)  # noqa: E731
+    expected, want = grads(call(ops.talk_conv_ref), *inputs)
+    out, got = grads(call(ops.talk_conv), *on(CUDA, *inputs))
+    assert_close(out.cpu(), expected)
+    for name, a, b in zip(["x", "offset_left", "offset_right"], got, want):
+        assert_close(a.cpu(), b, name=f"grad {name}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_talk_conv_low_precision(dtype):
+    g = torch.Generator().manual_seed(3)
+    x, ol, orr = torch.randn(2, 3000, 64, generator=g), offsets(2, 3000, 4, generator=g), offsets(2, 3000, 4, generator=g)
+    x, ol, orr = x.to(dtype), ol.to(dtype), orr.to(dtype)
+    expected = ops.talk_conv_ref(x.double(), ol.double(), orr.double(), 31, 31)
+    out = ops.talk_conv(*on(CUDA, x, ol, orr), 31, 31)
+    assert out.dtype == dtype and rel_err(out.cpu(), expected) <= REL_TOL[dtype]
+
+
+CONV_CASES = [pytest.param(2, 11, 6, 3, 3, 1, id="small-K3"), pytest.param(1, 7, 4, 4, 9, 8, id="small-K>T"),
+              pytest.param(2, 500, 96, 8, 31, 15, id="K31"), pytest.param(1, 50, 8, 2, 1, -3, id="small-K1-P<0")]
+
+
+@pytest.mark.parametrize("B,T,C,H,K,P", CONV_CASES)
+def test_dynamic_conv_matches_reference(B, T, C, H, K, P):
+    g = torch.Generator().manual_seed(K * T)
+    x = torch.randn(B, T, C, dtype=torch.float64, generator=g)
+    w = torch.randn(B, T, H, K, dtype=torch.float64, generator=g).softmax(-1)
+    expected, want = grads(lambda x, w: ops.dynamic_conv_ref(x, w, P), x, w)
+    out, got = grads(lambda x, w: ops.dynamic_conv(x, w, P), *on(CUDA, x, w))
+    assert_close(out.cpu(), expected)
+    for name, a, b in zip(["x", "weight"], got, want):
+        assert_close(a.cpu(), b, name=f"grad {name}")
+
+
+def features(B, T, H, F, g, dtype=torch.float64):
+    proj = ops.rfa_random_projection(H, F // 2, 8, generator=g, dtype=dtype)
+    return ops.rfa_feature_map(torch.randn(B, T, H, 8, generator=g, dtype=dtype), proj)
+
+
+RFA_CASES = [pytest.param(2, 1, 2, 8, 4, 64, id="small-T1"), pytest.param(1, 29, 3, 6, 5, 4, id="small-T29-chunk4"),
+             pytest.param(2, 300, 4, 64, 64, 64, id="T300-F64-d64")]
+
+
+@pytest.mark.parametrize("B,T,H,F,d,chunk", RFA_CASES)
+def test_rfa_causal_matches_reference(B, T, H, F, d, chunk):
+    g = torch.Generator().manual_seed(T + F)
+    q, k = features(B, T, H, F, g), features(B, T, H, F, g)
+    v = torch.randn(B, T, H, d, generator=g, dtype=torch.float64)
+    sep = torch.rand(B, T, 1, generator=g) < 0.2
+    decay = torch.where(sep, torch.rand(B, T, H, generator=g, dtype=torch.float64), torch.ones(B, T, H, dtype=torch.float64))
+    initial = 0.1 * torch.randn(B, H, F, d + 1, generator=g, dtype=torch.float64)
+
+    def run(fn, *inputs):
+        inputs = [t.detach().clone().requires_grad_() for t in inputs]
+        out, state = fn(*inputs)
+        w = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64).to(out.device)
+        ((out * w).sum() + state.sum()).backward()
+        return [out.detach().cpu(), state.detach().cpu()] + [t.grad.cpu() for t in inputs]
+
+    expected = run(ops.rfa_causal_ref, q, k, v, decay, initial)
+    got = run(lambda *a: ops.rfa_causal(*a, chunk_size=chunk), *on(CUDA, q, k, v, decay, initial))
+    for name, a, b in zip(["out", "state", "q", "k", "v", "decay", "initial"], got, expected):
+        assert_close(a, b, name=name)
+    chunked = rfa_causal_chunked(*on(CUDA, q, k, v, decay, initial), chunk_size=chunk)[0]
+    assert_close(chunked.cpu(), expected[0], name="chunked form on CUDA")
+
+
+def test_opcheck_on_cuda():
+    x, ol, orr = torch.randn(2, 9, 6, device=CUDA), torch.rand(2, 9, 3, device=CUDA), torch.rand(2, 9, 3, device=CUDA)
+    torch.library.opcheck(torch.ops.talk_hf.talk_conv_fwd.default, (x.requires_grad_(), ol, orr, 3, 2))
+    w = torch.rand(2, 9, 3, 4, device=CUDA).softmax(-1)
+    torch.library.opcheck(torch.ops.talk_hf.dynamic_conv_fwd.default, (x, w.requires_grad_(), 2))
+    g = torch.Generator().manual_seed(0)
+    q = features(2, 9, 2, 4, g, torch.float32).to(CUDA)
+    v = torch.randn(2, 9, 2, 3, device=CUDA)
+    torch.library.opcheck(torch.ops.talk_hf.rfa_causal_fwd.default, (q.requires_grad_(), q, v, None, None, 0.1, 4))
