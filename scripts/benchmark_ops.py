@@ -8,6 +8,9 @@ memory floor of a one-pass op: `x.clone()` (allocates its output, as every op he
 allocation pays its page faults) and `out.copy_(x)` into a buffer allocated once (the bandwidth floor alone). Median of timed iterations after warm-up (CUDA events on GPU).
 
     python scripts/benchmark_ops.py --device cpu --batch 4 --channels 512 --heads 8 --lengths 256 1024 4096
+    # CPU, steady-state allocations (freed memory stays mapped, as in a training loop: no first-touch page faults)
+    GLIBC_TUNABLES=glibc.malloc.mmap_threshold=4294967295:glibc.malloc.trim_threshold=4294967295 \
+        python scripts/benchmark_ops.py --device cpu ...
     python scripts/benchmark_ops.py --device cuda --batch 10 --channels 1024 --heads 16 --lengths 10 100 1000 10000 \
         --dtype bfloat16
 Writes --output (JSON) and prints a markdown table.
@@ -15,6 +18,7 @@ Writes --output (JSON) and prints a markdown table.
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import time
@@ -67,7 +71,7 @@ def cases(x, heads, max_offset):
         "talk_ref": lambda: ops.talk_conv_ref(x, ol, orr, max_offset, max_offset),
         "dynamic_conv_k3": lambda: ops.dynamic_conv(x, w3, 1),
         "dynamic_conv_k31": lambda: ops.dynamic_conv(x, w31, 15),
-        "rfa": lambda: ops.rfa_causal(phi, phi, x.view(B, T, heads, C // heads), decay)[0],
+        "rfa": lambda: ops.rfa_causal_compiled(phi, phi, x.view(B, T, heads, C // heads), decay)[0],
         "rfa_chunked": lambda: ops.rfa_causal_chunked(phi, phi, x.view(B, T, heads, C // heads), decay)[0],
         "sdpa": lambda: F.scaled_dot_product_attention(qkv(), qkv(), qkv()),
     }
@@ -133,7 +137,8 @@ def main(argv=None):
         raise SystemExit(f"no compiled kernels for {args.device}: build the extension first")
     env = {"device": args.device, "torch": torch.__version__, "threads": torch.get_num_threads(),
            "cpu": platform.processor() or platform.machine(),
-           "gpu": torch.cuda.get_device_name() if args.device == "cuda" else None, **vars(args)}
+           "gpu": torch.cuda.get_device_name() if args.device == "cuda" else None,
+           "glibc_tunables": os.environ.get("GLIBC_TUNABLES"), **vars(args)}
     rows = [measure(args, T) for T in args.lengths]
     print(json.dumps(env))
     print(table(rows))

@@ -16,6 +16,7 @@ from .dynamic_conv import (
 from .rfa import (
     rfa_causal,
     rfa_causal_chunked,
+    rfa_causal_compiled,
     rfa_causal_ref,
     rfa_cross,
     rfa_cross_ref,
@@ -44,6 +45,7 @@ __all__ = [
     "light_conv",
     "rfa_causal",
     "rfa_causal_chunked",
+    "rfa_causal_compiled",
     "rfa_causal_ref",
     "rfa_cross",
     "rfa_cross_ref",

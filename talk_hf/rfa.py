@@ -22,7 +22,7 @@ import math
 
 import torch
 
-from .backend import _kernels, use_kernels
+from .backend import _kernels, backend, compiled_devices, use_kernels
 from .checks import accumulation_dtype, check_float_tensor, check_int
 
 DEFAULT_EPS = 0.1
@@ -135,18 +135,40 @@ def rfa_causal_ref(q, k, v, decay=None, initial_state=None, eps=DEFAULT_EPS):
 
 
 def rfa_causal(q, k, v, decay=None, initial_state=None, eps=DEFAULT_EPS, chunk_size=64):
-    """Causal RFA (training, prefill and decoding steps): the compiled kernel when built for q's device, else
-    `rfa_causal_chunked`; the same function as `rfa_causal_ref`.
+    """Causal RFA (training, prefill and decoding steps); the same function as `rfa_causal_ref`.
+
+    Without gradients (prefill, decoding) it runs the compiled recurrence kernel when one is built for q's device;
+    when gradients flow it runs the chunked form, whose matrix products make forward + backward faster than the
+    recurrence kernels on CPU (csrc/PERF_NOTES.md). `rfa_causal_compiled` and `rfa_causal_chunked` pick one.
 
     q, k: (B, T, H, F) features; v: (B, T, H, d); decay: (B, T, H) factors in [0, 1] or None;
-    initial_state: (B, H, F, d + 1) or None; chunk_size: steps per chunk (the kernel keeps one state per chunk for
-    its backward) -> (out (B, T, H, d) in v's dtype, final state (B, H, F, d + 1)). Differentiable w.r.t. q, k, v,
-    decay and initial_state.
+    initial_state: (B, H, F, d + 1) or None; chunk_size: steps per chunk (of the matmul form, or between the
+    kernel's saved states) -> (out (B, T, H, d) in v's dtype, final state (B, H, F, d + 1)). Differentiable w.r.t.
+    q, k, v, decay and initial_state.
     """
     _check_attention_args(q, k, v, decay, initial_state)
     check_int("chunk_size", chunk_size, minimum=1)
-    if not use_kernels(q):
-        return _rfa_causal_chunked(q, k, v, decay, initial_state, eps, chunk_size)
+    needs_grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (q, k, v, decay, initial_state)
+    )
+    if not needs_grad and use_kernels(q):
+        return _rfa_causal_compiled(q, k, v, decay, initial_state, eps, chunk_size)
+    return _rfa_causal_chunked(q, k, v, decay, initial_state, eps, chunk_size)
+
+
+def rfa_causal_compiled(q, k, v, decay=None, initial_state=None, eps=DEFAULT_EPS, chunk_size=64):
+    """Causal RFA by the compiled recurrence kernels (CPU or CUDA), forward and backward under autograd; the
+    backward recomputes states from one saved state per `chunk_size` steps. Arguments and results as `rfa_causal`.
+    Raises RuntimeError when the extension has no kernels for q's device."""
+    _check_attention_args(q, k, v, decay, initial_state)
+    check_int("chunk_size", chunk_size, minimum=1)
+    if backend(q.device) != "compiled":
+        raise RuntimeError(f"rfa_causal_compiled: no compiled kernels for {q.device.type} tensors "
+                           f"(compiled devices: {compiled_devices() or 'none'})")
+    return _rfa_causal_compiled(q, k, v, decay, initial_state, eps, chunk_size)
+
+
+def _rfa_causal_compiled(q, k, v, decay, initial_state, eps, chunk_size):
     acc = _acc_dtype(q, k, v, initial_state)
     cast = lambda t: None if t is None else t.to(acc)  # noqa: E731
     out, state = _kernels.rfa_causal(cast(q), cast(k), cast(v), cast(decay), cast(initial_state), eps, chunk_size)

@@ -102,7 +102,7 @@ def test_rfa_causal_matches_reference(B, T, H, F, d, chunk):
         return [out.detach().cpu(), state.detach().cpu()] + [t.grad.cpu() for t in inputs]
 
     expected = run(ops.rfa_causal_ref, q, k, v, decay, initial)
-    got = run(lambda *a: ops.rfa_causal(*a, chunk_size=chunk), *on(CUDA, q, k, v, decay, initial))
+    got = run(lambda *a: ops.rfa_causal_compiled(*a, chunk_size=chunk), *on(CUDA, q, k, v, decay, initial))
     for name, a, b in zip(["out", "state", "q", "k", "v", "decay", "initial"], got, expected):
         assert_close(a, b, name=name)
     chunked = rfa_causal_chunked(*on(CUDA, q, k, v, decay, initial), chunk_size=chunk)[0]

@@ -66,9 +66,11 @@ def test_feature_map_approximates_a_softmax_kernel():
     assert (approx - exact).abs().max() < 0.03 * 0.01 * D
 
 
-# ops.rfa_causal runs the compiled kernel in CI (tests/ops/test_backend.py asserts the backend); the chunked
-# matmul form is its fallback without the extension. Both must compute the recurrence.
-CAUSAL = [pytest.param(ops.rfa_causal, id="compiled"), pytest.param(rfa_causal_chunked, id="chunked")]
+# The compiled kernels (CPU in CI; tests/ops/test_backend.py asserts they are built) and the chunked matmul form
+# must both compute the recurrence; ops.rfa_causal dispatches between them.
+CAUSAL = [pytest.param(ops.rfa_causal, id="dispatch"), pytest.param(ops.rfa_causal_compiled, id="compiled"),
+          pytest.param(rfa_causal_chunked, id="chunked")]
+GRAD_PATHS = [pytest.param(ops.rfa_causal_compiled, id="compiled"), pytest.param(rfa_causal_chunked, id="chunked")]
 
 CASES = [  # B, T, H, F, d, chunk
     pytest.param(2, 1, 2, 8, 4, 64, id="T1"),
@@ -95,7 +97,7 @@ def test_causal_matches_recurrence_and_definition(B, T, H, F, d, chunk, gated, c
     assert_close(state, ref_state, name="final state")
 
 
-@pytest.mark.parametrize("causal", CAUSAL)
+@pytest.mark.parametrize("causal", GRAD_PATHS)
 @pytest.mark.parametrize("T,chunk", [(1, 4), (7, 3), (12, 4), (5, 64)])
 def test_gradcheck_all_inputs_and_final_state(causal, T, chunk):
     """Gradients w.r.t. q, k, v, decay and the initial state, through both the outputs and the final state."""
@@ -124,7 +126,7 @@ def test_compiled_gradients_match_reference_on_long_gated_sequences():
         return [out.detach(), state.detach()] + [t.grad for t in inputs]
 
     expected = loss_grads(ops.rfa_causal_ref, torch.float64)
-    got = loss_grads(lambda *a: ops.rfa_causal(*a, chunk_size=64), torch.float32)
+    got = loss_grads(lambda *a: ops.rfa_causal_compiled(*a, chunk_size=64), torch.float32)
     for name, a, b in zip(["out", "state", "q", "k", "v", "decay", "initial"], got, expected):
         assert a.dtype == torch.float32
         assert rel_err(a, b) <= REL_TOL[torch.float32] * 10, name  # 300 sequential fp32 updates
@@ -144,6 +146,24 @@ def test_opcheck():
                           (torch.randn(2, 9, 2, 3), torch.randn(2, 2, 4, 4), q, k, v, decay, initial, checkpoints, 0.1, 4))
     torch.library.opcheck(torch.ops.talk_hf.rfa_causal_bwd.default,
                           (torch.randn(2, 9, 2, 3), None, q, k, v, None, None, fwd(q, k, v, None, None, 0.1, 4)[2], 0.1, 4))
+
+
+def test_dispatch_uses_the_kernel_for_inference_and_matmuls_for_training():
+    """No gradient: the compiled recurrence (prefill, decoding); gradients: the chunked form (faster fwd + bwd)."""
+    from torch.profiler import profile
+
+    g = torch.Generator().manual_seed(12)
+    q, v = features(1, 9, 2, 4, g, torch.float32), torch.randn(1, 9, 2, 3, generator=g)
+
+    def kernel_calls(*args):
+        with profile() as prof:
+            ops.rfa_causal(*args)
+        return sum(e.name == "talk_hf::rfa_causal_fwd" for e in prof.events())
+
+    assert kernel_calls(q, q, v) == 1
+    with torch.no_grad():
+        assert kernel_calls(q, q, v.requires_grad_()) == 1
+    assert kernel_calls(q, q, v) == 0  # v requires grad now
 
 
 def test_torch_compile_matches_eager():
