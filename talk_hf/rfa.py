@@ -97,6 +97,11 @@ def _check_attention_args(q, k, v, decay=None, state=None):
             raise ValueError(f"state must be (B, H, F, d + 1) = {expected}, got {tuple(state.shape)}")
 
 
+def _check_causal_args(q, k, v, decay, state, chunk_size):
+    _check_attention_args(q, k, v, decay, state)
+    check_int("chunk_size", chunk_size, minimum=1)
+
+
 def rfa_init_state(batch, heads, num_features, head_dim, device=None, dtype=torch.float32):
     """An empty attention state: (B, H, F, d + 1) zeros."""
     return torch.zeros(batch, heads, num_features, head_dim + 1, device=device, dtype=dtype)
@@ -120,6 +125,10 @@ def rfa_causal_ref(q, k, v, decay=None, initial_state=None, eps=DEFAULT_EPS):
     -> (out (B, T, H, d) in v's dtype, final state (B, H, F, d + 1)).
     """
     _check_attention_args(q, k, v, decay, initial_state)
+    return _rfa_causal_recurrence(q, k, v, decay, initial_state, eps)
+
+
+def _rfa_causal_recurrence(q, k, v, decay, initial_state, eps):
     B, T, H, F = q.shape
     acc = _acc_dtype(q, k, v, initial_state)
     values = _with_ones(v, acc)
@@ -146,8 +155,7 @@ def rfa_causal(q, k, v, decay=None, initial_state=None, eps=DEFAULT_EPS, chunk_s
     kernel's saved states) -> (out (B, T, H, d) in v's dtype, final state (B, H, F, d + 1)). Differentiable w.r.t.
     q, k, v, decay and initial_state.
     """
-    _check_attention_args(q, k, v, decay, initial_state)
-    check_int("chunk_size", chunk_size, minimum=1)
+    _check_causal_args(q, k, v, decay, initial_state, chunk_size)
     needs_grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (q, k, v, decay, initial_state)
     )
@@ -160,8 +168,7 @@ def rfa_causal_compiled(q, k, v, decay=None, initial_state=None, eps=DEFAULT_EPS
     """Causal RFA by the compiled recurrence kernels (CPU or CUDA), forward and backward under autograd; the
     backward recomputes states from one saved state per `chunk_size` steps. Arguments and results as `rfa_causal`.
     Raises RuntimeError when the extension has no kernels for q's device."""
-    _check_attention_args(q, k, v, decay, initial_state)
-    check_int("chunk_size", chunk_size, minimum=1)
+    _check_causal_args(q, k, v, decay, initial_state, chunk_size)
     if backend(q.device) != "compiled":
         raise RuntimeError(f"rfa_causal_compiled: no compiled kernels for {q.device.type} tensors "
                            f"(compiled devices: {compiled_devices() or 'none'})")
@@ -178,14 +185,13 @@ def _rfa_causal_compiled(q, k, v, decay, initial_state, eps, chunk_size):
 def rfa_causal_chunked(q, k, v, decay=None, initial_state=None, eps=DEFAULT_EPS, chunk_size=64):
     """Causal RFA in chunked matmul form, pure PyTorch (the fallback of `rfa_causal`); arguments and results as
     `rfa_causal`."""
-    _check_attention_args(q, k, v, decay, initial_state)
-    check_int("chunk_size", chunk_size, minimum=1)
+    _check_causal_args(q, k, v, decay, initial_state, chunk_size)
     return _rfa_causal_chunked(q, k, v, decay, initial_state, eps, chunk_size)
 
 
 def _rfa_causal_chunked(q, k, v, decay, initial_state, eps, chunk_size):
     if q.shape[1] <= 1:  # a decoding step: the recurrence is cheapest
-        return rfa_causal_ref(q, k, v, decay, initial_state, eps)
+        return _rfa_causal_recurrence(q, k, v, decay, initial_state, eps)
     B, T, H, F = q.shape
     acc = _acc_dtype(q, k, v, initial_state)
     C = chunk_size
