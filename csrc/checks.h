@@ -1,5 +1,5 @@
-// Input checks shared by the CPU and CUDA bindings. The Python wrappers check first with friendlier
-// messages; these guard direct calls of torch.ops.talk_hf.*.
+// Input checks, and the handling of optional tensor arguments, shared by the CPU and CUDA bindings. The Python
+// wrappers check first with friendlier messages; these guard direct calls of torch.ops.talk_hf.*.
 #pragma once
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
@@ -7,6 +7,11 @@
 #include <vector>
 
 namespace talk_hf {
+
+// An optional tensor argument as a contiguous tensor, or an undefined one when it was not given.
+inline at::Tensor contiguous_or_undefined(const c10::optional<at::Tensor>& t) {
+  return t.has_value() ? t->contiguous() : at::Tensor();
+}
 
 inline void check_talk_conv_inputs(const at::Tensor& x, const at::Tensor& offset_left,
                                    const c10::optional<at::Tensor>& offset_right, int64_t max_left,

@@ -4,11 +4,7 @@
 #include <math.h>
 #include <stdint.h>
 
-#if defined(__CUDACC__)
-#define TALK_HD __host__ __device__ __forceinline__
-#else
-#define TALK_HD inline
-#endif
+#include "host_device.h"
 
 namespace talk_hf {
 

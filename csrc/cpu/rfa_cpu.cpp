@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "../checks.h"
+#include "../rfa_math.h"
 
 namespace talk_hf {
 namespace {
@@ -86,19 +87,6 @@ void forward_kernel(const acc_t* q, const acc_t* k, const acc_t* v, const acc_t*
   });
 }
 
-// Gradient of out = num[:D] / max(num[D], eps) w.r.t. num (E entries), given the output gradient go (D).
-template <typename acc_t>
-void normalise_backward(const acc_t* num, const acc_t* go, acc_t eps, acc_t* g, const Dims& d) {
-  const bool clamped = num[d.D] < eps;  // clamp_min passes the gradient where num[D] >= eps
-  const acc_t den = clamped ? eps : num[d.D];
-  acc_t dot = 0;
-  for (int64_t e = 0; e < d.D; ++e) {
-    g[e] = go[e] / den;
-    dot += go[e] * num[e];
-  }
-  g[d.D] = clamped ? acc_t(0) : -dot / (den * den);
-}
-
 template <typename acc_t>
 struct Grads {
   acc_t *q, *k, *v, *decay, *init;
@@ -139,7 +127,7 @@ void backward_kernel(const acc_t* go, const acc_t* gfinal, const acc_t* q, const
           const acc_t* kt = at_bth(k, d, b, t, h, d.F);
           const acc_t* vt = at_bth(v, d, b, t, h, d.D);
           read_state(P, qt, num.data(), d);
-          normalise_backward(num.data(), at_bth(go, d, b, t, h, d.D), eps, g.data(), d);
+          rfa_normalise_backward(num.data(), at_bth(go, d, b, t, h, d.D), eps, g.data(), d.D);
           acc_t* gq = at_bth(grad.q, d, b, t, h, d.F);
           acc_t* gk = at_bth(grad.k, d, b, t, h, d.F);
           std::fill(gvv.begin(), gvv.end(), acc_t(0));
@@ -188,8 +176,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rfa_causal_fwd_cpu(const at::Tens
                                                                   int64_t chunk) {
   check_rfa_inputs(q_, k_, v_, decay_, init_, chunk);
   const at::Tensor q = q_.contiguous(), k = k_.contiguous(), v = v_.contiguous();
-  const at::Tensor decay = decay_.has_value() ? decay_->contiguous() : at::Tensor();
-  const at::Tensor init = init_.has_value() ? init_->contiguous() : at::Tensor();
+  const at::Tensor decay = contiguous_or_undefined(decay_);
+  const at::Tensor init = contiguous_or_undefined(init_);
   const Dims d = make_dims(q, v, chunk);
   at::Tensor out = at::empty({d.B, d.T, d.H, d.D}, v.options());
   at::Tensor state = at::empty({d.B, d.H, d.F, d.E}, v.options());
@@ -211,8 +199,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rfa_causa
   const Dims d = make_dims(q_, v_, chunk);
   check_rfa_backward_inputs(go_, gfinal_, checkpoints_, q_, v_, d.N);
   const at::Tensor go = go_.contiguous(), q = q_.contiguous(), k = k_.contiguous(), v = v_.contiguous();
-  const at::Tensor gfinal = gfinal_.has_value() ? gfinal_->contiguous() : at::Tensor();
-  const at::Tensor decay = decay_.has_value() ? decay_->contiguous() : at::Tensor();
+  const at::Tensor gfinal = contiguous_or_undefined(gfinal_);
+  const at::Tensor decay = contiguous_or_undefined(decay_);
   const at::Tensor checkpoints = checkpoints_.contiguous();
   at::Tensor gq = at::empty_like(q), gk = at::empty_like(k), gv = at::empty_like(v);
   at::Tensor gdecay = decay.defined() ? at::empty_like(decay) : at::empty({0}, q.options());

@@ -57,31 +57,60 @@ WindowEnd<acc_t> right_end(const scalar_t* offset_right, const Dims& d, int64_t 
 constexpr int64_t kTile = 128;         // time steps per task
 constexpr int64_t kChannelBlock = 64;  // channels per forward task
 
-// Forward of one task: time steps [t0, t1), channels [c0, c0 + nc) of head h. `ends` holds 2 (t1 - t0) window
-// ends, `buf` the prefix sums: buf[(i) * nc + c] = sat[base + i] - sat[base] for the rows [base, top] read.
+// Window ends of the steps [t0, t1) of head h: ends[2 i] (left) and ends[2 i + 1] (right) for step t0 + i.
 template <typename scalar_t, typename acc_t>
-TALK_HF_VECTOR_CLONES void forward_tile(const scalar_t* __restrict__ x, const scalar_t* offset_left, const scalar_t* offset_right,
-                  scalar_t* __restrict__ out, const Dims& d, int64_t b, int64_t h, int64_t t0, int64_t t1,
-                  int64_t c0, int64_t nc, std::vector<WindowEnd<acc_t>>& ends, std::vector<acc_t>& buf) {
-  int64_t base = d.T, top = 0;
+void window_ends(const scalar_t* offset_left, const scalar_t* offset_right, const Dims& d, int64_t b, int64_t h,
+                 int64_t t0, int64_t t1, WindowEnd<acc_t>* ends) {
   for (int64_t t = t0; t < t1; ++t) {
-    const WindowEnd<acc_t> l = left_end<scalar_t, acc_t>(offset_left, d, b, t, h);
-    const WindowEnd<acc_t> r = right_end<scalar_t, acc_t>(offset_right, d, b, t, h);
-    ends[2 * (t - t0)] = l;
-    ends[2 * (t - t0) + 1] = r;
-    base = std::min({base, l.lo, r.lo});  // any offsets: a negative one can put l past r
-    top = std::max({top, l.hi, r.hi});
+    ends[2 * (t - t0)] = left_end<scalar_t, acc_t>(offset_left, d, b, t, h);
+    ends[2 * (t - t0) + 1] = right_end<scalar_t, acc_t>(offset_right, d, b, t, h);
   }
-  buf.resize((top - base + 1) * nc);
+}
+
+// The table rows [base, top] read by the window ends of n consecutive steps (any offsets: a negative one can put
+// a left end past its right end, so all four rows count).
+struct Rows {
+  int64_t base, top;
+};
+
+template <typename acc_t>
+Rows rows_read(const WindowEnd<acc_t>* ends, int64_t n, int64_t seqlen) {
+  Rows rows{seqlen, 0};
+  for (int64_t i = 0; i < 2 * n; ++i) {
+    rows.base = std::min(rows.base, ends[i].lo);
+    rows.top = std::max(rows.top, ends[i].hi);
+  }
+  return rows;
+}
+
+// Local prefix sums of the channels [c0, c0 + nc) over the rows read: buf[i * nc + c] = sat[base + i] - sat[base].
+// Differences of table rows, all a window needs, are the same as from the whole table.
+template <typename scalar_t, typename acc_t>
+TALK_HF_VECTOR_CLONES void local_prefix_sums(const scalar_t* __restrict__ x, const Dims& d, int64_t b, Rows rows,
+                                             int64_t c0, int64_t nc, std::vector<acc_t>& buf) {
+  buf.resize((rows.top - rows.base + 1) * nc);
   acc_t* __restrict__ p = buf.data();
   for (int64_t c = 0; c < nc; ++c) p[c] = acc_t(0);
-  for (int64_t i = 1; i <= top - base; ++i) {
-    const scalar_t* __restrict__ xi = x + (b * d.T + base + i - 1) * d.C + c0;
+  for (int64_t i = 1; i <= rows.top - rows.base; ++i) {
+    const scalar_t* __restrict__ xi = x + (b * d.T + rows.base + i - 1) * d.C + c0;
     const acc_t* __restrict__ prev = p + (i - 1) * nc;
     acc_t* __restrict__ cur = p + i * nc;
 #pragma omp simd
     for (int64_t c = 0; c < nc; ++c) cur[c] = prev[c] + static_cast<acc_t>(xi[c]);
   }
+}
+
+// Forward of one task: time steps [t0, t1), channels [c0, c0 + nc) of head h; `ends` and `buf` are scratch.
+template <typename scalar_t, typename acc_t>
+TALK_HF_VECTOR_CLONES void forward_tile(const scalar_t* __restrict__ x, const scalar_t* offset_left,
+                                        const scalar_t* offset_right, scalar_t* __restrict__ out, const Dims& d,
+                                        int64_t b, int64_t h, int64_t t0, int64_t t1, int64_t c0, int64_t nc,
+                                        std::vector<WindowEnd<acc_t>>& ends, std::vector<acc_t>& buf) {
+  window_ends<scalar_t, acc_t>(offset_left, offset_right, d, b, h, t0, t1, ends.data());
+  const Rows rows = rows_read(ends.data(), t1 - t0, d.T);
+  const int64_t base = rows.base;
+  local_prefix_sums<scalar_t, acc_t>(x, d, b, rows, c0, nc, buf);
+  const acc_t* p = buf.data();
   const acc_t inv_norm = acc_t(1) / static_cast<acc_t>(d.max_left + d.max_right + 1);
   for (int64_t t = t0; t < t1; ++t) {
     const WindowEnd<acc_t> l = ends[2 * (t - t0)], r = ends[2 * (t - t0) + 1];
@@ -140,22 +169,14 @@ TALK_HF_VECTOR_CLONES void backward_tile(const scalar_t* __restrict__ g, const s
                                          int64_t t0, int64_t t1, std::vector<acc_t>& buf) {
   const acc_t inv_norm = acc_t(1) / static_cast<acc_t>(d.max_left + d.max_right + 1);
   const int64_t R = d.R, c0 = h * d.R;
-  auto end_at = [&](int64_t t, int side) { return ends[((b * d.T + t) * d.H + h) * 2 + side]; };
+  ends += (b * d.H + h) * d.T * 2;  // this head's ends, step by step
+  auto end_at = [&](int64_t t, int side) { return ends[2 * t + side]; };
 
   // offset gradients
-  int64_t base = d.T, top = 0;
-  for (int64_t t = t0; t < t1; ++t) {
-    const WindowEnd<acc_t> l = end_at(t, 0), r = end_at(t, 1);
-    base = std::min({base, l.lo, r.lo});
-    top = std::max({top, l.hi, r.hi});
-  }
-  buf.assign((top - base + 1) * R, acc_t(0));
-  acc_t* __restrict__ p = buf.data();
-  for (int64_t i = 1; i <= top - base; ++i) {
-    const scalar_t* __restrict__ xi = x + (b * d.T + base + i - 1) * d.C + c0;
-#pragma omp simd
-    for (int64_t c = 0; c < R; ++c) p[i * R + c] = p[(i - 1) * R + c] + static_cast<acc_t>(xi[c]);
-  }
+  const Rows rows = rows_read(ends + 2 * t0, t1 - t0, d.T);
+  const int64_t base = rows.base;
+  local_prefix_sums<scalar_t, acc_t>(x, d, b, rows, c0, R, buf);
+  const acc_t* p = buf.data();
   for (int64_t t = t0; t < t1; ++t) {
     const WindowEnd<acc_t> l = end_at(t, 0), r = end_at(t, 1);
     const scalar_t* __restrict__ gt = g + (b * d.T + t) * d.C + c0;
@@ -211,20 +232,17 @@ void backward_kernel(const at::Tensor& g, const at::Tensor& x, const at::Tensor&
   using acc_t = at::opmath_type<scalar_t>;
   const scalar_t* olp = ol.data_ptr<scalar_t>();
   const scalar_t* orp = d.has_right ? orr.data_ptr<scalar_t>() : nullptr;
-  // every window end once, and how far each (b, h)'s windows reach
-  std::vector<WindowEnd<acc_t>> ends(d.B * d.T * d.H * 2);
+  // every window end once, laid out (b, h, t), and how far each (b, h)'s windows reach
+  std::vector<WindowEnd<acc_t>> ends(d.B * d.H * d.T * 2);
   std::vector<Reach> reach(d.B * d.H);
   at::parallel_for(0, d.B * d.H, 1, [&](int64_t begin, int64_t end) {
     for (int64_t bh = begin; bh < end; ++bh) {
-      const int64_t b = bh / d.H, h = bh % d.H;
+      WindowEnd<acc_t>* e = ends.data() + bh * d.T * 2;
+      window_ends<scalar_t, acc_t>(olp, orp, d, bh / d.H, bh % d.H, 0, d.T, e);
       Reach& rc = reach[bh];
       for (int64_t t = 0; t < d.T; ++t) {
-        const WindowEnd<acc_t> l = left_end<scalar_t, acc_t>(olp, d, b, t, h);
-        const WindowEnd<acc_t> r = right_end<scalar_t, acc_t>(orp, d, b, t, h);
-        ends[((b * d.T + t) * d.H + h) * 2] = l;
-        ends[((b * d.T + t) * d.H + h) * 2 + 1] = r;
-        rc.before = std::max({rc.before, t - l.lo, t - r.lo});
-        rc.after = std::max({rc.after, l.hi - t, r.hi - t});
+        rc.before = std::max({rc.before, t - e[2 * t].lo, t - e[2 * t + 1].lo});
+        rc.after = std::max({rc.after, e[2 * t].hi - t, e[2 * t + 1].hi - t});
       }
     }
   });
@@ -252,7 +270,7 @@ at::Tensor talk_conv_fwd_cpu(const at::Tensor& x_, const at::Tensor& ol_, const 
                              int64_t max_left, int64_t max_right) {
   check_talk_conv_inputs(x_, ol_, or_, max_left, max_right);
   const at::Tensor x = x_.contiguous(), ol = ol_.contiguous();
-  const at::Tensor orr = or_.has_value() ? or_->contiguous() : at::Tensor();
+  const at::Tensor orr = contiguous_or_undefined(or_);
   at::Tensor out = at::empty_like(x);
   const Dims d = make_dims(x, ol, or_.has_value(), max_left, max_right);
   if (x.numel() == 0) return out;
@@ -269,7 +287,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> talk_conv_bwd_cpu(const at::Tenso
   TORCH_CHECK(g_.sizes() == x_.sizes() && g_.scalar_type() == x_.scalar_type(),
               "talk_conv backward: grad_out must match x");
   const at::Tensor g = g_.contiguous(), x = x_.contiguous(), ol = ol_.contiguous();
-  const at::Tensor orr = or_.has_value() ? or_->contiguous() : at::Tensor();
+  const at::Tensor orr = contiguous_or_undefined(or_);
   at::Tensor gx = at::empty_like(x), gol = at::empty_like(ol);
   at::Tensor gor = or_.has_value() ? at::empty_like(ol) : at::empty({0}, ol.options());
   const Dims d = make_dims(x, ol, or_.has_value(), max_left, max_right);

@@ -54,7 +54,7 @@ at::Tensor talk_conv_fwd_cuda_op(const at::Tensor& x_, const at::Tensor& ol_, co
   check_talk_conv_inputs(x_, ol_, or_, max_left, max_right);
   const c10::cuda::CUDAGuard guard(x_.device());
   const at::Tensor x = x_.contiguous(), ol = ol_.contiguous();
-  const at::Tensor orr = or_.has_value() ? or_->contiguous() : at::Tensor();
+  const at::Tensor orr = contiguous_or_undefined(or_);
   at::Tensor out = at::empty_like(x);
   if (x.numel() == 0) return out;
   TalkConvParams p = talk_params(x, ol, orr, max_left, max_right);
@@ -74,7 +74,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> talk_conv_bwd_cuda_op(const at::T
               "talk_conv backward: grad_out must match x");
   const c10::cuda::CUDAGuard guard(x_.device());
   const at::Tensor g = g_.contiguous(), x = x_.contiguous(), ol = ol_.contiguous();
-  const at::Tensor orr = or_.has_value() ? or_->contiguous() : at::Tensor();
+  const at::Tensor orr = contiguous_or_undefined(or_);
   at::Tensor gx = at::empty_like(x), gol = at::empty_like(ol);
   at::Tensor gor = or_.has_value() ? at::empty_like(ol) : at::empty({0}, ol.options());
   if (x.numel() == 0) return {gx, gol.zero_(), gor.zero_()};
@@ -152,10 +152,6 @@ RfaParams rfa_params(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   p.decay = decay.defined() ? decay.data_ptr() : nullptr;
   p.initial_state = init.defined() ? init.data_ptr() : nullptr;
   return p;
-}
-
-at::Tensor contiguous_or_undefined(const c10::optional<at::Tensor>& t) {
-  return t.has_value() ? t->contiguous() : at::Tensor();
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> rfa_causal_fwd_cuda_op(const at::Tensor& q_, const at::Tensor& k_,

@@ -17,6 +17,7 @@
 // dq_t = P_t g; dk_t = G [v_t, 1]; dv_t = (G^T k_t)[:D]; ddecay[t-1] = <G, P_{t-1}>; G *= decay[t-1].
 // Workspace: (B*H) x ((chunk + 1) states + 1 adjoint) x F x E accumulators.
 #include "common.cuh"
+#include "rfa_math.h"
 #include "talk_hf_kernels.h"
 
 namespace talk_hf {
@@ -171,17 +172,7 @@ __global__ void __launch_bounds__(kThreads)
         __syncthreads();
         read_state(P, sq, num, d);
         __syncthreads();
-        if (threadIdx.x == 0) {  // gradient of num[:D] / max(num[D], eps) w.r.t. num
-          const acc_t* got = go + bth(d, b, t, h, d.D);
-          const bool clamped = num[d.D] < eps;  // clamp_min passes the gradient where num[D] >= eps
-          const acc_t den = clamped ? eps : num[d.D];
-          acc_t dot = 0;
-          for (int64_t e = 0; e < d.D; ++e) {
-            g[e] = got[e] / den;
-            dot += got[e] * num[e];
-          }
-          g[d.D] = clamped ? acc_t(0) : -dot / (den * den);
-        }
+        if (threadIdx.x == 0) rfa_normalise_backward(num, go + bth(d, b, t, h, d.D), eps, g, d.D);
         __syncthreads();
         for (int64_t i = threadIdx.x; i < S; i += blockDim.x) G[i] += sq[i / d.E] * g[i % d.E];
         __syncthreads();
