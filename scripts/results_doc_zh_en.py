@@ -13,12 +13,8 @@ and results.md, printing the table at the end.
 """
 
 import argparse
-import json
-import platform
 import sys
 from pathlib import Path
-
-import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -26,7 +22,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import preprocess  # noqa: E402
 
 from talk_hf.training.loop import TrainConfig  # noqa: E402
-from talk_hf.training.run import train_run  # noqa: E402
+from talk_hf.training.run import markdown_table, record_result, train_run  # noqa: E402
 
 SIZE = dict(d_model=256, encoder_layers=3, decoder_layers=3, encoder_ffn_dim=512, decoder_ffn_dim=512,
             encoder_attention_heads=4, decoder_attention_heads=4, dropout=0.2, attention_dropout=0.1)
@@ -84,21 +80,22 @@ def max_new_tokens(data_dir):
     return int(1.25 * max(len(labels) for labels in load_prepared(data_dir, "zh2en-test")["labels"])) + 8
 
 
-def table(results):
-    lines = ["| model | window | parameters | updates | train minutes | valid loss | zh2en-test BLEU (last sentence) |",
-             "|---|---|---|---|---|---|---|"]
-    for r in results:
-        lines.append(f"| {r['name']} | {r['window']} | {r['parameters'] / 1e6:.2f}M | {r['steps']} | "
-                     f"{r['train_minutes']:.1f} | {r['valid_loss']:.3f} | {r['test_bleu']:.2f} |")
-    return "\n".join(lines)
+COLUMNS = [
+    ("model", lambda r: r["name"]),
+    ("window", lambda r: str(r["window"])),
+    ("parameters", lambda r: f"{r['parameters'] / 1e6:.2f}M"),
+    ("updates", lambda r: str(r["steps"])),
+    ("train minutes", lambda r: f"{r['train_minutes']:.1f}"),
+    ("valid loss", lambda r: f"{r['valid_loss']:.3f}"),
+    ("zh2en-test BLEU (last sentence)", lambda r: f"{r['test_bleu']:.2f}"),
+]
 
 
 def main(argv=None):
     args = parse_args(argv)
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    results_path = out / "results.json"
-    results = json.loads(results_path.read_text()) if results_path.exists() else []
+    results = []
     for row in args.rows:
         name, _, window = row.partition("@")
         window = int(window)
@@ -112,11 +109,11 @@ def main(argv=None):
         )
         result = train_run(data_dir, kind, config, overrides=overrides, valid_split="dev", test_split="zh2en-test",
                            document_level=window > 1, test_limit=args.test_limit)
-        result.update(name=name, window=window, device=f"{platform.machine()} CPU, {torch.get_num_threads()} threads")
-        results = [r for r in results if (r["name"], r["window"]) != (name, window)] + [result]
-        results_path.write_text(json.dumps(results, indent=2) + "\n")
-    (out / "results.md").write_text(table(results) + "\n")
-    print(table(results))
+        result.update(name=name, window=window)
+        results = record_result(out / "results.json", result, ("name", "window"))
+    table = markdown_table(results, COLUMNS)
+    (out / "results.md").write_text(table + "\n")
+    print(table)
     return results
 
 

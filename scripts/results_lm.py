@@ -10,12 +10,8 @@ results.md, printing the table at the end.
 """
 
 import argparse
-import json
-import platform
 import sys
 from pathlib import Path
-
-import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -23,7 +19,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import preprocess  # noqa: E402
 
 from talk_hf.training.loop import TrainConfig  # noqa: E402
-from talk_hf.training.run import train_run  # noqa: E402
+from talk_hf.training.run import markdown_table, record_result, train_run  # noqa: E402
 
 CORPUS = ROOT / "data" / "tinyshakespeare" / "input.txt.gz"
 SIZE = dict(d_model=256, decoder_layers=4, dropout=0.1)
@@ -58,13 +54,14 @@ def prepare(out, corpus, block_size, vocab_size):
     return folder
 
 
-def table(results):
-    lines = ["| model | parameters | updates | train minutes | held-out loss | held-out perplexity |",
-             "|---|---|---|---|---|---|"]
-    for r in results:
-        lines.append(f"| {r['model']} | {r['parameters'] / 1e6:.2f}M | {r['steps']} | {r['train_minutes']:.1f} | "
-                     f"{r['valid_loss']:.3f} | {r['valid_ppl']:.2f} |")
-    return "\n".join(lines)
+COLUMNS = [
+    ("model", lambda r: r["model"]),
+    ("parameters", lambda r: f"{r['parameters'] / 1e6:.2f}M"),
+    ("updates", lambda r: str(r["steps"])),
+    ("train minutes", lambda r: f"{r['train_minutes']:.1f}"),
+    ("held-out loss", lambda r: f"{r['valid_loss']:.3f}"),
+    ("held-out perplexity", lambda r: f"{r['valid_ppl']:.2f}"),
+]
 
 
 def main(argv=None):
@@ -72,8 +69,7 @@ def main(argv=None):
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     data_dir = prepare(out, args.corpus, args.block_size, args.vocab_size)
-    results_path = out / "results.json"
-    results = json.loads(results_path.read_text()) if results_path.exists() else []
+    results = []
     for kind in args.rows:
         config = TrainConfig(
             output_dir=str(out / kind), max_tokens=args.max_tokens, max_steps=args.max_steps, learning_rate=1e-3,
@@ -81,11 +77,10 @@ def main(argv=None):
             keep_checkpoints=3, bleu_sentences=0, seed=args.seed,
         )
         row = train_run(data_dir, kind, config, overrides=ROWS[kind])
-        row["device"] = f"{platform.machine()} CPU, {torch.get_num_threads()} threads"
-        results = [r for r in results if r["model"] != kind] + [row]
-        results_path.write_text(json.dumps(results, indent=2) + "\n")
-    (out / "results.md").write_text(table(results) + "\n")
-    print(table(results))
+        results = record_result(out / "results.json", row, ("model",))
+    table = markdown_table(results, COLUMNS)
+    (out / "results.md").write_text(table + "\n")
+    print(table)
     return results
 
 

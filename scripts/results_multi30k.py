@@ -9,14 +9,10 @@ results.md (a markdown table), printing the table at the end.
 """
 
 import argparse
-import json
-import platform
 from pathlib import Path
 
-import torch
-
 from talk_hf.training.loop import TrainConfig
-from talk_hf.training.run import train_run
+from talk_hf.training.run import markdown_table, record_result, train_run
 
 SIZE = dict(d_model=256, encoder_layers=3, decoder_layers=3, decoder_attention_heads=4, dropout=0.2,
             attention_dropout=0.1)
@@ -44,19 +40,20 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
-def table(results):
-    lines = ["| model | parameters | updates | train minutes | valid loss | test2016 BLEU |", "|---|---|---|---|---|---|"]
-    for r in results:
-        lines.append(f"| {r['model']} | {r['parameters'] / 1e6:.2f}M | {r['steps']} | {r['train_minutes']:.1f} | "
-                     f"{r['valid_loss']:.3f} | {r['test_bleu']:.2f} |")
-    return "\n".join(lines)
+COLUMNS = [
+    ("model", lambda r: r["model"]),
+    ("parameters", lambda r: f"{r['parameters'] / 1e6:.2f}M"),
+    ("updates", lambda r: str(r["steps"])),
+    ("train minutes", lambda r: f"{r['train_minutes']:.1f}"),
+    ("valid loss", lambda r: f"{r['valid_loss']:.3f}"),
+    ("test2016 BLEU", lambda r: f"{r['test_bleu']:.2f}"),
+]
 
 
 def main(argv=None):
     args = parse_args(argv)
     out = Path(args.output_dir)
-    results_path = out / "results.json"
-    results = json.loads(results_path.read_text()) if results_path.exists() else []
+    results = []
     for kind in args.rows:
         config = TrainConfig(
             output_dir=str(out / kind), max_tokens=args.max_tokens, max_steps=args.max_steps, learning_rate=1e-3,
@@ -64,12 +61,10 @@ def main(argv=None):
             bleu_sentences=0, num_beams=4, max_new_tokens=64, seed=args.seed,
         )
         row = train_run(args.data, kind, config, overrides=ROWS[kind], test_split="test", test_limit=args.test_limit)
-        row["device"] = f"{platform.machine()} CPU, {torch.get_num_threads()} threads"
-        results = [r for r in results if r["model"] != kind] + [row]
-        out.mkdir(parents=True, exist_ok=True)
-        results_path.write_text(json.dumps(results, indent=2) + "\n")
-    (out / "results.md").write_text(table(results) + "\n")
-    print(table(results))
+        results = record_result(out / "results.json", row, ("model",))
+    table = markdown_table(results, COLUMNS)
+    (out / "results.md").write_text(table + "\n")
+    print(table)
     return results
 
 

@@ -2,8 +2,11 @@
 scripts/train.py and scripts/demo.py)."""
 
 import json
+import platform
 import time
 from pathlib import Path
+
+import torch
 
 from datasets import load_from_disk
 from transformers import AutoTokenizer
@@ -77,3 +80,29 @@ def train_run(data_dir, kind, train_config, preset=None, config_file=None, overr
 
             write_model_card(folder, model=model, metrics=results, training_args=vars(train_config), **card)
     return results
+
+
+def device_description():
+    """Where this process trains: the GPU's name, or the CPU architecture and thread count."""
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name()
+    return f"{platform.machine()} CPU, {torch.get_num_threads()} threads"
+
+
+def record_result(results_path, row, key):
+    """Add a result row (with the device) to the JSON list at `results_path`, replacing an earlier row with the same
+    values of the `key` fields (a re-run replaces its row; the other rows stay). -> all rows, in file order."""
+    results_path = Path(results_path)
+    rows = json.loads(results_path.read_text()) if results_path.exists() else []
+    row = {**row, "device": device_description()}
+    rows = [r for r in rows if [r.get(k) for k in key] != [row[k] for k in key]] + [row]
+    results_path.parent.mkdir(parents=True, exist_ok=True)
+    results_path.write_text(json.dumps(rows, indent=2) + "\n")
+    return rows
+
+
+def markdown_table(rows, columns):
+    """rows: dicts; columns: (header, row -> cell text) pairs -> a markdown table."""
+    lines = ["| " + " | ".join(h for h, _ in columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(cell(r) for _, cell in columns) + " |" for r in rows]
+    return "\n".join(lines)

@@ -153,6 +153,19 @@ def test_accelerate_launch_two_processes(run, tmp_path):
     assert sorted(p.name for p in (tmp_path / "ddp" / "checkpoints").iterdir()) == ["step-2", "step-3"]
 
 
+def test_record_result_replaces_only_the_rerun_row(tmp_path):
+    from talk_hf.training.run import markdown_table, record_result
+
+    path = tmp_path / "r" / "results.json"
+    record_result(path, {"name": "a", "window": 1, "bleu": 1.0}, ("name", "window"))
+    record_result(path, {"name": "a", "window": 4, "bleu": 2.0}, ("name", "window"))
+    rows = record_result(path, {"name": "a", "window": 1, "bleu": 3.0}, ("name", "window"))
+    assert [(r["window"], r["bleu"]) for r in rows] == [(4, 2.0), (1, 3.0)] and all(r["device"] for r in rows)
+    assert json.loads(path.read_text()) == rows
+    table = markdown_table(rows, [("window", lambda r: str(r["window"])), ("BLEU", lambda r: f"{r['bleu']:.1f}")])
+    assert table.splitlines() == ["| window | BLEU |", "|---|---|", "| 4 | 2.0 |", "| 1 | 3.0 |"]
+
+
 def test_doc_results_runner_scores_every_test_window(tmp_path, monkeypatch):
     from talk_hf.training import data
 
