@@ -213,9 +213,10 @@ def prepare_lm(args, parser, texts, output):
     tokenizer.save_pretrained(output / "tokenizer")
     counts = {}
     for name, lines in texts.items():
-        blocks = data.lm_blocks(lines, tokenizer, args.block_size, separator_token_id=tokenizer.eos_token_id)
+        stream = data.lm_token_stream(lines, tokenizer, separator_token_id=tokenizer.eos_token_id)
+        blocks = data.stream_blocks(stream, args.block_size)
         blocks.save_to_disk(str(output / name))
-        total = sum(len(ids) + 1 for ids in tokenizer(lines)["input_ids"])
+        total = len(stream)
         counts[name] = {"lines": len(lines), "blocks": len(blocks), "tokens_total": total,
                         "tokens_in_blocks": len(blocks) * args.block_size,
                         "tail_tokens_dropped": total - len(blocks) * args.block_size}

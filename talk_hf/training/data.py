@@ -583,8 +583,17 @@ def lm_blocks(
     Raises:
         ValueError: block_size < 1, or fewer than ``block_size`` tokens in total (no block at all).
     """
+    _check_block_size(block_size)  # before tokenizing anything
+    return stream_blocks(lm_token_stream(texts, tokenizer, separator_token_id), block_size)
+
+
+def _check_block_size(block_size: int) -> None:
     if not isinstance(block_size, int) or block_size < 1:
         raise ValueError(f"block_size must be an int >= 1, got {block_size!r}")
+
+
+def lm_token_stream(texts: Iterable[str], tokenizer, separator_token_id: int | None = None) -> list[int]:
+    """All texts tokenized and concatenated in order, ``separator_token_id`` after each when given -> list of ids."""
     stream: list[int] = []
     texts = list(texts)
     for start in range(0, len(texts), 1000):
@@ -592,6 +601,13 @@ def lm_blocks(
             stream.extend(ids)
             if separator_token_id is not None:
                 stream.append(separator_token_id)
+    return stream
+
+
+def stream_blocks(stream: Sequence[int], block_size: int) -> datasets.Dataset:
+    """Consecutive ``block_size``-token blocks of a token stream (the :func:`lm_blocks` dataset); the tail shorter
+    than a block is dropped and logged. Raises ValueError for block_size < 1 or a stream shorter than a block."""
+    _check_block_size(block_size)
     num_blocks = len(stream) // block_size
     if num_blocks == 0:
         raise ValueError(f"lm_blocks: only {len(stream)} tokens in total, fewer than block_size={block_size}")
