@@ -10,6 +10,7 @@ import torch
 
 from talk_hf import ops
 from talk_hf.rfa import rfa_causal_chunked
+from tests.ops.test_rfa import features, gate
 from tests.utils import REL_TOL, assert_close, grads, offsets, rel_err
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
@@ -76,11 +77,6 @@ def test_dynamic_conv_matches_reference(B, T, C, H, K, P):
         assert_close(a.cpu(), b, name=f"grad {name}")
 
 
-def features(B, T, H, F, g, dtype=torch.float64):
-    proj = ops.rfa_random_projection(H, F // 2, 8, generator=g, dtype=dtype)
-    return ops.rfa_feature_map(torch.randn(B, T, H, 8, generator=g, dtype=dtype), proj)
-
-
 RFA_CASES = [pytest.param(2, 1, 2, 8, 4, 64, id="small-T1"), pytest.param(1, 29, 3, 6, 5, 4, id="small-T29-chunk4"),
              pytest.param(2, 300, 4, 64, 64, 64, id="T300-F64-d64")]
 
@@ -90,8 +86,7 @@ def test_rfa_causal_matches_reference(B, T, H, F, d, chunk):
     g = torch.Generator().manual_seed(T + F)
     q, k = features(B, T, H, F, g), features(B, T, H, F, g)
     v = torch.randn(B, T, H, d, generator=g, dtype=torch.float64)
-    sep = torch.rand(B, T, 1, generator=g) < 0.2
-    decay = torch.where(sep, torch.rand(B, T, H, generator=g, dtype=torch.float64), torch.ones(B, T, H, dtype=torch.float64))
+    decay = gate(B, T, H, g)
     initial = 0.1 * torch.randn(B, H, F, d + 1, generator=g, dtype=torch.float64)
 
     def run(fn, *inputs):
