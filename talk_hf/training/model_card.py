@@ -29,6 +29,8 @@ from pathlib import Path
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
+from .models import count_parameters
+
 __all__ = ["TEMPLATES_DIR", "fill_model_card", "parse_metrics", "template_path", "write_model_card"]
 
 TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "model_cards"
@@ -158,11 +160,6 @@ def template_path(template: str | Path | None = None, *, is_encoder_decoder: boo
         raise FileNotFoundError(f"model card template {template!r} not found (looked for {path}; the templates ship in "
                                 f"model_cards/ of the talk_hf source tree)")
     return path
-
-
-def _count_parameters(model) -> int:
-    """Parameters, tied weights counted once."""
-    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
 
 
 def _human(n: int) -> str:
@@ -427,7 +424,7 @@ def fill_model_card(
         model_name=model_name if eval_results else None, eval_results=eval_results, base_model=base_model,
     )
 
-    n_params = _count_parameters(model)
+    n_params = count_parameters(model)
     highlights = [(f"`{k}`", _cell(getattr(config, k))) for k in _HIGHLIGHTS
                   if k in config.to_dict() and getattr(config, k, None) is not None]
     rows = [("architecture", f"`{type(model).__name__}` (`model_type={config.model_type}`)"),

@@ -113,4 +113,4 @@ def _baseline(kind, tokenizer, values):
 
 def count_parameters(model):
     """Trainable parameters, tied weights counted once."""
-    return sum(p.numel() for p in {id(p): p for p in model.parameters() if p.requires_grad}.values())
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)  # parameters() yields a tied one once
