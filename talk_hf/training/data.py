@@ -45,7 +45,6 @@ __all__ = [
     "TokenBatchSampler",
     "document_windows",
     "encode",
-    "last_sentence",
     "lm_blocks",
     "load_hub_pairs",
     "load_json_pairs",
@@ -428,15 +427,6 @@ def reverse_pairs(ds: datasets.Dataset) -> datasets.Dataset:
             raise ValueError(f"reverse_pairs: dataset has no column {column!r}, columns are {ds.column_names}")
     swap = "__reverse_pairs_source__"
     return ds.rename_column("source", swap).rename_column("target", "source").rename_column(swap, "target")
-
-
-def last_sentence(text: str, sep_token: str = SEP_TOKEN) -> str:
-    """The current (last) sentence of a window: the stripped text after the last ``sep_token``.
-
-    Used to score only the current sentence at evaluation (RFA-doc). A text without a separator is returned
-    stripped; ``"a <sep> b"`` gives ``"b"``; ``"a <sep>"`` gives ``""``.
-    """
-    return text.rsplit(sep_token, 1)[-1].strip()
 
 
 # ------------------------------------------------------------------------------------------------- tokenization

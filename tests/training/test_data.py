@@ -25,7 +25,6 @@ from talk_hf.training.data import (
     count_documents,
     document_windows,
     encode,
-    last_sentence,
     lm_blocks,
     load_hub_pairs,
     load_json_pairs,
@@ -35,6 +34,7 @@ from talk_hf.training.data import (
     reverse_pairs,
     train_tokenizer,
 )
+from talk_hf.training.evaluation import last_sentences
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "data"
@@ -303,7 +303,7 @@ def test_windows_never_cross_documents(wiki):
         assert ids[first] == ids[i]  # same document
         # as long as possible: either the full window or the document starts at `first`
         assert context == window - 1 or first == 0 or ids[first - 1] != ids[i]
-        assert last_sentence(src) == sources[i].strip()
+        assert last_sentences([src]) == [sources[i].strip()]
 
 
 def test_window_errors(pairs_ds):
@@ -316,11 +316,11 @@ def test_window_errors(pairs_ds):
         document_windows(bad, 2)
 
 
-def test_last_sentence():
-    assert last_sentence("A dog. <sep> It barks. <sep> Loudly.") == "Loudly."
-    assert last_sentence("  Only one.  ") == "Only one."
-    assert last_sentence("a <sep>") == ""
-    assert last_sentence("a | b", sep_token="|") == "b"
+def test_last_sentences():
+    assert last_sentences(["A dog. <sep> It barks. <sep> Loudly.", "  Only one.  ", "a <sep>"]) == [
+        "Loudly.", "Only one.", ""]
+    assert last_sentences(["a | b"], sep_token="|") == ["b"]
+    assert last_sentences(["</s> Er <sep> bellt.</s><pad>"]) == ["bellt."]  # decoded hypotheses keep specials
 
 
 def test_count_documents_and_reverse():
