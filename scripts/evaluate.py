@@ -15,6 +15,7 @@ from pathlib import Path
 from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
 import talk_hf  # noqa: F401
+from talk_hf.training.data import read_lines
 from talk_hf.training.evaluation import perplexity, rouge, translate
 from talk_hf.training.loop import make_collator, validation_loss
 from talk_hf.training.run import evaluate_translation, load_prepared
@@ -25,7 +26,7 @@ def parse_args(argv=None):
     parser.add_argument("--model", required=True, help="saved model folder or Hub repo id")
     parser.add_argument("--data", help="folder written by scripts/preprocess.py")
     parser.add_argument("--split", default="test")
-    parser.add_argument("--source", help="raw source file, one segment per line")
+    parser.add_argument("--source", help="raw source file, one segment per line (.gz fine)")
     parser.add_argument("--reference", help="raw reference file aligned with --source")
     parser.add_argument("--metric", choices=["bleu", "rouge", "perplexity"], default="bleu")
     parser.add_argument("--document_level", action="store_true", help="score the last sentence of each window")
@@ -41,10 +42,6 @@ def parse_args(argv=None):
     if args.source and not args.reference:
         parser.error("--source needs --reference")
     return args
-
-
-def read_lines(path):
-    return Path(path).read_text(encoding="utf-8").splitlines()
 
 
 def main(argv=None):

@@ -1,5 +1,6 @@
 """Every script end to end on tiny data (in-process `main([...])` calls; `--help` for each)."""
 
+import gzip
 import importlib.util
 import json
 import math
@@ -77,6 +78,14 @@ def test_evaluate_scores_a_prepared_split_and_raw_files(run, tmp_path):
     assert prepared["sentences"] == raw["sentences"] == 64
     assert prepared["bleu"] == pytest.approx(raw["bleu"])
     assert json.loads((tmp_path / "r.json").read_text())["bleu"] == raw["bleu"]
+    # gzipped files, and a U+2028 inside a reference line: still one segment per line (str.splitlines would split it)
+    with gzip.open(tmp_path / "ref.txt.gz", "wt", encoding="utf-8") as f:
+        f.write("\n".join(p[1] + ("\u2028" if i == 3 else "") for i, p in enumerate(pairs)) + "\n")
+    with gzip.open(tmp_path / "src.txt.gz", "wt", encoding="utf-8") as f:
+        f.write(src.read_text())
+    zipped = script("evaluate").main(["--model", model, "--source", str(tmp_path / "src.txt.gz"), "--reference",
+                                      str(tmp_path / "ref.txt.gz"), "--max_new_tokens", "5", "--num_beams", "2"])
+    assert zipped["sentences"] == 64
 
 
 def test_translate_keeps_lines_aligned(run, tmp_path):
