@@ -11,12 +11,13 @@ import sys
 from transformers import pipeline
 
 import talk_hf  # noqa: F401  (registers the models and the translation task)
+from talk_hf.training.data import read_lines, split_lines
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="saved model folder or Hub repo id")
-    parser.add_argument("--input", help="one sentence per line (default: stdin)")
+    parser.add_argument("--input", help="one sentence per line, UTF-8 (.gz fine; default: stdin)")
     parser.add_argument("--output", help="where to write translations (default: stdout)")
     parser.add_argument("--num_beams", type=int, default=4)
     parser.add_argument("--length_penalty", type=float, default=1.0)
@@ -39,9 +40,7 @@ def translate_lines(translator, lines, args):
 def main(argv=None):
     args = parse_args(argv)
     translator = pipeline("translation", model=args.model, trust_remote_code=args.trust_remote_code)
-    source = open(args.input, encoding="utf-8") if args.input else sys.stdin
-    with source:
-        lines = source.read().splitlines()
+    lines = read_lines(args.input) if args.input else split_lines(sys.stdin.read())
     translations = translate_lines(translator, lines, args)
     out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
     out.write("".join(t + "\n" for t in translations))

@@ -46,13 +46,17 @@ __all__ = [
     "document_windows",
     "encode",
     "lm_blocks",
+    "lm_token_stream",
     "load_hub_pairs",
     "load_json_pairs",
     "load_text_pairs",
     "load_tsv_pairs",
     "load_wiki_zh_en",
     "count_documents",
+    "read_lines",
     "reverse_pairs",
+    "split_lines",
+    "stream_blocks",
     "train_tokenizer",
 ]
 
@@ -89,6 +93,12 @@ def read_lines(path: str | os.PathLike) -> list[str]:
     except UnicodeDecodeError as err:
         line = raw.count(b"\n", 0, err.start) + 1
         raise ValueError(f"{path}: line {line} is not valid UTF-8 ({err.reason} at byte {err.start})") from None
+    return split_lines(text)
+
+
+def split_lines(text: str) -> list[str]:
+    """Lines of a text by the rule of :func:`read_lines` (universal newlines only, so U+2028 and the like stay
+    inside a line)."""
     return [line[:-1] if line.endswith("\n") else line for line in io.StringIO(text, newline=None)]
 
 

@@ -91,10 +91,10 @@ def test_evaluate_scores_a_prepared_split_and_raw_files(run, tmp_path):
 def test_translate_keeps_lines_aligned(run, tmp_path):
     root, _ = run
     source = tmp_path / "in.de"
-    source.write_text("Ein Hund läuft.\n\nZwei Männer.\n")
+    source.write_text("Ein Hund läuft.\n\nZwei\u2028Männer.\n", encoding="utf-8")  # U+2028 stays in its line
     out = script("translate").main(["--model", str(root / "talk" / "model"), "--input", str(source),
                                     "--output", str(tmp_path / "out.en"), "--max_new_tokens", "4"])
-    lines = (tmp_path / "out.en").read_text().split("\n")
+    lines = (tmp_path / "out.en").read_text(encoding="utf-8").split("\n")
     assert len(out) == 3 and out[1] == "" and lines[:3] == out
 
 
