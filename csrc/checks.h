@@ -4,6 +4,8 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 
+#include "rfa_math.h"
+
 #include <vector>
 
 namespace talk_hf {
@@ -54,7 +56,7 @@ inline void check_rfa_inputs(const at::Tensor& q, const at::Tensor& k, const at:
               "rfa_causal: v must be (B, T, H, D) for q ", q.sizes(), ", got ", v.sizes());
   TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble,
               "rfa_causal: the kernel takes fp32 or fp64 inputs (the state dtype), got ", q.scalar_type());
-  TORCH_CHECK(chunk >= 1, "rfa_causal: chunk must be >= 1, got ", chunk);
+  TORCH_CHECK(chunk >= 0, "rfa_causal: chunk must be >= 0, got ", chunk);
   auto same = [&](const at::Tensor& t, const char* name) {
     TORCH_CHECK(t.scalar_type() == q.scalar_type(), "rfa_causal: ", name, " dtype must match q");
     TORCH_CHECK(t.device() == q.device(), "rfa_causal: ", name, " must be on q's device");
@@ -74,7 +76,10 @@ inline void check_rfa_inputs(const at::Tensor& q, const at::Tensor& k, const at:
 
 inline void check_rfa_backward_inputs(const at::Tensor& grad_out, const c10::optional<at::Tensor>& grad_state,
                                       const at::Tensor& checkpoints, const at::Tensor& q, const at::Tensor& v,
-                                      int64_t num_chunks) {
+                                      int64_t chunk) {
+  TORCH_CHECK(chunk >= 1, "rfa_causal backward: chunk must be >= 1 (a forward with chunk 0 saved no states), got ",
+              chunk);
+  const int64_t num_chunks = rfa_num_chunks(q.size(1), chunk);
   TORCH_CHECK(grad_out.sizes() == v.sizes() && grad_out.scalar_type() == v.scalar_type(),
               "rfa_causal backward: grad_out must match v");
   const std::vector<int64_t> state{q.size(0), q.size(2), q.size(3), v.size(3) + 1};

@@ -11,6 +11,8 @@ PyObject* PyInit__C(void) {
 }
 }
 
+// rfa_causal_fwd saves the state before every `chunk` steps for rfa_causal_bwd (checkpoints, (B, H, N, F, D + 1));
+// chunk 0 saves none (N = 0), for calls that need no backward.
 TORCH_LIBRARY(talk_hf, m) {
   m.def("talk_conv_fwd(Tensor x, Tensor offset_left, Tensor? offset_right, int max_left, int max_right) -> Tensor");
   m.def(

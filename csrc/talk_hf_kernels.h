@@ -46,7 +46,7 @@ struct DynamicConvParams {
 
 struct RfaParams {
   int64_t batch, seqlen, heads, features, head_dim;  // B, T, H, F, D; the state is (F, E) with E = D + 1
-  int64_t chunk, num_chunks;                         // steps per checkpoint, N = ceil(T / chunk)
+  int64_t chunk, num_chunks;                         // steps per checkpoint (0: none), N = rfa_num_chunks(T, chunk)
   double eps;                                        // lower bound of the normaliser
   DType dtype;                                       // kFloat32 or kFloat64 (the state dtype) for every tensor
   const void* q;                   // (B, T, H, F)

@@ -59,7 +59,8 @@ def _register():
     def _(q, k, v, decay, initial_state, eps, chunk):
         B, T, H, F = q.shape
         state = v.new_empty(B, H, F, v.shape[-1] + 1)
-        return v.new_empty(v.shape), state, v.new_empty(B, H, -(-T // chunk), F, v.shape[-1] + 1)
+        num_chunks = -(-T // chunk) if chunk > 0 else 0  # chunk 0: no states saved (no backward)
+        return v.new_empty(v.shape), state, v.new_empty(B, H, num_chunks, F, v.shape[-1] + 1)
 
     @torch.library.register_fake("talk_hf::rfa_causal_bwd")
     def _(grad_out, grad_state, q, k, v, decay, initial_state, checkpoints, eps, chunk):
@@ -113,7 +114,8 @@ def talk_conv(x, offset_left, offset_right, max_left, max_right):
 
 
 def rfa_causal(q, k, v, decay, initial_state, eps, chunk):
-    """Compiled causal RFA; every tensor already in the state dtype (fp32 or fp64). -> (out, final state)."""
+    """Compiled causal RFA; every tensor already in the state dtype (fp32 or fp64); chunk: steps between the states
+    saved for the backward, 0 when no gradient will be asked for. -> (out, final state)."""
     out, state, _ = torch.ops.talk_hf.rfa_causal_fwd(q, k, v, decay, initial_state, float(eps), chunk)
     return out, state
 

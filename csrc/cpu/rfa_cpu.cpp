@@ -74,7 +74,7 @@ void forward_kernel(const acc_t* q, const acc_t* k, const acc_t* v, const acc_t*
       else std::fill(P, P + S, acc_t(0));
       acc_t scale = 1;  // decay of the previous step, applied when the next key is added
       for (int64_t t = 0; t < d.T; ++t) {
-        if (t % d.chunk == 0) std::copy(P, P + S, checkpoints + (bh * d.N + t / d.chunk) * S);
+        if (d.chunk > 0 && t % d.chunk == 0) std::copy(P, P + S, checkpoints + (bh * d.N + t / d.chunk) * S);
         advance_state(P, scale, at_bth(k, d, b, t, h, d.F), at_bth(v, d, b, t, h, d.D), P, d);
         read_state(P, at_bth(q, d, b, t, h, d.F), num.data(), d);
         const acc_t den = std::max(num[d.D], eps);
@@ -161,7 +161,7 @@ void backward_kernel(const acc_t* go, const acc_t* gfinal, const acc_t* q, const
 
 Dims make_dims(const at::Tensor& q, const at::Tensor& v, int64_t chunk) {
   const int64_t T = q.size(1);
-  return {q.size(0), T, q.size(2), q.size(3), v.size(3), v.size(3) + 1, T == 0 ? 0 : (T + chunk - 1) / chunk, chunk};
+  return {q.size(0), T, q.size(2), q.size(3), v.size(3), v.size(3) + 1, rfa_num_chunks(T, chunk), chunk};
 }
 
 template <typename T>
@@ -197,7 +197,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rfa_causa
     const at::Tensor& checkpoints_, double eps, int64_t chunk) {
   check_rfa_inputs(q_, k_, v_, decay_, init_, chunk);
   const Dims d = make_dims(q_, v_, chunk);
-  check_rfa_backward_inputs(go_, gfinal_, checkpoints_, q_, v_, d.N);
+  check_rfa_backward_inputs(go_, gfinal_, checkpoints_, q_, v_, chunk);
   const at::Tensor go = go_.contiguous(), q = q_.contiguous(), k = k_.contiguous(), v = v_.contiguous();
   const at::Tensor gfinal = contiguous_or_undefined(gfinal_);
   const at::Tensor decay = contiguous_or_undefined(decay_);

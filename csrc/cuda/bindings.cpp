@@ -143,7 +143,7 @@ RfaParams rfa_params(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   p.features = q.size(3);
   p.head_dim = v.size(3);
   p.chunk = chunk;
-  p.num_chunks = (p.seqlen + chunk - 1) / chunk;
+  p.num_chunks = rfa_num_chunks(p.seqlen, chunk);
   p.eps = eps;
   p.dtype = to_dtype(q.scalar_type());
   p.q = q.data_ptr();
@@ -179,8 +179,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rfa_causa
     const at::Tensor& v_, const c10::optional<at::Tensor>& decay_, const c10::optional<at::Tensor>& init_,
     const at::Tensor& checkpoints_, double eps, int64_t chunk) {
   check_rfa_inputs(q_, k_, v_, decay_, init_, chunk);
-  const int64_t num_chunks = (q_.size(1) + chunk - 1) / chunk;
-  check_rfa_backward_inputs(go_, gstate_, checkpoints_, q_, v_, num_chunks);
+  check_rfa_backward_inputs(go_, gstate_, checkpoints_, q_, v_, chunk);
   const c10::cuda::CUDAGuard guard(q_.device());
   const at::Tensor go = go_.contiguous(), q = q_.contiguous(), k = k_.contiguous(), v = v_.contiguous();
   const at::Tensor gstate = contiguous_or_undefined(gstate_), checkpoints = checkpoints_.contiguous();

@@ -103,7 +103,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int64_t i = threadIdx.x; i < S; i += blockDim.x) P[i] = init ? init[bh * S + i] : acc_t(0);
     acc_t scale = 1;
     for (int64_t t = 0; t < d.T; ++t) {
-      if (t % d.chunk == 0) {  // same thread-to-entry mapping as advance_state: no barrier needed between them
+      if (d.chunk > 0 && t % d.chunk == 0) {  // same thread-to-entry mapping as advance_state: no barrier needed between them
         acc_t* ck = checkpoints + (bh * d.N + t / d.chunk) * S;
         for (int64_t i = threadIdx.x; i < S; i += blockDim.x) ck[i] = P[i];
       }
@@ -209,8 +209,8 @@ __global__ void __launch_bounds__(kThreads)
 
 inline bool valid(const RfaParams& p) {
   return (p.dtype == DType::kFloat32 || p.dtype == DType::kFloat64) && p.batch >= 0 && p.seqlen >= 0 &&
-         p.heads > 0 && p.features > 0 && p.head_dim > 0 && p.chunk >= 1 &&
-         p.num_chunks == (p.seqlen + p.chunk - 1) / p.chunk;
+         p.heads > 0 && p.features > 0 && p.head_dim > 0 && p.chunk >= 0 &&
+         p.num_chunks == rfa_num_chunks(p.seqlen, p.chunk);
 }
 
 template <typename acc_t>
@@ -250,7 +250,7 @@ cudaError_t rfa_causal_fwd_cuda(const RfaParams& p, cudaStream_t stream) {
 }
 
 cudaError_t rfa_causal_bwd_cuda(const RfaParams& p, void* workspace, cudaStream_t stream) {
-  if (!valid(p) || p.seqlen == 0) return cudaErrorInvalidValue;  // T = 0 is handled by the caller
+  if (!valid(p) || p.chunk < 1 || p.seqlen == 0) return cudaErrorInvalidValue;  // T = 0: handled by the caller
   const RfaDims d = make_dims(p);
   if (d.B * d.H == 0) return cudaGetLastError();
   const unsigned grid = grid_blocks(d.B * d.H);

@@ -113,3 +113,4 @@ def test_opcheck_on_cuda():
     q = features(2, 9, 2, 4, g, torch.float32).to(CUDA)
     v = torch.randn(2, 9, 2, 3, device=CUDA)
     torch.library.opcheck(torch.ops.talk_hf.rfa_causal_fwd.default, (q.requires_grad_(), q, v, None, None, 0.1, 4))
+    torch.library.opcheck(torch.ops.talk_hf.rfa_causal_fwd.default, (q.detach(), q.detach(), v, None, None, 0.1, 0))

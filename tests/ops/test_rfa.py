@@ -146,6 +146,21 @@ def test_opcheck():
                           (torch.randn(2, 9, 2, 3), torch.randn(2, 2, 4, 4), q, k, v, decay, initial, checkpoints, 0.1, 4))
     torch.library.opcheck(torch.ops.talk_hf.rfa_causal_bwd.default,
                           (torch.randn(2, 9, 2, 3), None, q, k, v, None, None, fwd(q, k, v, None, None, 0.1, 4)[2], 0.1, 4))
+    torch.library.opcheck(fwd, (q, k, v, decay, initial, 0.1, 0))  # chunk 0: inference, no states saved
+
+
+def test_inference_saves_no_states_and_refuses_a_backward():
+    g = torch.Generator().manual_seed(13)
+    q, k = features(2, 9, 2, 4, g, torch.float32), features(2, 9, 2, 4, g, torch.float32)
+    v = torch.randn(2, 9, 2, 3, generator=g)
+    fwd = torch.ops.talk_hf.rfa_causal_fwd.default
+    out, state, saved = fwd(q, k, v, None, None, 0.1, 0)
+    reference_out, reference_state, checkpoints = fwd(q, k, v, None, None, 0.1, 4)
+    assert saved.shape == (2, 2, 0, 4, 4) and checkpoints.shape == (2, 2, 3, 4, 4)
+    torch.testing.assert_close(out, reference_out, rtol=0, atol=0)
+    torch.testing.assert_close(state, reference_state, rtol=0, atol=0)
+    with pytest.raises(RuntimeError, match="chunk must be >= 1"):
+        torch.ops.talk_hf.rfa_causal_bwd(torch.ones_like(out), None, q, k, v, None, None, saved, 0.1, 0)
 
 
 def test_dispatch_uses_the_kernel_for_inference_and_matmuls_for_training():
