@@ -7,7 +7,7 @@
 // accumulation type (fp64 for fp64, fp32 otherwise) and start at the buffer's first row, so they stay short.
 //
 // Backward, also one pass per (batch, time tile, head) after one pass that computes every window end: offset
-// gradients from local prefix sums, grad x from a local scatter of the outputs whose windows straddle the tile
+// gradients from the one element of x inside each interpolated window end, grad x from a local scatter of the outputs whose windows straddle the tile
 // followed by suffix sums (see backward_tile). Every output element is written by one task: no atomics, and the
 // reduction order is fixed.
 #include <ATen/Dispatch.h>
@@ -156,8 +156,7 @@ struct Reach {
 };
 
 // Backward of one task: time steps [t0, t1) of head h (all its channels).
-//  - offset gradients of the outputs t in [t0, t1): slopes of the window ends, from prefix sums of the rows their
-//    windows read (as in the forward);
+//  - offset gradients of the outputs t in [t0, t1): the slope of an interpolated window end is one element of x;
 //  - grad x of the positions j in [t0, t1): grad x_j = sum over table rows i >= j + 1 of the table gradient. An
 //    output whose window rows all lie at or after t1 adds +w and -w to that suffix sum (its two ends' weights each
 //    sum to 1) and one whose rows all lie at or before t0 adds nothing, so only the outputs in
@@ -172,25 +171,26 @@ TALK_HF_VECTOR_CLONES void backward_tile(const scalar_t* __restrict__ g, const s
   ends += (b * d.H + h) * d.T * 2;  // this head's ends, step by step
   auto end_at = [&](int64_t t, int side) { return ends[2 * t + side]; };
 
-  // offset gradients
-  const Rows rows = rows_read(ends + 2 * t0, t1 - t0, d.T);
-  const int64_t base = rows.base;
-  local_prefix_sums<scalar_t, acc_t>(x, d, b, rows, c0, R, buf);
-  const acc_t* p = buf.data();
+  // offset gradients: the slope S[hi] - S[lo] of an interpolated end is the one element x[lo] between its rows
+  // (zero when clamped or on an integer position, where hi == lo)
+  const scalar_t* xb = x + b * d.T * d.C + c0;
   for (int64_t t = t0; t < t1; ++t) {
     const WindowEnd<acc_t> l = end_at(t, 0), r = end_at(t, 1);
     const scalar_t* __restrict__ gt = g + (b * d.T + t) * d.C + c0;
-    const acc_t *llo = p + (l.lo - base) * R, *lhi = p + (l.hi - base) * R;
-    const acc_t *rlo = p + (r.lo - base) * R, *rhi = p + (r.hi - base) * R;
     acc_t slope_left = 0, slope_right = 0;
-#pragma omp simd reduction(+ : slope_left, slope_right)
-    for (int64_t c = 0; c < R; ++c) {
-      const acc_t gv = static_cast<acc_t>(gt[c]) * inv_norm;
-      slope_left += gv * (lhi[c] - llo[c]);
-      slope_right += gv * (rhi[c] - rlo[c]);
+    if (l.hi != l.lo) {
+      const scalar_t* __restrict__ xl = xb + l.lo * d.C;
+#pragma omp simd reduction(+ : slope_left)
+      for (int64_t c = 0; c < R; ++c) slope_left += static_cast<acc_t>(gt[c]) * static_cast<acc_t>(xl[c]);
     }
-    gol[(b * d.T + t) * d.H + h] = static_cast<scalar_t>(slope_left * static_cast<acc_t>(d.max_left));
-    if (d.has_right) gor[(b * d.T + t) * d.H + h] = static_cast<scalar_t>(slope_right * static_cast<acc_t>(d.max_right));
+    if (r.hi != r.lo) {
+      const scalar_t* __restrict__ xr = xb + r.lo * d.C;
+#pragma omp simd reduction(+ : slope_right)
+      for (int64_t c = 0; c < R; ++c) slope_right += static_cast<acc_t>(gt[c]) * static_cast<acc_t>(xr[c]);
+    }
+    gol[(b * d.T + t) * d.H + h] = static_cast<scalar_t>(slope_left * inv_norm * static_cast<acc_t>(d.max_left));
+    if (d.has_right)
+      gor[(b * d.T + t) * d.H + h] = static_cast<scalar_t>(slope_right * inv_norm * static_cast<acc_t>(d.max_right));
   }
 
   // grad x: local table gradient of the rows (t0, last]

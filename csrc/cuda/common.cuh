@@ -1,6 +1,5 @@
 // Small device helpers shared by the CUDA kernels of talk_hf (no torch headers).
-//   - acc_type<scalar_t>: accumulation type (double for fp64, float for fp32 / fp16 / bf16)
-//   - to_acc / from_acc: load-side and store-side conversions between storage and accumulation types
+//   - acc_type, to_acc, from_acc: accumulation types and conversions (acc_cast.h, shared with host code)
 //   - group_reduce_sum: sum over aligned power-of-two groups of lanes inside a warp
 //   - ceil_div, align_up, grid sizing and grid-stride indices in int64
 //   - DISPATCH_DTYPE(dtype, scalar_t, ...): runs `...` with `scalar_t` bound to the storage type of `dtype`
@@ -12,7 +11,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "talk_hf_kernels.h"
+#include "../acc_cast.h"
+#include "../talk_hf_kernels.h"
 
 namespace talk_hf {
 namespace cuda_detail {
@@ -25,53 +25,12 @@ constexpr size_t kWorkspaceAlign = 256;         // alignment of every workspace 
 
 // ------------------------------------------------------------------------------------------------ types
 
-template <typename scalar_t>
-struct AccTypeOf {
-  using type = float;  // fp32, fp16, bf16
-};
-template <>
-struct AccTypeOf<double> {
-  using type = double;
-};
-template <typename scalar_t>
-using acc_type = typename AccTypeOf<scalar_t>::type;
-
 // Bytes of one accumulator element for a dtype (host side, for workspace sizes).
 inline size_t acc_bytes(DType dtype) { return dtype == DType::kFloat64 ? sizeof(double) : sizeof(float); }
 
 inline bool valid_dtype(DType dtype) {
   return dtype == DType::kFloat32 || dtype == DType::kFloat64 || dtype == DType::kFloat16 ||
          dtype == DType::kBFloat16;
-}
-
-// Storage -> accumulation type.
-__device__ __forceinline__ float to_acc(float v) { return v; }
-__device__ __forceinline__ double to_acc(double v) { return v; }
-__device__ __forceinline__ float to_acc(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_acc(__nv_bfloat16 v) { return __bfloat162float(v); }
-
-// Accumulation -> storage type, round to nearest even (as torch's .to(dtype)).
-template <typename scalar_t>
-struct StoreAs;
-template <>
-struct StoreAs<float> {
-  static __device__ __forceinline__ float cast(float v) { return v; }
-};
-template <>
-struct StoreAs<double> {
-  static __device__ __forceinline__ double cast(double v) { return v; }
-};
-template <>
-struct StoreAs<__half> {
-  static __device__ __forceinline__ __half cast(float v) { return __float2half_rn(v); }
-};
-template <>
-struct StoreAs<__nv_bfloat16> {
-  static __device__ __forceinline__ __nv_bfloat16 cast(float v) { return __float2bfloat16_rn(v); }
-};
-template <typename scalar_t>
-__device__ __forceinline__ scalar_t from_acc(acc_type<scalar_t> v) {
-  return StoreAs<scalar_t>::cast(v);
 }
 
 // ------------------------------------------------------------------------------------------------ reductions

@@ -13,7 +13,7 @@
 //           stride over the head's R channels and a group shuffle reduction gives the sum (deterministic).
 // No workspace.
 #include "common.cuh"
-#include "talk_hf_kernels.h"
+#include "../talk_hf_kernels.h"
 
 namespace talk_hf {
 namespace {

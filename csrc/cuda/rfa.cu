@@ -17,8 +17,8 @@
 // dq_t = P_t g; dk_t = G [v_t, 1]; dv_t = (G^T k_t)[:D]; ddecay[t-1] = <G, P_{t-1}>; G *= decay[t-1].
 // Workspace: (B*H) x ((chunk + 1) states + 1 adjoint) x F x E accumulators.
 #include "common.cuh"
-#include "rfa_math.h"
-#include "talk_hf_kernels.h"
+#include "../rfa_math.h"
+#include "../talk_hf_kernels.h"
 
 namespace talk_hf {
 namespace {

@@ -1,54 +1,25 @@
 // CUDA kernels of the TaLK convolution. Specification: talk_hf/talk_conv.py (`talk_conv_ref`).
 //
-// Layouts (all contiguous, batch-first, channels-last):
-//   x, out, grad_out, grad_x   (B, T, C)   at [(b*T + t)*C + c]
-//   offsets, grad offsets      (B, T, H)   at [(b*T + t)*H + h];   head of channel c: h = c / R, R = C / H
-//   sat, gsat (workspace)      (B, T+1, C) at [(b*(T+1) + i)*C + c] in the accumulation type; sat[i] = S_{i-1}
-// Channels are the fastest index everywhere, so consecutive threads take consecutive channels (coalesced).
-//
-// Forward:  (1) prefix-sum kernel, one thread per (b, c), sequential over t -> sat
-//           (2) gather kernel, one thread per (b, t, c) -> out
-// Backward: (1) the same prefix-sum kernel -> sat; gsat zeroed with cudaMemsetAsync
-//           (2) scatter kernel, one group of G lanes per (b, t, h) (G = power of two >= min(R, 32)): atomicAdd of
-//               the window-end gradients into gsat; the offset gradients summed over the head's R channels with a
-//               group shuffle reduction (deterministic) and written once per (b, t, h)
-//           (3) reverse prefix-sum kernel, one thread per (b, c): grad_x[j] = sum_{i >= j+1} gsat[i]
-// Workspace: forward  [sat]        backward [sat | gsat], each B*(T+1)*C accumulators, 256-byte aligned.
+// The kernels run the block programs of talk_conv_tiles.h (which also says what each phase does and why it is
+// exact for any offsets); the tests run the same programs on the CPU (tests/ops/test_cuda_tile_programs.py).
+// Forward: one fused kernel, block = (b, tile of steps, 32 channels) x 8 warps: x read once plus an L2-resident
+//          halo, the output written once, prefix sums in shared memory (fp32 for fp16/bf16/fp32, fp64 for fp64).
+// Backward: reach (per (b, h), atomicMax of integers into a 16-byte-per-(b, h) workspace), offset gradients
+//          (per (b, t, h), a deterministic group reduction of g * x over the head's channels), grad x (tile-local
+//          scatter and suffix sums in shared memory, one warp per (b, tile, 32 channels), no atomics).
+// No host synchronisation anywhere: every launch shape comes from the sizes alone (CUDA-graph friendly).
 #include "common.cuh"
-#include "talk_conv_math.h"
-#include "talk_hf_kernels.h"
+#include "talk_conv_tiles.h"
+#include "../talk_hf_kernels.h"
 
 namespace talk_hf {
 namespace {
 
 using namespace cuda_detail;
+using tiles::TalkArgs;
 
-// Problem sizes and constants shared by all kernels (passed by value).
-template <typename acc_t>
-struct TalkDims {
-  int64_t B, T, C, H, R;
-  int64_t max_left, max_right;
-  bool has_right;
-  acc_t norm;  // max_left + max_right + 1
-};
-
-template <typename acc_t>
-TalkDims<acc_t> make_dims(const TalkConvParams& p) {
-  TalkDims<acc_t> d;
-  d.B = p.batch;
-  d.T = p.seqlen;
-  d.C = p.channels;
-  d.H = p.heads;
-  d.R = p.channels / p.heads;
-  d.max_left = p.max_left;
-  d.max_right = p.max_right;
-  d.has_right = p.has_right;
-  d.norm = static_cast<acc_t>(p.max_left + p.max_right + 1);
-  return d;
-}
-
-// Number of accumulators in one (B, T+1, C) table.
-inline int64_t table_elems(const TalkConvParams& p) { return p.batch * (p.seqlen + 1) * p.channels; }
+constexpr int kFwdWarps = 8;     // warps per forward block
+constexpr int kGradXWarps = 4;   // grad-x units (one warp each) per block
 
 inline bool is_empty(const TalkConvParams& p) { return p.batch == 0 || p.seqlen == 0 || p.channels == 0; }
 
@@ -58,214 +29,138 @@ inline bool valid_common(const TalkConvParams& p) {
          p.offset_left != nullptr && (!p.has_right || p.offset_right != nullptr);
 }
 
-// ------------------------------------------------------------------------------------------------ window ends
-
-// Left end: S~(l - 1) is interpolated between sat[lo] and sat[hi]; rel = -offset_left * max_left.
-template <typename acc_t, typename scalar_t>
-__device__ __forceinline__ WindowEnd<acc_t> left_end(const scalar_t* __restrict__ offset_left, int64_t bth,
-                                                     int64_t t, const TalkDims<acc_t>& d) {
-  const acc_t rel = -to_acc(offset_left[bth]) * static_cast<acc_t>(d.max_left);
-  return window_end<acc_t>(t, rel, d.T);
-}
-
-// Right end: S~(r) is interpolated between sat[lo + 1] and sat[hi + 1]; rel = offset_right * max_right.
-// The returned lo/hi are already shifted by +1 (table rows, in [1, T]).
-template <typename acc_t, typename scalar_t>
-__device__ __forceinline__ WindowEnd<acc_t> right_end(const scalar_t* __restrict__ offset_right, int64_t bth,
-                                                      int64_t t, const TalkDims<acc_t>& d) {
-  const acc_t rel = to_acc(offset_right[bth]) * static_cast<acc_t>(d.max_right);
-  WindowEnd<acc_t> w = window_end<acc_t>(t, rel, d.T);
-  w.lo += 1;
-  w.hi += 1;
-  return w;
-}
-
-// table column `col` (rows strided by C): col[lo] + frac * (col[hi] - col[lo]).
-template <typename acc_t>
-__device__ __forceinline__ acc_t interpolate(const acc_t* __restrict__ col, int64_t C, const WindowEnd<acc_t>& w) {
-  const acc_t at_lo = col[w.lo * C];
-  const acc_t at_hi = col[w.hi * C];
-  return at_lo + w.frac * (at_hi - at_lo);
-}
-
-// d interpolate / d frac = col[hi] - col[lo] (zero when clamped or on an integer position, where hi == lo).
-template <typename acc_t>
-__device__ __forceinline__ acc_t slope(const acc_t* __restrict__ col, int64_t C, const WindowEnd<acc_t>& w) {
-  return col[w.hi * C] - col[w.lo * C];
-}
-
-// Adjoint of `interpolate`: col[lo] += (1 - frac) * grad, col[hi] += frac * grad.
-template <typename acc_t>
-__device__ __forceinline__ void scatter(acc_t* __restrict__ col, int64_t C, const WindowEnd<acc_t>& w, acc_t grad) {
-  if (w.hi == w.lo) {  // frac == 0: the whole weight lands on lo
-    atomicAdd(col + w.lo * C, grad);
-  } else {
-    atomicAdd(col + w.lo * C, (acc_t(1) - w.frac) * grad);
-    atomicAdd(col + w.hi * C, w.frac * grad);
-  }
+template <typename scalar_t>
+TalkArgs<scalar_t> make_args(const TalkConvParams& p) {
+  TalkArgs<scalar_t> a{};
+  a.x = static_cast<const scalar_t*>(p.x);
+  a.offset_left = static_cast<const scalar_t*>(p.offset_left);
+  a.offset_right = static_cast<const scalar_t*>(p.offset_right);
+  a.out = static_cast<scalar_t*>(p.out);
+  a.grad_out = static_cast<const scalar_t*>(p.grad_out);
+  a.grad_x = static_cast<scalar_t*>(p.grad_x);
+  a.grad_offset_left = static_cast<scalar_t*>(p.grad_offset_left);
+  a.grad_offset_right = static_cast<scalar_t*>(p.grad_offset_right);
+  a.B = p.batch;
+  a.T = p.seqlen;
+  a.C = p.channels;
+  a.H = p.heads;
+  a.R = p.channels / p.heads;
+  a.max_left = p.max_left;
+  a.max_right = p.max_right;
+  a.has_right = p.has_right;
+  return a;
 }
 
 // ------------------------------------------------------------------------------------------------ kernels
 
-// sat[b, 0, c] = 0, sat[b, t+1, c] = sum_{i<=t} x[b, i, c]. One thread per (b, c), n = b*C + c.
+// Dynamic shared memory, aligned for double.
+__device__ __forceinline__ void* shared_buffer() {
+  extern __shared__ __align__(16) unsigned char talk_shared[];
+  return talk_shared;
+}
+
 template <typename scalar_t>
-__global__ void __launch_bounds__(kThreads)
-    talk_prefix_sum_kernel(const scalar_t* __restrict__ x, acc_type<scalar_t>* __restrict__ sat, int64_t B,
-                           int64_t T, int64_t C) {
+__global__ void __launch_bounds__(kFwdWarps * kWarpSize) talk_fwd_kernel(const TalkArgs<scalar_t> a) {
   using acc_t = acc_type<scalar_t>;
-  const int64_t n_cols = B * C;
-  for (int64_t n = global_thread_id(); n < n_cols; n += global_thread_count()) {
-    const int64_t b = n / C;
-    const int64_t c = n - b * C;
-    const scalar_t* xcol = x + b * T * C + c;
-    acc_t* scol = sat + b * (T + 1) * C + c;
-    acc_t s = acc_t(0);
-    scol[0] = s;
-    for (int64_t t = 0; t < T; ++t) {
-      s += to_acc(xcol[t * C]);
-      scol[(t + 1) * C] = s;
-    }
+  acc_t* table = static_cast<acc_t*>(shared_buffer());
+  acc_t* carry = table + a.rows * tiles::kLanes;
+  const int w = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  for (int64_t block = blockIdx.x; block < tiles::fwd_num_blocks(a); block += gridDim.x) {
+    const tiles::FwdBlock k = tiles::fwd_block(a, block);
+    tiles::fwd_scan(a, k, table, w, lane);
+    __syncthreads();
+    tiles::fwd_carry(a, k, table, carry, w, lane);
+    __syncthreads();
+    tiles::fwd_add_carry(a, k, table, carry, w, lane);
+    __syncthreads();
+    tiles::fwd_gather(a, k, table, w, lane);
+    __syncthreads();  // the next block's scan overwrites the table
   }
 }
 
-// out[b, t, c] = (S~(r) - S~(l - 1)) / norm. One thread per (b, t, c), n = (b*T + t)*C + c.
+// reach[b, h] = max over t of the rows before / after t read by the window of (b, t, h). One thread per (b, t, h).
 template <typename scalar_t>
-__global__ void __launch_bounds__(kThreads)
-    talk_fwd_gather_kernel(const acc_type<scalar_t>* __restrict__ sat, const scalar_t* __restrict__ offset_left,
-                           const scalar_t* __restrict__ offset_right, scalar_t* __restrict__ out,
-                           TalkDims<acc_type<scalar_t>> d) {
-  using acc_t = acc_type<scalar_t>;
-  const int64_t total = d.B * d.T * d.C;
+__global__ void __launch_bounds__(kThreads) talk_reach_kernel(const TalkArgs<scalar_t> a) {
+  const int64_t total = a.B * a.T * a.H;
   for (int64_t n = global_thread_id(); n < total; n += global_thread_count()) {
-    const int64_t bt = n / d.C;
-    const int64_t c = n - bt * d.C;
-    const int64_t b = bt / d.T;
-    const int64_t t = bt - b * d.T;
-    const int64_t bth = bt * d.H + c / d.R;
-    const acc_t* col = sat + b * (d.T + 1) * d.C + c;
-
-    const acc_t left = interpolate(col, d.C, left_end(offset_left, bth, t, d));
-    const acc_t right = d.has_right ? interpolate(col, d.C, right_end(offset_right, bth, t, d)) : col[(t + 1) * d.C];
-    out[n] = from_acc<scalar_t>((right - left) / d.norm);
+    const int64_t h = n % a.H, t = n / a.H % a.T, b = n / (a.H * a.T);
+    int64_t before, after;
+    tiles::reach_of(a, b, t, h, &before, &after);
+    unsigned long long* r = a.reach + (b * a.H + h) * 2;
+    atomicMax(r, static_cast<unsigned long long>(before));
+    atomicMax(r + 1, static_cast<unsigned long long>(after));
   }
 }
 
-// Per (b, t, h): scatter grad_out / norm into gsat at the window ends (atomics) and write
-// grad_offset_left = max_left * sum_c (g/norm) * slope_left, grad_offset_right = max_right * sum_c (g/norm) * slope_right.
-// Signs: out = (right - left)/norm with rel_left = -offset_left*max_left, so d out/d offset_left = +max_left*slope/norm
-// and d out/d offset_right = +max_right*slope/norm.
-// Each group of G lanes owns one (b, t, h) (group id = (b*T + t)*H + h); its lanes stride over the head's R channels.
-// The loop bound is warp-uniform so that every lane reaches the shuffles.
+// Offset gradients: one group of `group` lanes per (b, t, h) (group id = (b*T + t)*H + h), its lanes striding over
+// the head's channels, then a shuffle reduction (fixed order). The loop bound is warp-uniform so every lane reaches
+// the shuffles.
 template <typename scalar_t>
-__global__ void __launch_bounds__(kThreads)
-    talk_bwd_scatter_kernel(const acc_type<scalar_t>* __restrict__ sat, acc_type<scalar_t>* __restrict__ gsat,
-                            const scalar_t* __restrict__ offset_left, const scalar_t* __restrict__ offset_right,
-                            const scalar_t* __restrict__ grad_out, scalar_t* __restrict__ grad_offset_left,
-                            scalar_t* __restrict__ grad_offset_right, TalkDims<acc_type<scalar_t>> d, int group) {
+__global__ void __launch_bounds__(kThreads) talk_offset_grad_kernel(const TalkArgs<scalar_t> a, int group) {
   using acc_t = acc_type<scalar_t>;
   const int lane = static_cast<int>(threadIdx.x % kWarpSize);
   const int r0 = lane % group;
   const int64_t groups_per_warp = kWarpSize / group;
-  const int64_t n_groups = d.B * d.T * d.H;
+  const int64_t n_groups = a.B * a.T * a.H;
   const int64_t warp = global_thread_id() / kWarpSize;
   const int64_t n_warps = global_thread_count() / kWarpSize;
-
-  for (int64_t base = warp * groups_per_warp; base < n_groups; base += n_warps * groups_per_warp) {
-    const int64_t bth = base + lane / group;
-    const bool active = bth < n_groups;
-    acc_t sum_left = acc_t(0), sum_right = acc_t(0);  // sum_c (g/norm) * slope
-    if (active) {
-      const int64_t bt = bth / d.H;
-      const int64_t h = bth - bt * d.H;
-      const int64_t b = bt / d.T;
-      const int64_t t = bt - b * d.T;
-      const WindowEnd<acc_t> L = left_end(offset_left, bth, t, d);
-      WindowEnd<acc_t> Rw = {t + 1, t + 1, acc_t(0)};  // causal: the right end is S_t = sat[t + 1]
-      if (d.has_right) Rw = right_end(offset_right, bth, t, d);
-      for (int64_t r = r0; r < d.R; r += group) {
-        const int64_t c = h * d.R + r;
-        const acc_t gn = to_acc(grad_out[bt * d.C + c]) / d.norm;
-        const int64_t col_off = b * (d.T + 1) * d.C + c;
-        scatter(gsat + col_off, d.C, L, -gn);  // left enters with a minus sign
-        scatter(gsat + col_off, d.C, Rw, gn);
-        sum_left += gn * slope(sat + col_off, d.C, L);
-        if (d.has_right) sum_right += gn * slope(sat + col_off, d.C, Rw);
-      }
+  for (int64_t first = warp * groups_per_warp; first < n_groups; first += n_warps * groups_per_warp) {
+    const int64_t bth = first + lane / group;
+    acc_t left = acc_t(0), right = acc_t(0);
+    if (bth < n_groups) {
+      const int64_t h = bth % a.H, t = bth / a.H % a.T, b = bth / (a.H * a.T);
+      tiles::offset_grad_partial(a, b, t, h, r0, group, &left, &right);
     }
-    sum_left = group_reduce_sum(sum_left, group);
-    sum_right = group_reduce_sum(sum_right, group);
-    if (active && r0 == 0) {
-      grad_offset_left[bth] = from_acc<scalar_t>(static_cast<acc_t>(d.max_left) * sum_left);
-      if (d.has_right) grad_offset_right[bth] = from_acc<scalar_t>(static_cast<acc_t>(d.max_right) * sum_right);
-    }
+    left = group_reduce_sum(left, group);
+    right = group_reduce_sum(right, group);
+    if (bth < n_groups && r0 == 0) tiles::write_offset_grads(a, bth, left, right);
   }
 }
 
-// grad_x[b, j, c] = sum_{i >= j+1} gsat[b, i, c] (gsat[b, 0, c] is the gradient of S_{-1} = 0 and is dropped).
-// One thread per (b, c), n = b*C + c.
+// grad x: one warp per unit (b, tile, 32 channels), kGradXWarps units per block, each with its own a.tile x 32
+// accumulators of shared memory. Lanes touch only their own column: no barrier.
 template <typename scalar_t>
-__global__ void __launch_bounds__(kThreads)
-    talk_reverse_sum_kernel(const acc_type<scalar_t>* __restrict__ gsat, scalar_t* __restrict__ grad_x, int64_t B,
-                            int64_t T, int64_t C) {
+__global__ void __launch_bounds__(kGradXWarps * kWarpSize) talk_grad_x_kernel(const TalkArgs<scalar_t> a) {
   using acc_t = acc_type<scalar_t>;
-  const int64_t n_cols = B * C;
-  for (int64_t n = global_thread_id(); n < n_cols; n += global_thread_count()) {
-    const int64_t b = n / C;
-    const int64_t c = n - b * C;
-    const acc_t* gcol = gsat + b * (T + 1) * C + c;
-    scalar_t* gxcol = grad_x + b * T * C + c;
-    acc_t s = acc_t(0);
-    for (int64_t j = T - 1; j >= 0; --j) {
-      s += gcol[(j + 1) * C];
-      gxcol[j * C] = from_acc<scalar_t>(s);
-    }
+  const int w = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  acc_t* q = static_cast<acc_t*>(shared_buffer()) + w * a.tile * tiles::kLanes;
+  const int64_t units = tiles::gx_num_units(a);
+  for (int64_t unit = static_cast<int64_t>(blockIdx.x) * kGradXWarps + w; unit < units;
+       unit += static_cast<int64_t>(gridDim.x) * kGradXWarps) {
+    tiles::gx_lane(a, tiles::gx_unit(a, unit), q, lane);
   }
 }
 
 // ------------------------------------------------------------------------------------------------ launchers
 
 template <typename scalar_t>
-void launch_prefix_sum(const TalkConvParams& p, acc_type<scalar_t>* sat, cudaStream_t stream) {
-  const unsigned blocks = grid_blocks(ceil_div(p.batch * p.channels, kThreads));
-  talk_prefix_sum_kernel<scalar_t><<<blocks, kThreads, 0, stream>>>(static_cast<const scalar_t*>(p.x), sat,
-                                                                     p.batch, p.seqlen, p.channels);
-}
-
-template <typename scalar_t>
-cudaError_t launch_fwd(const TalkConvParams& p, void* workspace, cudaStream_t stream) {
+cudaError_t launch_fwd(const TalkConvParams& p, cudaStream_t stream) {
   using acc_t = acc_type<scalar_t>;
-  acc_t* sat = static_cast<acc_t*>(workspace);
-  launch_prefix_sum<scalar_t>(p, sat, stream);
-
-  const unsigned blocks = grid_blocks(ceil_div(p.batch * p.seqlen * p.channels, kThreads));
-  talk_fwd_gather_kernel<scalar_t><<<blocks, kThreads, 0, stream>>>(
-      sat, static_cast<const scalar_t*>(p.offset_left), static_cast<const scalar_t*>(p.offset_right),
-      static_cast<scalar_t*>(p.out), make_dims<acc_t>(p));
+  TalkArgs<scalar_t> a = make_args<scalar_t>(p);
+  tiles::set_fwd_shape(a, sizeof(acc_t), kFwdWarps);
+  const size_t shared = static_cast<size_t>(tiles::fwd_shared_elems(a)) * sizeof(acc_t);  // <= 48 KiB
+  talk_fwd_kernel<scalar_t><<<grid_blocks(tiles::fwd_num_blocks(a)), kFwdWarps * kWarpSize, shared, stream>>>(a);
   return cudaGetLastError();
 }
 
 template <typename scalar_t>
 cudaError_t launch_bwd(const TalkConvParams& p, void* workspace, cudaStream_t stream) {
   using acc_t = acc_type<scalar_t>;
-  const size_t table_bytes = align_up(static_cast<size_t>(table_elems(p)) * sizeof(acc_t));
-  acc_t* sat = static_cast<acc_t*>(workspace);
-  acc_t* gsat = reinterpret_cast<acc_t*>(static_cast<char*>(workspace) + table_bytes);
-
-  launch_prefix_sum<scalar_t>(p, sat, stream);
-  cudaError_t err = cudaMemsetAsync(gsat, 0, static_cast<size_t>(table_elems(p)) * sizeof(acc_t), stream);
+  TalkArgs<scalar_t> a = make_args<scalar_t>(p);
+  a.reach = static_cast<unsigned long long*>(workspace);
+  cudaError_t err = cudaMemsetAsync(a.reach, 0, talk_conv_bwd_workspace_bytes(p), stream);
   if (err != cudaSuccess) return err;
+  const unsigned threads_blocks = grid_blocks(ceil_div(a.B * a.T * a.H, kThreads));
+  talk_reach_kernel<scalar_t><<<threads_blocks, kThreads, 0, stream>>>(a);
 
-  const int group = group_size_for(p.channels / p.heads);
-  const int64_t groups_per_block = kThreads / group;
-  const unsigned blocks = grid_blocks(ceil_div(p.batch * p.seqlen * p.heads, groups_per_block));
-  talk_bwd_scatter_kernel<scalar_t><<<blocks, kThreads, 0, stream>>>(
-      sat, gsat, static_cast<const scalar_t*>(p.offset_left), static_cast<const scalar_t*>(p.offset_right),
-      static_cast<const scalar_t*>(p.grad_out), static_cast<scalar_t*>(p.grad_offset_left),
-      static_cast<scalar_t*>(p.grad_offset_right), make_dims<acc_t>(p), group);
+  const int group = group_size_for(a.R);
+  const unsigned group_blocks = grid_blocks(ceil_div(a.B * a.T * a.H, kThreads / group));
+  talk_offset_grad_kernel<scalar_t><<<group_blocks, kThreads, 0, stream>>>(a, group);
 
-  const unsigned scan_blocks = grid_blocks(ceil_div(p.batch * p.channels, kThreads));
-  talk_reverse_sum_kernel<scalar_t><<<scan_blocks, kThreads, 0, stream>>>(
-      gsat, static_cast<scalar_t*>(p.grad_x), p.batch, p.seqlen, p.channels);
+  tiles::set_gx_shape(a, sizeof(acc_t));
+  const size_t shared = static_cast<size_t>(kGradXWarps) * a.tile * tiles::kLanes * sizeof(acc_t);  // 32 KiB
+  const unsigned gx_blocks = grid_blocks(ceil_div(tiles::gx_num_units(a), kGradXWarps));
+  talk_grad_x_kernel<scalar_t><<<gx_blocks, kGradXWarps * kWarpSize, shared, stream>>>(a);
   return cudaGetLastError();
 }
 
@@ -273,21 +168,18 @@ cudaError_t launch_bwd(const TalkConvParams& p, void* workspace, cudaStream_t st
 
 // ------------------------------------------------------------------------------------------------ entry points
 
-size_t talk_conv_fwd_workspace_bytes(const TalkConvParams& p) {
-  if (is_empty(p)) return 0;
-  return align_up(static_cast<size_t>(table_elems(p)) * acc_bytes(p.dtype));  // sat
-}
+size_t talk_conv_fwd_workspace_bytes(const TalkConvParams&) { return 0; }
 
 size_t talk_conv_bwd_workspace_bytes(const TalkConvParams& p) {
   if (is_empty(p)) return 0;
-  return 2 * align_up(static_cast<size_t>(table_elems(p)) * acc_bytes(p.dtype));  // sat | gsat
+  return align_up(static_cast<size_t>(p.batch * p.heads * 2) * sizeof(unsigned long long));  // reach
 }
 
-cudaError_t talk_conv_fwd_cuda(const TalkConvParams& p, void* workspace, cudaStream_t stream) {
+cudaError_t talk_conv_fwd_cuda(const TalkConvParams& p, void*, cudaStream_t stream) {
   if (is_empty(p)) return cudaSuccess;
-  if (!valid_common(p) || p.out == nullptr || workspace == nullptr) return cudaErrorInvalidValue;
+  if (!valid_common(p) || p.out == nullptr) return cudaErrorInvalidValue;
   cudaError_t err = cudaErrorInvalidValue;
-  DISPATCH_DTYPE(p.dtype, scalar_t, err = launch_fwd<scalar_t>(p, workspace, stream));
+  DISPATCH_DTYPE(p.dtype, scalar_t, err = launch_fwd<scalar_t>(p, stream));
   return err;
 }
 

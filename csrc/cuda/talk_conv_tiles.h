@@ -1,0 +1,348 @@
+// Block programs of the fused CUDA TaLK kernels (talk_conv.cu). Specification: talk_hf/talk_conv.py.
+//
+// Every kernel is a sequence of phases separated by block barriers, and every phase is a function of
+// (block, warp, lane) over plain pointers. talk_conv.cu runs them on the GPU (one CUDA thread per (warp, lane),
+// __syncthreads() between phases); tests/ops/cuda_tile_emulator.cpp runs the same functions on the CPU, phase by
+// phase, every thread of a block in turn, and tests/ops/test_cuda_tile_programs.py compares the result with
+// talk_conv_ref. That checks the indexing, halos and barrier placement without a GPU; compute-sanitizer's racecheck
+// on a GPU (scripts/gpu_check.sh) checks what a sequential run cannot (two threads writing one word in one phase).
+//
+// Layouts as in talk_hf_kernels.h: x, out, grad (B, T, C); offsets (B, T, H); head of channel c is c / R, R = C / H.
+// Table rows: row i of the summed-area table holds S_{i-1} = x_0 + ... + x_{i-1} (row 0 is 0); the window of step
+// t reads rows l.lo, l.hi (left end) and r.lo, r.hi (right end, shifted by one), see talk_conv_math.h.
+//
+// Forward, block = (b, tile of `tile` steps, 32 consecutive channels; lane = channel), `warps` warps:
+//   1. fwd_scan:      each warp sums its segment of the rows [base, top] the tile's windows read (for offsets in
+//                     [0, 1]: t0 - max_left .. t1 + max_right) into shared memory, relative to row `base`
+//   2. fwd_carry:     each thread adds up the totals of the segments before its own
+//   3. fwd_add_carry: ... and adds that to its segment: table[i] = S_{base+i-1} - S_{base-1}
+//   4. fwd_gather:    out = (S~(r) - S~(l - 1)) / norm from the table; a window end outside [base, top] (offsets
+//                     outside [0, 1], or a window too wide for shared memory) is summed from x in global memory.
+//   x is read once plus the halo (from L2), the output written once; no atomics.
+// Backward, three kernels:
+//   - reach: per (b, h), how far before / after t any window end row lies (atomicMax of non-negative integers,
+//     deterministic) - bounds which outputs a tile of grad x must look at, for any offsets;
+//   - offset gradients: per (b, t, h), d out / d offset = max_left (max_right) * sum_c g_c / norm * slope_c, where
+//     the slope S[hi] - S[lo] of an interpolated end is the one element x[lo] between its two rows (0 when clamped
+//     or integral): no prefix sums needed;
+//   - grad x, unit = (b, tile, 32 channels), one warp, lane = channel, each lane owning its column of a shared
+//     tile buffer q: scatter +-w * g / norm of every window end of the outputs that can reach the tile into q
+//     (rows (t0, t1]) or into a running `carry` (rows > t1), then grad x_j = carry + sum_{i = j+1..t1} q[i], from
+//     the top down. An output whose rows all lie above t1 adds +w and -w (cancels) and one whose rows all lie at or
+//     below t0 adds nothing, so the outputs [t0 + 1 - after, t1 - 1 + before] are enough. Lanes never share a word:
+//     no barrier, no atomics, a fixed summation order.
+#pragma once
+#include <stdint.h>
+
+#include "../acc_cast.h"
+#include "../talk_conv_math.h"
+
+namespace talk_hf {
+namespace tiles {
+
+constexpr int kLanes = 32;                     // channels per forward block / grad-x unit (one warp)
+constexpr int64_t kSharedBudget = 48 * 1024;   // bytes of shared memory per block without an opt-in
+
+template <typename scalar_t>
+struct TalkArgs {
+  const scalar_t* x;                 // (B, T, C)
+  const scalar_t* offset_left;       // (B, T, H)
+  const scalar_t* offset_right;      // (B, T, H), nullptr when !has_right
+  scalar_t* out;                     // (B, T, C)       forward
+  const scalar_t* grad_out;          // (B, T, C)       backward
+  scalar_t* grad_x;                  // (B, T, C)       backward
+  scalar_t* grad_offset_left;        // (B, T, H)       backward
+  scalar_t* grad_offset_right;       // (B, T, H) or nullptr
+  unsigned long long* reach;         // (B, H, 2)       backward: rows before / after t read by (b, h)'s windows
+  int64_t B, T, C, H, R, max_left, max_right;
+  bool has_right;
+  int64_t tile;                      // time steps per forward block / grad-x unit
+  int64_t rows;                      // forward: table rows kept in shared memory (>= 1)
+  int warps;                         // forward: warps per block
+};
+
+TALK_HD int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+TALK_HD int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+TALK_HD int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+// ------------------------------------------------------------------------------------------------ window ends
+
+// Left end of step t (row b*T + t = bt): S~(l - 1) interpolates table rows lo, hi.
+template <typename acc_t, typename scalar_t>
+TALK_HD WindowEnd<acc_t> left_end(const TalkArgs<scalar_t>& a, int64_t bt, int64_t t, int64_t h) {
+  const acc_t rel = -to_acc(a.offset_left[bt * a.H + h]) * static_cast<acc_t>(a.max_left);
+  return window_end<acc_t>(t, rel, a.T);
+}
+
+// Right end: S~(r) interpolates table rows lo, hi (already shifted by one). Causal: row t + 1.
+template <typename acc_t, typename scalar_t>
+TALK_HD WindowEnd<acc_t> right_end(const TalkArgs<scalar_t>& a, int64_t bt, int64_t t, int64_t h) {
+  if (!a.has_right) return {t + 1, t + 1, acc_t(0)};
+  const acc_t rel = to_acc(a.offset_right[bt * a.H + h]) * static_cast<acc_t>(a.max_right);
+  const WindowEnd<acc_t> w = window_end<acc_t>(t, rel, a.T);
+  return {w.lo + 1, w.hi + 1, w.frac};
+}
+
+template <typename scalar_t>
+TALK_HD int64_t norm_of(const TalkArgs<scalar_t>& a) { return a.max_left + a.max_right + 1; }
+
+// ------------------------------------------------------------------------------------------------ forward
+
+struct FwdBlock {
+  int64_t b, t0, t1, c0;  // steps [t0, t1), channels [c0, c0 + 32) (those < C)
+  int64_t base, top;      // table rows [base, top] kept in shared memory
+};
+
+template <typename scalar_t>
+TALK_HD int64_t fwd_num_blocks(const TalkArgs<scalar_t>& a) {
+  return a.B * cdiv(a.T, a.tile) * cdiv(a.C, kLanes);
+}
+
+// Accumulators of shared memory per forward block: the table (rows x 32) and the segment carries (warps x 32).
+template <typename scalar_t>
+TALK_HD int64_t fwd_shared_elems(const TalkArgs<scalar_t>& a) { return (a.rows + a.warps) * kLanes; }
+
+// Blocks run tile-fastest, so neighbouring tiles (which read each other's halo) run together and share L2.
+template <typename scalar_t>
+TALK_HD FwdBlock fwd_block(const TalkArgs<scalar_t>& a, int64_t block) {
+  const int64_t tiles = cdiv(a.T, a.tile), chunks = cdiv(a.C, kLanes);
+  FwdBlock k;
+  const int64_t tile = block % tiles;
+  k.c0 = (block / tiles % chunks) * kLanes;
+  k.b = block / (tiles * chunks);
+  k.t0 = tile * a.tile;
+  k.t1 = min64(a.T, k.t0 + a.tile);
+  k.base = max64(0, k.t0 - a.max_left);
+  const int64_t top = min64(a.T, k.t1 + (a.has_right ? a.max_right : 0));
+  k.top = min64(top, k.base + a.rows - 1);
+  return k;
+}
+
+// Rows [first, last) of the segment of warp w among the rows 1..top-base that get a sum (row 0 is the base).
+struct Segment {
+  int64_t first, last;
+};
+
+template <typename scalar_t>
+TALK_HD Segment fwd_segment(const TalkArgs<scalar_t>& a, const FwdBlock& k, int w) {
+  const int64_t n = k.top - k.base, len = cdiv(n, a.warps);
+  const int64_t first = min64(n + 1, 1 + w * len);
+  return {first, min64(n + 1, first + len)};
+}
+
+// Phase 1: table[i] = x[base] + ... + x[base + i - 1] within the segment (relative to the segment's start).
+template <typename scalar_t>
+TALK_HD void fwd_scan(const TalkArgs<scalar_t>& a, const FwdBlock& k, acc_type<scalar_t>* table, int w, int lane) {
+  using acc_t = acc_type<scalar_t>;
+  const int64_t c = k.c0 + lane;
+  const bool active = c < a.C;
+  if (w == 0) table[lane] = acc_t(0);
+  const Segment s = fwd_segment(a, k, w);
+  const scalar_t* xc = a.x + (k.b * a.T + k.base - 1) * a.C + c;  // row i reads x[base + i - 1]
+  acc_t sum = acc_t(0);
+  for (int64_t i = s.first; i < s.last; ++i) {
+    if (active) sum += to_acc(xc[i * a.C]);
+    table[i * kLanes + lane] = sum;
+  }
+}
+
+// Phase 2: carry[w] = total of the segments before w.
+template <typename scalar_t>
+TALK_HD void fwd_carry(const TalkArgs<scalar_t>& a, const FwdBlock& k, const acc_type<scalar_t>* table,
+                       acc_type<scalar_t>* carry, int w, int lane) {
+  acc_type<scalar_t> sum = 0;
+  for (int v = 0; v < w; ++v) {
+    const Segment s = fwd_segment(a, k, v);
+    if (s.last > s.first) sum += table[(s.last - 1) * kLanes + lane];
+  }
+  carry[w * kLanes + lane] = sum;
+}
+
+// Phase 3: table[i] += carry[w] over the segment: table[i] = S_{base+i-1} - S_{base-1}.
+template <typename scalar_t>
+TALK_HD void fwd_add_carry(const TalkArgs<scalar_t>& a, const FwdBlock& k, acc_type<scalar_t>* table,
+                           const acc_type<scalar_t>* carry, int w, int lane) {
+  const Segment s = fwd_segment(a, k, w);
+  const acc_type<scalar_t> add = carry[w * kLanes + lane];
+  for (int64_t i = s.first; i < s.last; ++i) table[i * kLanes + lane] += add;
+}
+
+// Table row `row` of channel c relative to row `base`, from shared memory, or summed from x outside [base, top].
+template <typename scalar_t>
+TALK_HD acc_type<scalar_t> table_at(const TalkArgs<scalar_t>& a, const FwdBlock& k, const acc_type<scalar_t>* table,
+                                    int lane, int64_t row) {
+  using acc_t = acc_type<scalar_t>;
+  const scalar_t* xc = a.x + k.b * a.T * a.C + k.c0 + lane;
+  if (row < k.base) {
+    acc_t sum = acc_t(0);
+    for (int64_t i = row; i < k.base; ++i) sum += to_acc(xc[i * a.C]);
+    return -sum;
+  }
+  if (row > k.top) {
+    acc_t sum = table[(k.top - k.base) * kLanes + lane];
+    for (int64_t i = k.top; i < row; ++i) sum += to_acc(xc[i * a.C]);
+    return sum;
+  }
+  return table[(row - k.base) * kLanes + lane];
+}
+
+template <typename scalar_t>
+TALK_HD acc_type<scalar_t> interpolate(const TalkArgs<scalar_t>& a, const FwdBlock& k,
+                                       const acc_type<scalar_t>* table, int lane,
+                                       const WindowEnd<acc_type<scalar_t>>& e) {
+  const acc_type<scalar_t> at_lo = table_at(a, k, table, lane, e.lo);
+  if (e.hi == e.lo) return at_lo;
+  return at_lo + e.frac * (table_at(a, k, table, lane, e.hi) - at_lo);
+}
+
+// Phase 4: warp w writes the steps t0 + w, t0 + w + warps, ... of its lane's channel.
+template <typename scalar_t>
+TALK_HD void fwd_gather(const TalkArgs<scalar_t>& a, const FwdBlock& k, const acc_type<scalar_t>* table, int w,
+                        int lane) {
+  using acc_t = acc_type<scalar_t>;
+  const int64_t c = k.c0 + lane;
+  if (c >= a.C) return;
+  const int64_t h = c / a.R;
+  const acc_t norm = static_cast<acc_t>(norm_of(a));
+  for (int64_t t = k.t0 + w; t < k.t1; t += a.warps) {
+    const int64_t bt = k.b * a.T + t;
+    const acc_t left = interpolate(a, k, table, lane, left_end<acc_t>(a, bt, t, h));
+    const acc_t right = interpolate(a, k, table, lane, right_end<acc_t>(a, bt, t, h));
+    a.out[bt * a.C + c] = from_acc<scalar_t>((right - left) / norm);
+  }
+}
+
+// ------------------------------------------------------------------------------------------------ backward
+
+// Rows before / after t that the window of (b, t, h) reads, clamped at 0 (the reach arrays start at 0).
+template <typename scalar_t>
+TALK_HD void reach_of(const TalkArgs<scalar_t>& a, int64_t b, int64_t t, int64_t h, int64_t* before,
+                      int64_t* after) {
+  using acc_t = acc_type<scalar_t>;
+  const int64_t bt = b * a.T + t;
+  const WindowEnd<acc_t> l = left_end<acc_t>(a, bt, t, h), r = right_end<acc_t>(a, bt, t, h);
+  *before = max64(0, max64(t - l.lo, t - r.lo));
+  *after = max64(0, max64(l.hi - t, r.hi - t));
+}
+
+// d interpolate / d frac of a window end, times g / norm: x[lo] (the element between rows lo and lo + 1), or 0.
+template <typename acc_t, typename scalar_t>
+TALK_HD acc_t slope_term(const scalar_t* xb, int64_t C, int64_t c, const WindowEnd<acc_t>& e, acc_t gn) {
+  return e.hi == e.lo ? acc_t(0) : gn * to_acc(xb[e.lo * C + c]);
+}
+
+// Partial sums over the channels r_begin, r_begin + r_step, ... of head h of step t:
+// sum_c g_c / norm * slope_c at the left and at the right end.
+template <typename scalar_t>
+TALK_HD void offset_grad_partial(const TalkArgs<scalar_t>& a, int64_t b, int64_t t, int64_t h, int64_t r_begin,
+                                 int64_t r_step, acc_type<scalar_t>* sum_left, acc_type<scalar_t>* sum_right) {
+  using acc_t = acc_type<scalar_t>;
+  const int64_t bt = b * a.T + t;
+  const WindowEnd<acc_t> l = left_end<acc_t>(a, bt, t, h), r = right_end<acc_t>(a, bt, t, h);
+  const scalar_t* xb = a.x + b * a.T * a.C;
+  const acc_t norm = static_cast<acc_t>(norm_of(a));
+  acc_t sl = acc_t(0), sr = acc_t(0);
+  for (int64_t rr = r_begin; rr < a.R; rr += r_step) {
+    const int64_t c = h * a.R + rr;
+    const acc_t gn = to_acc(a.grad_out[bt * a.C + c]) / norm;
+    sl += slope_term(xb, a.C, c, l, gn);
+    sr += slope_term(xb, a.C, c, r, gn);
+  }
+  *sum_left = sl;
+  *sum_right = sr;
+}
+
+// d out / d offset_left = +max_left * slope / norm (rel = -offset * max_left enters with a minus, left with another).
+template <typename scalar_t>
+TALK_HD void write_offset_grads(const TalkArgs<scalar_t>& a, int64_t bth, acc_type<scalar_t> sum_left,
+                                acc_type<scalar_t> sum_right) {
+  using acc_t = acc_type<scalar_t>;
+  a.grad_offset_left[bth] = from_acc<scalar_t>(static_cast<acc_t>(a.max_left) * sum_left);
+  if (a.has_right) a.grad_offset_right[bth] = from_acc<scalar_t>(static_cast<acc_t>(a.max_right) * sum_right);
+}
+
+struct GradXUnit {
+  int64_t b, t0, t1, c0;  // steps [t0, t1), channels [c0, c0 + 32)
+};
+
+template <typename scalar_t>
+TALK_HD int64_t gx_num_units(const TalkArgs<scalar_t>& a) {
+  return a.B * cdiv(a.T, a.tile) * cdiv(a.C, kLanes);
+}
+
+template <typename scalar_t>
+TALK_HD GradXUnit gx_unit(const TalkArgs<scalar_t>& a, int64_t unit) {
+  const int64_t tiles = cdiv(a.T, a.tile), chunks = cdiv(a.C, kLanes);
+  GradXUnit u;
+  const int64_t tile = unit % tiles;
+  u.c0 = (unit / tiles % chunks) * kLanes;
+  u.b = unit / (tiles * chunks);
+  u.t0 = tile * a.tile;
+  u.t1 = min64(a.T, u.t0 + a.tile);
+  return u;
+}
+
+// Adds weight * gn of one window end at table row `row`: rows (t0, t1] go to q, rows above t1 to carry.
+template <typename acc_t>
+TALK_HD void scatter_end(const GradXUnit& u, acc_t* q, int lane, int64_t row, acc_t weight, acc_t gn,
+                         acc_t* carry) {
+  if (weight == acc_t(0) || row <= u.t0) return;
+  if (row > u.t1) {
+    *carry += weight * gn;
+  } else {
+    q[(row - u.t0 - 1) * kLanes + lane] += weight * gn;
+  }
+}
+
+// The whole grad-x program of one lane (one phase: the lane reads and writes only its own column of q,
+// a.tile x 32 accumulators of shared memory per unit).
+template <typename scalar_t>
+TALK_HD void gx_lane(const TalkArgs<scalar_t>& a, const GradXUnit& u, acc_type<scalar_t>* q, int lane) {
+  using acc_t = acc_type<scalar_t>;
+  const int64_t c = u.c0 + lane;
+  if (c >= a.C) return;
+  const int64_t h = c / a.R;
+  const int64_t before = static_cast<int64_t>(a.reach[(u.b * a.H + h) * 2]);
+  const int64_t after = static_cast<int64_t>(a.reach[(u.b * a.H + h) * 2 + 1]);
+  const acc_t norm = static_cast<acc_t>(norm_of(a));
+  for (int64_t i = 0; i < u.t1 - u.t0; ++i) q[i * kLanes + lane] = acc_t(0);
+
+  acc_t carry = acc_t(0);
+  const int64_t first = max64(0, u.t0 + 1 - after), last = min64(a.T - 1, u.t1 - 1 + before);
+  for (int64_t t = first; t <= last; ++t) {
+    const int64_t bt = u.b * a.T + t;
+    const WindowEnd<acc_t> l = left_end<acc_t>(a, bt, t, h), r = right_end<acc_t>(a, bt, t, h);
+    const acc_t gn = to_acc(a.grad_out[bt * a.C + c]) / norm;
+    scatter_end(u, q, lane, l.lo, -(acc_t(1) - l.frac), gn, &carry);  // the left end enters with a minus sign
+    scatter_end(u, q, lane, l.hi, -l.frac, gn, &carry);
+    scatter_end(u, q, lane, r.lo, acc_t(1) - r.frac, gn, &carry);
+    scatter_end(u, q, lane, r.hi, r.frac, gn, &carry);
+  }
+  acc_t sum = carry;  // grad x_j = sum of the table gradient over rows >= j + 1
+  for (int64_t j = u.t1 - 1; j >= u.t0; --j) {
+    sum += q[(j - u.t0) * kLanes + lane];
+    a.grad_x[(u.b * a.T + j) * a.C + c] = from_acc<scalar_t>(sum);
+  }
+}
+
+// ------------------------------------------------------------------------------------------------ sizes
+
+// Forward launch shape for accumulators of `acc_bytes` bytes: tiles of 128 steps (32 for fp64) with the whole
+// halo in shared memory when it fits the 48 KiB budget (else fewer rows, and the window ends past them are summed
+// from x in global memory).
+template <typename scalar_t>
+void set_fwd_shape(TalkArgs<scalar_t>& a, int64_t acc_bytes, int warps) {
+  a.warps = warps;
+  a.tile = acc_bytes == 8 ? 32 : 128;
+  const int64_t budget_rows = kSharedBudget / (kLanes * acc_bytes) - warps;
+  a.rows = min64(a.tile + a.max_left + a.max_right + 1, budget_rows);
+}
+
+// Grad-x launch shape: 8 KiB of shared memory per warp, 64 steps (fp32 accumulators) or 32 (fp64).
+template <typename scalar_t>
+void set_gx_shape(TalkArgs<scalar_t>& a, int64_t acc_bytes) {
+  a.tile = 8 * 1024 / (kLanes * acc_bytes);
+}
+
+}  // namespace tiles
+}  // namespace talk_hf

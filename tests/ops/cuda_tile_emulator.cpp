@@ -1,0 +1,136 @@
+// Runs the block programs of the fused CUDA TaLK kernels (csrc/cuda/talk_conv_tiles.h) on the CPU, the way
+// csrc/cuda/talk_conv.cu launches them: every block of the grid, its phases in order, each phase for every thread of
+// the block (in lane order, or reversed to show that no thread reads what another writes in the same phase), with
+// shared memory filled with NaN first so that reading a word no phase wrote shows up in the result.
+// Built by tests/ops/test_cuda_tile_programs.py with the host compiler alone (no torch, no CUDA) and called
+// through ctypes. Pass tile <= 0 to use the launch shapes of talk_conv.cu.
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "cuda/talk_conv_tiles.h"
+
+namespace {
+
+using namespace talk_hf;
+using namespace talk_hf::tiles;
+
+template <typename T>
+TalkArgs<T> make_args(const T* x, const T* ol, const T* orr, int64_t B, int64_t L, int64_t C, int64_t H,
+                      int64_t max_left, int64_t max_right) {
+  TalkArgs<T> a{};
+  a.x = x;
+  a.offset_left = ol;
+  a.offset_right = orr;
+  a.B = B;
+  a.T = L;
+  a.C = C;
+  a.H = H;
+  a.R = C / H;
+  a.max_left = max_left;
+  a.max_right = max_right;
+  a.has_right = orr != nullptr;
+  return a;
+}
+
+// Thread `i` of `n` in the chosen order.
+inline int thread_at(int i, int n, bool reverse) { return reverse ? n - 1 - i : i; }
+
+template <typename T>
+void forward(TalkArgs<T> a, int64_t tile, int64_t rows, int warps, bool reverse) {
+  using acc_t = acc_type<T>;
+  set_fwd_shape(a, sizeof(acc_t), warps);
+  if (tile > 0) {
+    a.tile = tile;
+    a.rows = rows;
+  }
+  std::vector<acc_t> smem(fwd_shared_elems(a));
+  acc_t* table = smem.data();
+  acc_t* carry = table + a.rows * kLanes;
+  const int n = a.warps * kLanes;
+  for (int64_t block = 0; block < fwd_num_blocks(a); ++block) {
+    const FwdBlock k = fwd_block(a, block);
+    smem.assign(smem.size(), std::numeric_limits<acc_t>::quiet_NaN());
+    for (int i = 0; i < n; ++i) {
+      const int tid = thread_at(i, n, reverse);
+      fwd_scan(a, k, table, tid / kLanes, tid % kLanes);
+    }
+    for (int i = 0; i < n; ++i) {
+      const int tid = thread_at(i, n, reverse);
+      fwd_carry(a, k, table, carry, tid / kLanes, tid % kLanes);
+    }
+    for (int i = 0; i < n; ++i) {
+      const int tid = thread_at(i, n, reverse);
+      fwd_add_carry(a, k, table, carry, tid / kLanes, tid % kLanes);
+    }
+    for (int i = 0; i < n; ++i) {
+      const int tid = thread_at(i, n, reverse);
+      fwd_gather(a, k, table, tid / kLanes, tid % kLanes);
+    }
+  }
+}
+
+template <typename T>
+void backward(TalkArgs<T> a, int64_t tile, bool reverse) {
+  using acc_t = acc_type<T>;
+  std::vector<unsigned long long> reach(a.B * a.H * 2, 0);
+  a.reach = reach.data();
+  for (int64_t b = 0; b < a.B; ++b)  // reach kernel: atomicMax per (b, t, h)
+    for (int64_t t = 0; t < a.T; ++t)
+      for (int64_t h = 0; h < a.H; ++h) {
+        int64_t before, after;
+        reach_of(a, b, t, h, &before, &after);
+        unsigned long long* r = reach.data() + (b * a.H + h) * 2;
+        r[0] = std::max<unsigned long long>(r[0], static_cast<unsigned long long>(before));
+        r[1] = std::max<unsigned long long>(r[1], static_cast<unsigned long long>(after));
+      }
+  for (int64_t b = 0; b < a.B; ++b)  // offset-gradient kernel: the group's lanes, then their sum
+    for (int64_t t = 0; t < a.T; ++t)
+      for (int64_t h = 0; h < a.H; ++h) {
+        constexpr int group = 4;
+        acc_t left = 0, right = 0;
+        for (int r0 = 0; r0 < group; ++r0) {
+          acc_t pl, pr;
+          offset_grad_partial(a, b, t, h, r0, group, &pl, &pr);
+          left += pl;
+          right += pr;
+        }
+        write_offset_grads(a, (b * a.T + t) * a.H + h, left, right);
+      }
+  set_gx_shape(a, sizeof(acc_t));
+  if (tile > 0) a.tile = tile;
+  std::vector<acc_t> q(a.tile * kLanes);
+  for (int64_t unit = 0; unit < gx_num_units(a); ++unit) {  // grad-x kernel: one warp per unit
+    const GradXUnit u = gx_unit(a, unit);
+    q.assign(q.size(), std::numeric_limits<acc_t>::quiet_NaN());
+    for (int i = 0; i < kLanes; ++i) gx_lane(a, u, q.data(), thread_at(i, kLanes, reverse));
+  }
+}
+
+}  // namespace
+
+#define TALK_EMULATE(SUFFIX, T)                                                                                     \
+  extern "C" int talk_conv_fwd_emulate_##SUFFIX(const T* x, const T* ol, const T* orr, T* out, int64_t B,         \
+                                                int64_t L, int64_t C, int64_t H, int64_t max_left,                 \
+                                                int64_t max_right, int64_t tile, int64_t rows, int warps,          \
+                                                int reverse) {                                                     \
+    TalkArgs<T> a = make_args<T>(x, ol, orr, B, L, C, H, max_left, max_right);                                     \
+    a.out = out;                                                                                                   \
+    forward(a, tile, rows, warps, reverse != 0);                                                                   \
+    return 0;                                                                                                      \
+  }                                                                                                                \
+  extern "C" int talk_conv_bwd_emulate_##SUFFIX(const T* g, const T* x, const T* ol, const T* orr, T* gx, T* gol, \
+                                                T* gor, int64_t B, int64_t L, int64_t C, int64_t H,                \
+                                                int64_t max_left, int64_t max_right, int64_t tile, int reverse) {  \
+    TalkArgs<T> a = make_args<T>(x, ol, orr, B, L, C, H, max_left, max_right);                                     \
+    a.grad_out = g;                                                                                                \
+    a.grad_x = gx;                                                                                                 \
+    a.grad_offset_left = gol;                                                                                      \
+    a.grad_offset_right = gor;                                                                                     \
+    backward(a, tile, reverse != 0);                                                                               \
+    return 0;                                                                                                      \
+  }
+
+TALK_EMULATE(f32, float)
+TALK_EMULATE(f64, double)

@@ -1,0 +1,142 @@
+"""The block programs of the fused CUDA TaLK kernels (csrc/cuda/talk_conv_tiles.h), run on the CPU by
+tests/ops/cuda_tile_emulator.cpp exactly as talk_conv.cu launches them (every block, phase by phase, every thread,
+shared memory poisoned with NaN), against talk_conv_ref in fp64 and fp32: tile edges, halos, window ends outside
+the shared rows, channel chunks across heads, and thread order within a phase. No GPU needed; on a GPU,
+tests/ops/test_cuda_kernels.py runs the kernels themselves."""
+
+import ctypes
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from talk_hf import ops
+from tests.utils import assert_close, grads, offsets
+
+ROOT = Path(__file__).resolve().parents[2]
+CXX = shutil.which("c++") or shutil.which("g++")
+pytestmark = pytest.mark.skipif(CXX is None, reason="no C++ compiler")
+
+SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
+CTYPE = {torch.float32: ctypes.c_float, torch.float64: ctypes.c_double}
+
+
+@pytest.fixture(scope="module")
+def emulator(tmp_path_factory):
+    lib = tmp_path_factory.mktemp("emulator") / "cuda_tile_emulator.so"
+    source = ROOT / "tests" / "ops" / "cuda_tile_emulator.cpp"
+    cmd = [CXX, "-std=c++20", "-O1", "-Wall", "-Werror", "-shared", "-fPIC", f"-I{ROOT / 'csrc'}", str(source),
+           "-o", str(lib)]
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    return ctypes.CDLL(str(lib))
+
+
+def ptr(t):
+    return None if t is None else ctypes.cast(t.data_ptr(), ctypes.POINTER(CTYPE[t.dtype]))
+
+
+def emulate_fwd(lib, x, ol, orr, max_left, max_right, tile=0, rows=0, warps=8, reverse=False):
+    B, T, C = x.shape
+    out = torch.full_like(x, float("nan"))
+    fn = getattr(lib, f"talk_conv_fwd_emulate_{SUFFIX[x.dtype]}")
+    ints = [ctypes.c_int64(v) for v in (B, T, C, ol.shape[-1], max_left, max_right, tile, rows)]
+    fn(ptr(x), ptr(ol), ptr(orr), ptr(out), *ints, ctypes.c_int(warps), ctypes.c_int(int(reverse)))
+    return out
+
+
+def emulate_bwd(lib, g, x, ol, orr, max_left, max_right, tile=0, reverse=False):
+    B, T, C = x.shape
+    gx, gol = torch.full_like(x, float("nan")), torch.full_like(ol, float("nan"))
+    gor = None if orr is None else torch.full_like(orr, float("nan"))
+    fn = getattr(lib, f"talk_conv_bwd_emulate_{SUFFIX[x.dtype]}")
+    ints = [ctypes.c_int64(v) for v in (B, T, C, ol.shape[-1], max_left, max_right, tile)]
+    fn(ptr(g), ptr(x), ptr(ol), ptr(orr), ptr(gx), ptr(gol), ptr(gor), *ints, ctypes.c_int(int(reverse)))
+    return gx, gol, gor
+
+
+def reference(x, ol, orr, max_left, max_right):
+    """Output and gradients of talk_conv_ref in fp64, with the grad_out that `grads` uses."""
+    inputs = [t.double() for t in (x, ol) + (() if orr is None else (orr,))]
+    out, gs = grads(lambda a, b, c=None: ops.talk_conv_ref(a, b, c, max_left, max_right), *inputs)
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(123), dtype=torch.float64)
+    return out, g, gs + ([None] if orr is None else [])
+
+
+def inputs(B, T, C, H, causal, seed, wild=False, dtype=torch.float64):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(B, T, C, dtype=torch.float64, generator=gen)
+    draw = (lambda: torch.rand(B, T, H, dtype=torch.float64, generator=gen) * 3 - 0.5) if wild else (
+        lambda: offsets(B, T, H, generator=gen))
+    ol, orr = draw(), (None if causal else draw())
+    return x.to(dtype), ol.to(dtype), None if orr is None else orr.to(dtype)
+
+
+CASES = [  # B, T, C, H, max_left, max_right
+    pytest.param(2, 13, 6, 3, 3, 4, id="T13-C6-H3"),
+    pytest.param(1, 1, 4, 2, 2, 2, id="T1"),
+    pytest.param(3, 5, 8, 8, 15, 15, id="T<window-H=C"),
+    pytest.param(2, 97, 70, 5, 7, 3, id="T97-C70-three-chunks-R14"),
+    pytest.param(1, 300, 64, 1, 31, 31, id="T300-R64"),
+    pytest.param(2, 263, 96, 2, 63, 63, id="T263-halo63"),
+]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["encoder", "causal"])
+@pytest.mark.parametrize("B,T,C,H,max_left,max_right", CASES)
+def test_default_launch_shape_matches_reference(emulator, B, T, C, H, max_left, max_right, causal):
+    mr = 0 if causal else max_right
+    x, ol, orr = inputs(B, T, C, H, causal, seed=T + C)
+    out, g, want = reference(x, ol, orr, max_left, mr)
+    assert_close(emulate_fwd(emulator, x, ol, orr, max_left, mr), out)
+    for name, got, exp in zip(["x", "offset_left", "offset_right"], emulate_bwd(emulator, g, x, ol, orr, max_left, mr),
+                              want):
+        if exp is not None:
+            assert_close(got, exp, name=f"grad {name}")
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["encoder", "causal"])
+@pytest.mark.parametrize("tile,rows,warps", [(1, 2, 1), (4, 7, 3), (7, 40, 5), (16, 3, 8), (128, 500, 8)])
+def test_small_tiles_few_rows_and_wild_offsets(emulator, tile, rows, warps, causal):
+    """Tiny tiles (many blocks), table rows fewer than the halo (window ends summed from x in global memory),
+    warps with empty segments, and offsets in [-0.5, 2.5] whose windows pass max_left/max_right or cross over."""
+    mr = 0 if causal else 5
+    x, ol, orr = inputs(2, 61, 40, 4, causal, seed=tile * 7 + rows, wild=True)
+    out, g, want = reference(x, ol, orr, 6, mr)
+    assert_close(emulate_fwd(emulator, x, ol, orr, 6, mr, tile=tile, rows=rows, warps=warps), out)
+    got = emulate_bwd(emulator, g, x, ol, orr, 6, mr, tile=tile)
+    for name, a, b in zip(["x", "offset_left", "offset_right"], got, want):
+        if b is not None:
+            assert_close(a, b, name=f"grad {name}")
+
+
+def test_thread_order_within_a_phase_does_not_matter(emulator):
+    """Bitwise the same result with the threads of every phase run in reverse order: no thread reads a word another
+    thread writes in the same phase (on a GPU they run concurrently)."""
+    x, ol, orr = inputs(2, 150, 72, 3, False, seed=5, wild=True)
+    g = torch.randn_like(x)
+    for kw in [dict(), dict(tile=8, rows=20, warps=3)]:
+        assert torch.equal(emulate_fwd(emulator, x, ol, orr, 9, 4, **kw),
+                           emulate_fwd(emulator, x, ol, orr, 9, 4, reverse=True, **kw))
+    for a, b in zip(emulate_bwd(emulator, g, x, ol, orr, 9, 4), emulate_bwd(emulator, g, x, ol, orr, 9, 4, reverse=True)):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["encoder", "causal"])
+def test_fp32_accumulates_short_sums(emulator, causal):
+    """fp32 at T=10,000 with a constant offset of x: sums start at each block's first row, so the error stays at
+    fp32 rounding of short sums (a whole-sequence prefix sum would lose the small differences)."""
+    mr = 0 if causal else 31
+    x, ol, orr = inputs(1, 10_000, 32, 2, causal, seed=3)
+    x = x + 100.0
+    out, g, want = reference(x, ol, orr, 31, mr)
+    x32, ol32, orr32 = x.float(), ol.float(), None if orr is None else orr.float()
+    out64 = ops.talk_conv_ref(x32.double(), ol32.double(), None if orr is None else orr32.double(), 31, mr)
+    assert_close(emulate_fwd(emulator, x32, ol32, orr32, 31, mr), out64, torch.float32)
+    got = emulate_bwd(emulator, g.float(), x32, ol32, orr32, 31, mr)
+    _, _, want32 = reference(x32.double(), ol32.double(), None if orr is None else orr32.double(), 31, mr)
+    for name, a, b in zip(["x", "offset_left", "offset_right"], got, want32):
+        if b is not None:
+            assert_close(a, b, torch.float32, name=f"grad {name}")
