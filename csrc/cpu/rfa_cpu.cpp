@@ -24,6 +24,7 @@
 
 #include "../checks.h"
 #include "../rfa_math.h"
+#include "vector_clones.h"
 
 namespace talk_hf {
 namespace {
@@ -40,50 +41,62 @@ inline T* at_bth(T* base, const Dims& d, int64_t b, int64_t t, int64_t h, int64_
 
 // num = P^T q over the F rows of a (F, E) state.
 template <typename acc_t>
-void read_state(const acc_t* P, const acc_t* q, acc_t* num, const Dims& d) {
+inline void read_state(const acc_t* __restrict__ P, const acc_t* __restrict__ q, acc_t* __restrict__ num,
+                       const Dims& d) {
   std::fill(num, num + d.E, acc_t(0));
   for (int64_t f = 0; f < d.F; ++f) {
     const acc_t qf = q[f];
-    const acc_t* row = P + f * d.E;
+    const acc_t* __restrict__ row = P + f * d.E;
+#pragma omp simd
     for (int64_t e = 0; e < d.E; ++e) num[e] += qf * row[e];
   }
 }
 
 // dst = scale * src + k [v, 1]^T
+// (src may be dst: each element is read once, then written)
 template <typename acc_t>
-void advance_state(const acc_t* src, acc_t scale, const acc_t* k, const acc_t* v, acc_t* dst, const Dims& d) {
+inline void advance_state(const acc_t* src, acc_t scale, const acc_t* __restrict__ k, const acc_t* __restrict__ v,
+                          acc_t* dst, const Dims& d) {
   for (int64_t f = 0; f < d.F; ++f) {
     const acc_t kf = k[f];
     const acc_t* s = src + f * d.E;
     acc_t* r = dst + f * d.E;
+#pragma omp simd
     for (int64_t e = 0; e < d.D; ++e) r[e] = scale * s[e] + kf * v[e];
     r[d.D] = scale * s[d.D] + kf;
   }
 }
 
+// Forward of one (batch, head).
+template <typename acc_t>
+TALK_HF_VECTOR_CLONES void forward_task(const acc_t* q, const acc_t* k, const acc_t* v, const acc_t* decay,
+                                        const acc_t* init, acc_t eps, acc_t* out, acc_t* state, acc_t* checkpoints,
+                                        const Dims& d, int64_t bh, acc_t* num) {
+  const int64_t S = d.F * d.E;
+  const int64_t b = bh / d.H, h = bh % d.H;
+  acc_t* P = state + bh * S;
+  if (init) std::copy(init + bh * S, init + (bh + 1) * S, P);
+  else std::fill(P, P + S, acc_t(0));
+  acc_t scale = 1;  // decay of the previous step, applied when the next key is added
+  for (int64_t t = 0; t < d.T; ++t) {
+    if (d.chunk > 0 && t % d.chunk == 0) std::copy(P, P + S, checkpoints + (bh * d.N + t / d.chunk) * S);
+    advance_state(P, scale, at_bth(k, d, b, t, h, d.F), at_bth(v, d, b, t, h, d.D), P, d);
+    read_state(P, at_bth(q, d, b, t, h, d.F), num, d);
+    const acc_t den = std::max(num[d.D], eps);
+    acc_t* o = at_bth(out, d, b, t, h, d.D);
+    for (int64_t e = 0; e < d.D; ++e) o[e] = num[e] / den;
+    scale = decay ? decay[(b * d.T + t) * d.H + h] : acc_t(1);
+  }
+  if (scale != acc_t(1)) std::transform(P, P + S, P, [scale](acc_t x) { return x * scale; });
+}
+
 template <typename acc_t>
 void forward_kernel(const acc_t* q, const acc_t* k, const acc_t* v, const acc_t* decay, const acc_t* init,
                     acc_t eps, acc_t* out, acc_t* state, acc_t* checkpoints, const Dims& d) {
-  const int64_t S = d.F * d.E;
   at::parallel_for(0, d.B * d.H, 1, [&](int64_t begin, int64_t end) {
     std::vector<acc_t> num(d.E);
-    for (int64_t bh = begin; bh < end; ++bh) {
-      const int64_t b = bh / d.H, h = bh % d.H;
-      acc_t* P = state + bh * S;
-      if (init) std::copy(init + bh * S, init + (bh + 1) * S, P);
-      else std::fill(P, P + S, acc_t(0));
-      acc_t scale = 1;  // decay of the previous step, applied when the next key is added
-      for (int64_t t = 0; t < d.T; ++t) {
-        if (d.chunk > 0 && t % d.chunk == 0) std::copy(P, P + S, checkpoints + (bh * d.N + t / d.chunk) * S);
-        advance_state(P, scale, at_bth(k, d, b, t, h, d.F), at_bth(v, d, b, t, h, d.D), P, d);
-        read_state(P, at_bth(q, d, b, t, h, d.F), num.data(), d);
-        const acc_t den = std::max(num[d.D], eps);
-        acc_t* o = at_bth(out, d, b, t, h, d.D);
-        for (int64_t e = 0; e < d.D; ++e) o[e] = num[e] / den;
-        scale = decay ? decay[(b * d.T + t) * d.H + h] : acc_t(1);
-      }
-      if (scale != acc_t(1)) std::transform(P, P + S, P, [scale](acc_t x) { return x * scale; });
-    }
+    for (int64_t bh = begin; bh < end; ++bh)
+      forward_task(q, k, v, decay, init, eps, out, state, checkpoints, d, bh, num.data());
   });
 }
 
@@ -92,70 +105,94 @@ struct Grads {
   acc_t *q, *k, *v, *decay, *init;
 };
 
+// One step of the reverse sweep, row by row of the state: G += q g^T (G becomes dL/dP_t); dq = P g, dk = G [v, 1],
+// dv += G^T k (D columns), ddecay = <G, P_{t-1}> (returned); then G *= scale (dL/dP_{t-1} through P_t).
+template <typename acc_t>
+inline acc_t reverse_step(acc_t* __restrict__ G, const acc_t* __restrict__ P, const acc_t* __restrict__ prev,
+                          const acc_t* __restrict__ qt, const acc_t* __restrict__ kt, const acc_t* __restrict__ vt,
+                          const acc_t* __restrict__ g, acc_t scale, acc_t* __restrict__ gq, acc_t* __restrict__ gk,
+                          acc_t* __restrict__ gv, const Dims& d) {
+  const int64_t D = d.D;
+  std::fill(gv, gv + D, acc_t(0));
+  acc_t gdecay = 0;
+  for (int64_t f = 0; f < d.F; ++f) {
+    acc_t* __restrict__ Gr = G + f * d.E;
+    const acc_t* __restrict__ Pr = P + f * d.E;
+    const acc_t* __restrict__ prevr = prev + f * d.E;
+    const acc_t qf = qt[f], kf = kt[f];
+    acc_t dq = 0, dk = 0, gd = 0;
+#pragma omp simd reduction(+ : dq, dk, gd)
+    for (int64_t e = 0; e < D; ++e) {
+      const acc_t Ge = Gr[e] + qf * g[e];
+      dq += Pr[e] * g[e];
+      dk += Ge * vt[e];
+      gv[e] += Ge * kf;
+      gd += Ge * prevr[e];
+      Gr[e] = Ge * scale;
+    }
+    const acc_t Gz = Gr[D] + qf * g[D];  // the normaliser column: v = 1
+    dq += Pr[D] * g[D];
+    dk += Gz;
+    gd += Gz * prevr[D];
+    Gr[D] = Gz * scale;
+    gq[f] = dq;
+    gk[f] = dk;
+    gdecay += gd;
+  }
+  return gdecay;
+}
+
+// Backward of one (batch, head); G, states, num, g are scratch of S, (chunk + 1) * S, E and E accumulators.
+template <typename acc_t>
+TALK_HF_VECTOR_CLONES void backward_task(const acc_t* go, const acc_t* gfinal, const acc_t* q, const acc_t* k,
+                                         const acc_t* v, const acc_t* decay, const acc_t* checkpoints, acc_t eps,
+                                         Grads<acc_t> grad, const Dims& d, int64_t bh, acc_t* G, acc_t* states,
+                                         acc_t* num, acc_t* g) {
+  const int64_t S = d.F * d.E;
+  const int64_t b = bh / d.H, h = bh % d.H;
+  auto decay_at = [&](int64_t t) { return decay ? decay[(b * d.T + t) * d.H + h] : acc_t(1); };
+  std::fill(G, G + S, acc_t(0));
+  for (int64_t n = d.N - 1; n >= 0; --n) {
+    const int64_t t0 = n * d.chunk, t1 = std::min(d.T, t0 + d.chunk);
+    // states[0] = P_{t0-1}; states[i + 1] = P_{t0+i}
+    std::copy(checkpoints + (bh * d.N + n) * S, checkpoints + (bh * d.N + n + 1) * S, states);
+    for (int64_t t = t0; t < t1; ++t) {
+      advance_state(states + (t - t0) * S, t > 0 ? decay_at(t - 1) : acc_t(1), at_bth(k, d, b, t, h, d.F),
+                    at_bth(v, d, b, t, h, d.D), states + (t - t0 + 1) * S, d);
+    }
+    for (int64_t t = t1 - 1; t >= t0; --t) {
+      const acc_t* P = states + (t - t0 + 1) * S;
+      if (t == d.T - 1 && gfinal) {  // final = decay[T-1] * P_{T-1}
+        const acc_t* gf = gfinal + bh * S;
+        acc_t dot = 0;
+        for (int64_t i = 0; i < S; ++i) dot += gf[i] * P[i];
+        if (decay) grad.decay[(b * d.T + t) * d.H + h] = dot;
+        const acc_t scale = decay_at(t);
+        for (int64_t i = 0; i < S; ++i) G[i] = scale * gf[i];
+      } else if (t == d.T - 1 && decay) {
+        grad.decay[(b * d.T + t) * d.H + h] = 0;
+      }
+      const acc_t* qt = at_bth(q, d, b, t, h, d.F);
+      read_state(P, qt, num, d);
+      rfa_normalise_backward(num, at_bth(go, d, b, t, h, d.D), eps, g, d.D);
+      const acc_t gdecay = reverse_step(G, P, P - S, qt, at_bth(k, d, b, t, h, d.F), at_bth(v, d, b, t, h, d.D), g,
+                                        t > 0 ? decay_at(t - 1) : acc_t(1), at_bth(grad.q, d, b, t, h, d.F),
+                                        at_bth(grad.k, d, b, t, h, d.F), at_bth(grad.v, d, b, t, h, d.D), d);
+      if (t > 0 && decay) grad.decay[(b * d.T + t - 1) * d.H + h] = gdecay;
+    }
+  }
+  if (grad.init) std::copy(G, G + S, grad.init + bh * S);
+}
+
 template <typename acc_t>
 void backward_kernel(const acc_t* go, const acc_t* gfinal, const acc_t* q, const acc_t* k, const acc_t* v,
                      const acc_t* decay, const acc_t* checkpoints, acc_t eps, Grads<acc_t> grad, const Dims& d) {
   const int64_t S = d.F * d.E;
   at::parallel_for(0, d.B * d.H, 1, [&](int64_t begin, int64_t end) {
-    std::vector<acc_t> G(S), states((d.chunk + 1) * S), num(d.E), g(d.E), gvv(d.E);
-    for (int64_t bh = begin; bh < end; ++bh) {
-      const int64_t b = bh / d.H, h = bh % d.H;
-      auto decay_at = [&](int64_t t) { return decay ? decay[(b * d.T + t) * d.H + h] : acc_t(1); };
-      std::fill(G.begin(), G.end(), acc_t(0));
-      for (int64_t n = d.N - 1; n >= 0; --n) {
-        const int64_t t0 = n * d.chunk, t1 = std::min(d.T, t0 + d.chunk);
-        // states[0] = P_{t0-1}; states[i + 1] = P_{t0+i}
-        std::copy(checkpoints + (bh * d.N + n) * S, checkpoints + (bh * d.N + n + 1) * S, states.data());
-        for (int64_t t = t0; t < t1; ++t) {
-          advance_state(states.data() + (t - t0) * S, t > 0 ? decay_at(t - 1) : acc_t(1),
-                        at_bth(k, d, b, t, h, d.F), at_bth(v, d, b, t, h, d.D), states.data() + (t - t0 + 1) * S, d);
-        }
-        for (int64_t t = t1 - 1; t >= t0; --t) {
-          const acc_t* P = states.data() + (t - t0 + 1) * S;
-          const acc_t* prev = P - S;
-          if (t == d.T - 1 && gfinal) {  // final = decay[T-1] * P_{T-1}
-            const acc_t* gf = gfinal + bh * S;
-            acc_t dot = 0;
-            for (int64_t i = 0; i < S; ++i) dot += gf[i] * P[i];
-            if (decay) grad.decay[(b * d.T + t) * d.H + h] = dot;
-            const acc_t scale = decay_at(t);
-            for (int64_t i = 0; i < S; ++i) G[i] = scale * gf[i];
-          } else if (t == d.T - 1 && decay) {
-            grad.decay[(b * d.T + t) * d.H + h] = 0;
-          }
-          const acc_t* qt = at_bth(q, d, b, t, h, d.F);
-          const acc_t* kt = at_bth(k, d, b, t, h, d.F);
-          const acc_t* vt = at_bth(v, d, b, t, h, d.D);
-          read_state(P, qt, num.data(), d);
-          rfa_normalise_backward(num.data(), at_bth(go, d, b, t, h, d.D), eps, g.data(), d.D);
-          acc_t* gq = at_bth(grad.q, d, b, t, h, d.F);
-          acc_t* gk = at_bth(grad.k, d, b, t, h, d.F);
-          std::fill(gvv.begin(), gvv.end(), acc_t(0));
-          const acc_t scale = t > 0 ? decay_at(t - 1) : acc_t(1);
-          acc_t gdecay = 0;
-          for (int64_t f = 0; f < d.F; ++f) {
-            acc_t* Gr = G.data() + f * d.E;
-            const acc_t* Pr = P + f * d.E;
-            const acc_t* prevr = prev + f * d.E;
-            const acc_t qf = qt[f], kf = kt[f];
-            acc_t dq = 0, dk = 0;
-            for (int64_t e = 0; e < d.E; ++e) {
-              Gr[e] += qf * g[e];  // G is now dL/dP_t
-              dq += Pr[e] * g[e];
-              dk += Gr[e] * (e < d.D ? vt[e] : acc_t(1));
-              gvv[e] += Gr[e] * kf;
-              gdecay += Gr[e] * prevr[e];
-              Gr[e] *= scale;  // dL/dP_{t-1} through P_t
-            }
-            gq[f] = dq;
-            gk[f] = dk;
-          }
-          std::copy(gvv.begin(), gvv.begin() + d.D, at_bth(grad.v, d, b, t, h, d.D));
-          if (t > 0 && decay) grad.decay[(b * d.T + t - 1) * d.H + h] = gdecay;
-        }
-      }
-      if (grad.init) std::copy(G.begin(), G.end(), grad.init + bh * S);
-    }
+    std::vector<acc_t> G(S), states((d.chunk + 1) * S), num(d.E), g(d.E);
+    for (int64_t bh = begin; bh < end; ++bh)
+      backward_task(go, gfinal, q, k, v, decay, checkpoints, eps, grad, d, bh, G.data(), states.data(), num.data(),
+                    g.data());
   });
 }
 

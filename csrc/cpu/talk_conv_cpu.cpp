@@ -23,6 +23,7 @@
 
 #include "../checks.h"
 #include "../talk_conv_math.h"
+#include "vector_clones.h"
 
 namespace talk_hf {
 namespace {
@@ -46,13 +47,6 @@ WindowEnd<acc_t> right_end(const scalar_t* offset_right, const Dims& d, int64_t 
   WindowEnd<acc_t> w = window_end<acc_t>(t, rel, d.T);
   return {w.lo + 1, w.hi + 1, w.frac};
 }
-
-// x86-64 builds target the baseline ISA (SSE2); the hot loops also get an AVX2 clone picked at load time.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define TALK_HF_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define TALK_HF_VECTOR_CLONES
-#endif
 
 constexpr int64_t kTile = 128;         // time steps per task
 constexpr int64_t kChannelBlock = 64;  // channels per forward task
