@@ -117,12 +117,16 @@ def talk_conv_init_state(batch, channels, max_left, device=None, dtype=torch.flo
 
 
 def talk_conv_state_from_prefix(x, max_left):
-    """The decoding state after the causal op has consumed x: (B, T, C) -> (B, max_left + 2, C) prefix sums."""
+    """The decoding state after the causal op has consumed x: (B, T, C) -> (B, max_left + 2, C).
+
+    The state holds the last max_left + 2 prefix sums S_j minus the one before them (windows only read differences),
+    so its values stay as small as window sums however long the sequence: fp32 decoding does not drift.
+    """
     check_float_tensor("x", x, 3)
     check_int("max_left", max_left, minimum=0)
     rows = talk_conv_state_size(max_left)
-    sat = x.to(accumulation_dtype(x.dtype)).cumsum(1)[:, -rows:]
-    return torch.nn.functional.pad(sat, (0, 0, rows - sat.shape[1], 0))
+    sums = x[:, -rows:].to(accumulation_dtype(x.dtype)).cumsum(1)  # S_j - S_{T-rows-1} (S_j = 0 for j < 0)
+    return torch.nn.functional.pad(sums, (0, 0, rows - sums.shape[1], 0))
 
 
 def talk_conv_step(x, offset_left, state, max_left):
@@ -150,4 +154,5 @@ def talk_conv_step(x, offset_left, state, max_left):
     hi = lo + (frac > 0).long()
     left = _interpolate(ext, lo, hi, frac)
     out = (ext[:, rows:] - left) / (max_left + 1)
-    return out.reshape(B, T, C).to(x.dtype), ext[:, -rows:].reshape(B, rows, C)
+    new_state = ext[:, -rows:] - ext[:, -rows - 1 : -rows]  # relative to the row before it, as the state is
+    return out.reshape(B, T, C).to(x.dtype), new_state.reshape(B, rows, C)
