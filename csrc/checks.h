@@ -35,6 +35,20 @@ inline void check_talk_conv_inputs(const at::Tensor& x, const at::Tensor& offset
   }
 }
 
+// x (B, T, C), offset_left (B, T, H) as for talk_conv; state (B, max_left + 2, C) in the accumulation dtype.
+inline void check_talk_conv_step_inputs(const at::Tensor& x, const at::Tensor& offset_left, const at::Tensor& state,
+                                        int64_t max_left) {
+  check_talk_conv_inputs(x, offset_left, c10::nullopt, max_left, 0);
+  TORCH_CHECK(state.dim() == 3 && state.size(0) == x.size(0) && state.size(1) == max_left + 2 &&
+                  state.size(2) == x.size(2),
+              "talk_conv_step: state must be (B, max_left + 2, C) = (", x.size(0), ", ", max_left + 2, ", ", x.size(2),
+              "), got ", state.sizes());
+  const auto acc = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  TORCH_CHECK(state.scalar_type() == acc, "talk_conv_step: state must be ", acc, " for ", x.scalar_type(),
+              " inputs, got ", state.scalar_type());
+  TORCH_CHECK(state.device() == x.device(), "talk_conv_step: state must be on x's device");
+}
+
 inline void check_dynamic_conv_inputs(const at::Tensor& x, const at::Tensor& weight) {
   TORCH_CHECK(x.dim() == 3, "dynamic_conv: x must be (B, T, C), got ", x.sizes());
   TORCH_CHECK(weight.dim() == 4 && weight.size(0) == x.size(0) && weight.size(1) == x.size(1),

@@ -18,6 +18,8 @@ TORCH_LIBRARY(talk_hf, m) {
   m.def(
       "talk_conv_bwd(Tensor grad_out, Tensor x, Tensor offset_left, Tensor? offset_right, int max_left, "
       "int max_right) -> (Tensor, Tensor, Tensor)");
+  // Decoding step(s) from the fixed-size state (B, max_left + 2, C) -> (out, new state); no autograd (inference).
+  m.def("talk_conv_step(Tensor x, Tensor offset_left, Tensor state, int max_left) -> (Tensor, Tensor)");
   m.def(
       "rfa_causal_fwd(Tensor q, Tensor k, Tensor v, Tensor? decay, Tensor? initial_state, float eps, int chunk) "
       "-> (Tensor, Tensor, Tensor)");

@@ -32,6 +32,16 @@ struct TalkConvParams {
   void* grad_offset_right;                 // (B, T, H) or nullptr      backward only
 };
 
+struct TalkStepParams {
+  int64_t batch, seqlen, channels, heads, max_left;  // B, T (new tokens), C, H; the state has max_left + 2 rows
+  DType dtype;                                       // dtype of x, offset_left and out
+  const void* x;                                     // (B, T, C)
+  const void* offset_left;                           // (B, T, H)
+  const void* state;                                 // (B, max_left + 2, C), fp32 (fp64 for fp64 x)
+  void* out;                                         // (B, T, C)
+  void* new_state;                                   // (B, max_left + 2, C), like state
+};
+
 struct DynamicConvParams {
   int64_t batch, seqlen, channels, heads, kernel_size;  // B, T, C, H, K
   int64_t padding_left;                                 // P: tap k reads x[t + k - P]
@@ -73,6 +83,8 @@ size_t talk_conv_fwd_workspace_bytes(const TalkConvParams& p);
 size_t talk_conv_bwd_workspace_bytes(const TalkConvParams& p);
 cudaError_t talk_conv_fwd_cuda(const TalkConvParams& p, void* workspace, cudaStream_t stream);
 cudaError_t talk_conv_bwd_cuda(const TalkConvParams& p, void* workspace, cudaStream_t stream);
+size_t talk_conv_step_workspace_bytes(const TalkStepParams& p);
+cudaError_t talk_conv_step_cuda(const TalkStepParams& p, void* workspace, cudaStream_t stream);
 
 size_t dynamic_conv_bwd_workspace_bytes(const DynamicConvParams& p);
 cudaError_t dynamic_conv_fwd_cuda(const DynamicConvParams& p, cudaStream_t stream);

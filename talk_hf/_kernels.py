@@ -47,6 +47,10 @@ def _register():
         grad_right = torch.empty_like(offset_left) if offset_right is not None else offset_left.new_empty(0)
         return torch.empty_like(x), torch.empty_like(offset_left), grad_right
 
+    @torch.library.register_fake("talk_hf::talk_conv_step")
+    def _(x, offset_left, state, max_left):
+        return torch.empty_like(x), torch.empty_like(state)
+
     @torch.library.register_fake("talk_hf::dynamic_conv_fwd")
     def _(x, weight, padding_left):
         return torch.empty_like(x)
@@ -111,6 +115,12 @@ if _C is not None:
 def talk_conv(x, offset_left, offset_right, max_left, max_right):
     """Compiled TaLK convolution; arguments as `talk_hf.talk_conv.talk_conv` (already validated)."""
     return torch.ops.talk_hf.talk_conv_fwd(x, offset_left, offset_right, max_left, max_right)
+
+
+def talk_conv_step(x, offset_left, state, max_left):
+    """Compiled causal TaLK decoding step(s) (no autograd); state already (B, max_left + 2, C) in the accumulation
+    dtype. -> (out, new state)."""
+    return torch.ops.talk_hf.talk_conv_step(x, offset_left, state, max_left)
 
 
 def rfa_causal(q, k, v, decay, initial_state, eps, chunk):

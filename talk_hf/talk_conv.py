@@ -135,17 +135,28 @@ def talk_conv_step(x, offset_left, state, max_left):
     x: (B, T_new, C) new tokens (T_new=1 for a decoding step); offset_left: (B, T_new, H);
     state: (B, max_left + 2, C) from `talk_conv_init_state` / `talk_conv_state_from_prefix` / a previous step
     -> (out (B, T_new, C), new state). Relative windows are capped at max_left (offset_left clipped to [0, 1]):
-    offsets above 1 only occur under training-time offset dropout, which decoding does not use.
+    offsets above 1 only occur under training-time offset dropout, which decoding does not use. Runs the compiled
+    step kernel (one fused op) when no gradient is needed, else the same math in PyTorch ops.
     """
     _check_talk_args(x, offset_left, None, max_left, 0)
     rows = talk_conv_state_size(max_left)
     if state.shape != (x.shape[0], rows, x.shape[2]):
         raise ValueError(f"state must have shape {(x.shape[0], rows, x.shape[2])}, got {tuple(state.shape)}")
+    acc = accumulation_dtype(x.dtype)
+    needs_grad = torch.is_grad_enabled() and (x.requires_grad or offset_left.requires_grad or state.requires_grad)
+    if not needs_grad and use_kernels(x):
+        return _kernels.talk_conv_step(x, offset_left, state.to(acc), max_left)
+    return _talk_conv_step_ref(x, offset_left, state.to(acc), max_left)
+
+
+def _talk_conv_step_ref(x, offset_left, state, max_left):
+    """`talk_conv_step` in PyTorch ops (differentiable); state in the accumulation dtype."""
     B, T, C = x.shape
     H = offset_left.shape[-1]
-    acc = accumulation_dtype(x.dtype)
-    prev = state.to(acc)
-    # ext[:, e] is S at absolute position (t0 - rows + e), t0 = tokens already consumed.
+    rows = talk_conv_state_size(max_left)
+    acc = state.dtype
+    prev = state
+    # ext[:, e] is S at position t0 - rows + e minus the state's base, t0 = tokens already consumed.
     ext = torch.cat([prev, prev[:, -1:] + x.to(acc).cumsum(1)], dim=1).view(B, rows + T, H, C // H)
     rel = -offset_left.to(acc).clamp(0, 1) * max_left
     whole = torch.floor(rel)

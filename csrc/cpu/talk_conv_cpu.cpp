@@ -23,6 +23,7 @@
 
 #include "../checks.h"
 #include "../talk_conv_math.h"
+#include "../talk_conv_step.h"
 #include "vector_clones.h"
 
 namespace talk_hf {
@@ -291,11 +292,73 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> talk_conv_bwd_cpu(const at::Tenso
   return {gx, gol, gor};
 }
 
+// Decoding step(s) of one batch row, row by row (the CUDA kernel runs talk_conv_step.h's column program instead;
+// same arithmetic). ext: (r + T) x C scratch.
+template <typename scalar_t>
+TALK_HF_VECTOR_CLONES void step_batch_row(const TalkStepArgs<scalar_t>& a, int64_t b, acc_type<scalar_t>* ext) {
+  using acc_t = acc_type<scalar_t>;
+  const int64_t r = a.max_left + 2, C = a.C, R = a.C / a.H;
+  std::copy(a.state + b * r * C, a.state + (b + 1) * r * C, ext);
+  for (int64_t t = 0; t < a.T; ++t) {  // ext row r + t = S after new token t
+    const acc_t* __restrict__ prev = ext + (r + t - 1) * C;
+    acc_t* __restrict__ row = ext + (r + t) * C;
+    const scalar_t* __restrict__ xt = a.x + (b * a.T + t) * C;
+#pragma omp simd
+    for (int64_t c = 0; c < C; ++c) row[c] = prev[c] + static_cast<acc_t>(xt[c]);
+  }
+  const acc_t norm = static_cast<acc_t>(a.max_left + 1);
+  for (int64_t t = 0; t < a.T; ++t) {
+    for (int64_t h = 0; h < a.H; ++h) {
+      acc_t o = static_cast<acc_t>(a.offset_left[(b * a.T + t) * a.H + h]);
+      o = o < acc_t(0) ? acc_t(0) : (o > acc_t(1) ? acc_t(1) : o);
+      const acc_t rel = -o * static_cast<acc_t>(a.max_left);
+      const acc_t whole = floor_acc(rel);
+      const acc_t frac = rel - whole;
+      const int64_t lo = t + r - 1 + static_cast<int64_t>(whole), hi = lo + (frac > acc_t(0) ? 1 : 0);
+      const acc_t *__restrict__ at_lo = ext + lo * C + h * R, *__restrict__ at_hi = ext + hi * C + h * R;
+      const acc_t* __restrict__ now = ext + (r + t) * C + h * R;
+      scalar_t* __restrict__ out = a.out + (b * a.T + t) * C + h * R;
+#pragma omp simd
+      for (int64_t c = 0; c < R; ++c)
+        out[c] = static_cast<scalar_t>((now[c] - (at_lo[c] + frac * (at_hi[c] - at_lo[c]))) / norm);
+    }
+  }
+  const acc_t* __restrict__ base = ext + (a.T - 1) * C;  // the row before the new state's first row
+  for (int64_t i = 0; i < r; ++i) {
+    const acc_t* __restrict__ row = ext + (a.T + i) * C;
+    acc_t* __restrict__ dst = a.new_state + (b * r + i) * C;
+#pragma omp simd
+    for (int64_t c = 0; c < C; ++c) dst[c] = row[c] - base[c];
+  }
+}
+
+std::tuple<at::Tensor, at::Tensor> talk_conv_step_cpu(const at::Tensor& x_, const at::Tensor& ol_,
+                                                      const at::Tensor& state_, int64_t max_left) {
+  check_talk_conv_step_inputs(x_, ol_, state_, max_left);
+  const at::Tensor x = x_.contiguous(), ol = ol_.contiguous(), state = state_.contiguous();
+  const int64_t B = x.size(0), T = x.size(1), C = x.size(2), r = max_left + 2;
+  at::Tensor out = at::empty_like(x), new_state = at::empty_like(state);
+  if (T == 0 || B == 0 || C == 0) return {out, new_state.copy_(state)};
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "talk_conv_step_cpu", [&] {
+    using acc_t = acc_type<scalar_t>;
+    const TalkStepArgs<scalar_t> a{x.data_ptr<scalar_t>(), ol.data_ptr<scalar_t>(), state.data_ptr<acc_t>(),
+                                   out.data_ptr<scalar_t>(), new_state.data_ptr<acc_t>(), nullptr,
+                                   B, T, C, ol.size(2), max_left};
+    const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 18) / ((r + T) * C));  // >= 256K elements per task
+    at::parallel_for(0, B, grain, [&](int64_t begin, int64_t end) {
+      std::vector<acc_t> ext((r + T) * C);
+      for (int64_t b = begin; b < end; ++b) step_batch_row(a, b, ext.data());
+    });
+  });
+  return {out, new_state};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(talk_hf, CPU, m) {
   m.impl("talk_conv_fwd", &talk_conv_fwd_cpu);
   m.impl("talk_conv_bwd", &talk_conv_bwd_cpu);
+  m.impl("talk_conv_step", &talk_conv_step_cpu);
 }
 
 }  // namespace talk_hf

@@ -89,6 +89,30 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> talk_conv_bwd_cuda_op(const at::T
   return {gx, gol, gor};
 }
 
+std::tuple<at::Tensor, at::Tensor> talk_conv_step_cuda_op(const at::Tensor& x_, const at::Tensor& ol_,
+                                                          const at::Tensor& state_, int64_t max_left) {
+  check_talk_conv_step_inputs(x_, ol_, state_, max_left);
+  const c10::cuda::CUDAGuard guard(x_.device());
+  const at::Tensor x = x_.contiguous(), ol = ol_.contiguous(), state = state_.contiguous();
+  at::Tensor out = at::empty_like(x), new_state = at::empty_like(state);
+  if (x.numel() == 0) return {out, new_state.copy_(state)};
+  TalkStepParams p{};
+  p.batch = x.size(0);
+  p.seqlen = x.size(1);
+  p.channels = x.size(2);
+  p.heads = ol.size(2);
+  p.max_left = max_left;
+  p.dtype = to_dtype(x.scalar_type());
+  p.x = x.data_ptr();
+  p.offset_left = ol.data_ptr();
+  p.state = state.data_ptr();
+  p.out = out.data_ptr();
+  p.new_state = new_state.data_ptr();
+  at::Tensor ws = workspace(talk_conv_step_workspace_bytes(p), x);
+  check_launch(talk_conv_step_cuda(p, ws.data_ptr(), c10::cuda::getCurrentCUDAStream()), "talk_conv_step");
+  return {out, new_state};
+}
+
 DynamicConvParams conv_params(const at::Tensor& x, const at::Tensor& w, int64_t padding_left) {
   DynamicConvParams p{};
   p.batch = x.size(0);
@@ -213,6 +237,7 @@ TORCH_LIBRARY_IMPL(talk_hf, CUDA, m) {
   m.impl("rfa_causal_bwd", &rfa_causal_bwd_cuda_op);
   m.impl("talk_conv_fwd", &talk_conv_fwd_cuda_op);
   m.impl("talk_conv_bwd", &talk_conv_bwd_cuda_op);
+  m.impl("talk_conv_step", &talk_conv_step_cuda_op);
   m.impl("dynamic_conv_fwd", &dynamic_conv_fwd_cuda_op);
   m.impl("dynamic_conv_bwd", &dynamic_conv_bwd_cuda_op);
 }

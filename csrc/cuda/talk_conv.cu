@@ -7,9 +7,11 @@
 // Backward: reach (per (b, h), atomicMax of integers into a 16-byte-per-(b, h) workspace), offset gradients
 //          (per (b, t, h), a deterministic group reduction of g * x over the head's channels), grad x (tile-local
 //          scatter and suffix sums in shared memory, one warp per (b, tile, 32 channels), no atomics).
+// Decoding step: one thread per column (b, c) runs talk_conv_step.h's column program (the CPU kernel runs it too).
 // No host synchronisation anywhere: every launch shape comes from the sizes alone (CUDA-graph friendly).
 #include "common.cuh"
 #include "talk_conv_tiles.h"
+#include "../talk_conv_step.h"
 #include "../talk_hf_kernels.h"
 
 namespace talk_hf {
@@ -131,6 +133,12 @@ __global__ void __launch_bounds__(kGradXWarps * kWarpSize) talk_grad_x_kernel(co
   }
 }
 
+// One thread per column (b, c), n = b*C + c (consecutive threads, consecutive channels: coalesced rows).
+template <typename scalar_t>
+__global__ void __launch_bounds__(kThreads) talk_step_kernel(const TalkStepArgs<scalar_t> a) {
+  for (int64_t n = global_thread_id(); n < a.B * a.C; n += global_thread_count()) talk_step_column(a, n / a.C, n % a.C);
+}
+
 // ------------------------------------------------------------------------------------------------ launchers
 
 template <typename scalar_t>
@@ -164,9 +172,35 @@ cudaError_t launch_bwd(const TalkConvParams& p, void* workspace, cudaStream_t st
   return cudaGetLastError();
 }
 
+template <typename scalar_t>
+cudaError_t launch_step(const TalkStepParams& p, void* workspace, cudaStream_t stream) {
+  using acc_t = acc_type<scalar_t>;
+  const TalkStepArgs<scalar_t> a{static_cast<const scalar_t*>(p.x), static_cast<const scalar_t*>(p.offset_left),
+                                 static_cast<const acc_t*>(p.state), static_cast<scalar_t*>(p.out),
+                                 static_cast<acc_t*>(p.new_state), static_cast<acc_t*>(workspace),
+                                 p.batch, p.seqlen, p.channels, p.heads, p.max_left};
+  talk_step_kernel<scalar_t><<<grid_blocks(ceil_div(p.batch * p.channels, kThreads)), kThreads, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
 }  // namespace
 
 // ------------------------------------------------------------------------------------------------ entry points
+
+size_t talk_conv_step_workspace_bytes(const TalkStepParams& p) {  // ext: (B, max_left + 2 + T, C) accumulators
+  return align_up(static_cast<size_t>(p.batch * (p.max_left + 2 + p.seqlen) * p.channels) * acc_bytes(p.dtype));
+}
+
+cudaError_t talk_conv_step_cuda(const TalkStepParams& p, void* workspace, cudaStream_t stream) {
+  if (p.batch == 0 || p.seqlen == 0 || p.channels == 0) return cudaSuccess;
+  if (!valid_dtype(p.dtype) || p.heads <= 0 || p.channels % p.heads != 0 || p.max_left < 0 || p.x == nullptr ||
+      p.offset_left == nullptr || p.state == nullptr || p.out == nullptr || p.new_state == nullptr ||
+      workspace == nullptr)
+    return cudaErrorInvalidValue;
+  cudaError_t err = cudaErrorInvalidValue;
+  DISPATCH_DTYPE(p.dtype, scalar_t, err = launch_step<scalar_t>(p, workspace, stream));
+  return err;
+}
 
 size_t talk_conv_fwd_workspace_bytes(const TalkConvParams&) { return 0; }
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cuda/talk_conv_tiles.h"
+#include "talk_conv_step.h"
 
 namespace {
 
@@ -108,6 +109,19 @@ void backward(TalkArgs<T> a, int64_t tile, bool reverse) {
   }
 }
 
+// The decoding-step kernel: one thread per column (b, c), in either order, over a NaN-poisoned ext workspace.
+template <typename T>
+void step(TalkStepArgs<T> a, bool reverse) {
+  const int64_t r = a.max_left + 2;
+  std::vector<acc_type<T>> ext(a.B * (r + a.T) * a.C, std::numeric_limits<acc_type<T>>::quiet_NaN());
+  a.ext = ext.data();
+  const int64_t n = a.B * a.C;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t col = reverse ? n - 1 - i : i;
+    talk_step_column(a, col / a.C, col % a.C);
+  }
+}
+
 }  // namespace
 
 #define TALK_EMULATE(SUFFIX, T)                                                                                     \
@@ -129,6 +143,12 @@ void backward(TalkArgs<T> a, int64_t tile, bool reverse) {
     a.grad_offset_left = gol;                                                                                      \
     a.grad_offset_right = gor;                                                                                     \
     backward(a, tile, reverse != 0);                                                                               \
+    return 0;                                                                                                      \
+  }                                                                                                                \
+  extern "C" int talk_conv_step_emulate_##SUFFIX(const T* x, const T* ol, const T* state, T* out, T* new_state,     \
+                                                 int64_t B, int64_t L, int64_t C, int64_t H, int64_t max_left,     \
+                                                 int reverse) {                                                    \
+    step(TalkStepArgs<T>{x, ol, state, out, new_state, nullptr, B, L, C, H, max_left}, reverse != 0);             \
     return 0;                                                                                                      \
   }
 

@@ -230,6 +230,56 @@ def test_steps_from_empty_state_in_fp16_keep_fp32_state():
     assert_close(torch.cat(outs, 1), ops.talk_conv_ref(x.double(), ol.double(), None, 3, 0), torch.float16)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("T_new,max_left,H", [(1, 0, 1), (1, 3, 2), (1, 31, 8), (5, 7, 4), (3, 2, 8)])
+def test_compiled_step_matches_its_pytorch_form(dtype, T_new, max_left, H):
+    """The fused decoding-step kernel against the same math in PyTorch ops (`_talk_conv_step_ref`, the autograd
+    path): outputs and new state from a random state, offsets outside [0, 1] included (clipped by both)."""
+    from talk_hf.talk_conv import _talk_conv_step_ref
+
+    g = torch.Generator().manual_seed(T_new * 10 + max_left)
+    B, C = 3, 8
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    x = torch.randn(B, T_new, C, generator=g, dtype=torch.float64).to(dtype)
+    ol = (torch.rand(B, T_new, H, generator=g, dtype=torch.float64) * 1.4 - 0.2).to(dtype)
+    state = torch.randn(B, max_left + 2, C, generator=g, dtype=torch.float64).to(acc)
+    with torch.no_grad():
+        out, new_state = torch.ops.talk_hf.talk_conv_step(x, ol, state, max_left)
+        want_out, want_state = _talk_conv_step_ref(x, ol, state, max_left)
+    assert out.dtype == dtype and new_state.dtype == acc
+    torch.testing.assert_close(out, want_out, rtol=REL_TOL[dtype], atol=REL_TOL[dtype])
+    torch.testing.assert_close(new_state, want_state, rtol=1e-6 if acc == torch.float32 else 1e-12, atol=1e-6)
+
+
+def test_step_uses_the_kernel_without_gradients_and_pytorch_ops_with_them():
+    x, ol = torch.randn(2, 1, 6), offsets(2, 1, 3, dtype=torch.float32)
+    state = ops.talk_conv_init_state(2, 6, 4)
+
+    def kernel_calls(*args):
+        with torch.profiler.profile() as prof:
+            ops.talk_conv_step(*args, state, 4)
+        return sum(e.name == "talk_hf::talk_conv_step" for e in prof.events())
+
+    with torch.no_grad():
+        assert kernel_calls(x, ol) == 1
+    assert kernel_calls(x, ol) == 1  # nothing requires grad
+    xg = x.clone().requires_grad_()
+    assert kernel_calls(xg, ol) == 0
+    out, _ = ops.talk_conv_step(xg, ol, state, 4)
+    out.sum().backward()
+    assert xg.grad is not None and xg.grad.abs().sum() > 0
+
+
+def test_step_kernel_checks_its_inputs():
+    x, ol = torch.randn(2, 1, 6), offsets(2, 1, 3, dtype=torch.float32)
+    with pytest.raises(RuntimeError, match=r"state must be \(B, max_left \+ 2, C\)"):
+        torch.ops.talk_hf.talk_conv_step(x, ol, torch.zeros(2, 5, 6), 4)
+    with pytest.raises(RuntimeError, match="state must be Float"):
+        torch.ops.talk_hf.talk_conv_step(x, ol, torch.zeros(2, 6, 6, dtype=torch.float64), 4)
+    with pytest.raises(RuntimeError, match="divisible by heads"):
+        torch.ops.talk_hf.talk_conv_step(x, offsets(2, 1, 4, dtype=torch.float32), torch.zeros(2, 6, 6), 4)
+
+
 def test_opcheck():
     x = torch.randn(2, 7, 6)
     ol, orr = offsets(2, 7, 3, dtype=torch.float32), offsets(2, 7, 3, dtype=torch.float32)
@@ -237,6 +287,7 @@ def test_opcheck():
     torch.library.opcheck(fwd, (x.requires_grad_(), ol.requires_grad_(), orr.requires_grad_(), 3, 2))
     torch.library.opcheck(fwd, (x, ol, None, 3, 0))
     torch.library.opcheck(torch.ops.talk_hf.talk_conv_bwd.default, (torch.randn(2, 7, 6), x.detach(), ol.detach(), None, 3, 0))
+    torch.library.opcheck(torch.ops.talk_hf.talk_conv_step.default, (x.detach(), ol.detach(), torch.randn(2, 5, 6), 3))
 
 
 def test_torch_compile_matches_eager():
