@@ -89,6 +89,12 @@ def measure(args, T):
         if name == "sdpa" and T > args.max_sdpa_length:
             continue
         row[f"{name}_fwd_ms"] = 1e3 * timer(fn, device, args.warmup, args.iters, args.budget)
+        if device == "cuda":  # memory the forward allocates beyond its inputs, at its peak
+            torch.cuda.synchronize()
+            before = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            fn()
+            row[f"{name}_fwd_peak_MB"] = (torch.cuda.max_memory_allocated() - before) / 2**20
 
         def fwd_bwd():
             out = with_grad[name]()

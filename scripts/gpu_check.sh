@@ -3,7 +3,8 @@
 #   1. build talk_hf._C with its CUDA kernels (TALK_HF_CUDA_ARCHS, default 90 for H100/H200),
 #   2. the CUDA kernels against the references (tests/ops/test_cuda_kernels.py),
 #   3. compute-sanitizer memcheck and racecheck over the small cases of those tests,
-#   4. the op benchmarks (the TaLK paper's Table 6 shapes, fp32 and bf16) and the generation benchmark.
+#   4. the op benchmarks (the TaLK paper's Table 6 shapes, fp32 and bf16), the training-step benchmark (bf16) and the
+#      generation benchmark.
 # Logs and JSON go to $OUT (default runs/gpu). The machine needs torch with CUDA, nvcc, and this package's Python
 # dependencies (transformers >= 5.20 among them).
 set -euo pipefail
@@ -26,3 +27,5 @@ for dtype in float32 bfloat16; do
 done
 "$PY" scripts/benchmark_generation.py --device cuda --lm_tokens 1024 8192 --windows 1 4 8 15 \
     --output "$OUT/bench_generation.json" | tail -10
+"$PY" scripts/benchmark_training.py --device cuda --amp bf16 --d_model 512 --layers 6 --ffn 2048 --heads 8 \
+    --batch 32 --length 128 --lengths 512 2048 8192 --output "$OUT/bench_training.json" | tail -8

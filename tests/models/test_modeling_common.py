@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 from safetensors import safe_open
+from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
 from talk_hf.recurrent_cache import LayerState, RecurrentCache
@@ -174,6 +175,45 @@ def test_incremental_logits_equal_full_forward(name):
         outs.append(out.logits)
     assert isinstance(cache, RecurrentCache) and cache.get_seq_length() == tokens.shape[1]
     torch.testing.assert_close(torch.cat(outs, 1), full, rtol=1e-5, atol=1e-5)
+
+
+class HostSyncs(TorchDispatchMode):
+    """Records the ops that make the host wait for the device (a tensor read as a Python number or bool) or whose
+    output shape depends on tensor values: either breaks CUDA-graph capture of a decoding step."""
+
+    SYNCING = {"aten._local_scalar_dense.default", "aten.is_nonzero.default", "aten.equal.default",
+               "aten.nonzero.default", "aten.masked_select.default", "aten.unique_dim.default",
+               "aten._unique2.default", "aten.repeat_interleave.Tensor"}
+
+    def __init__(self):
+        super().__init__()
+        self.found, self.calls = [], 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.calls += 1
+        if str(func) in self.SYNCING:
+            self.found.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("name", list(ALL))
+def test_decoding_steps_never_wait_for_the_device(name):
+    """After the prefill, a decoding step (one new token from the recurrent cache, the encoder output given as
+    `generate()` gives it) runs no op that syncs the host with the device or has a value-dependent shape."""
+    model = make(name)
+    inputs = inputs_for(name)
+    key = "decoder_input_ids" if name in SEQ2SEQ else "input_ids"
+    tokens = inputs.pop(key)
+    if name in SEQ2SEQ:
+        inputs = dict(encoder_outputs=model.get_encoder()(**inputs), attention_mask=inputs["attention_mask"])
+    else:
+        inputs = {}
+    with torch.no_grad():
+        cache = model(**inputs, **{key: tokens[:, :3]}, use_cache=True).past_key_values
+        for t in range(3, 6):
+            with HostSyncs() as mode:
+                cache = model(**inputs, **{key: tokens[:, t : t + 1]}, past_key_values=cache, use_cache=True).past_key_values
+            assert mode.calls > 0 and mode.found == [], mode.found
 
 
 def test_assisted_decoding_is_refused_for_a_recurrent_state():

@@ -1,5 +1,6 @@
 """Every script end to end on tiny data (in-process `main([...])` calls; `--help` for each)."""
 
+import argparse
 import gzip
 import importlib.util
 import json
@@ -30,7 +31,7 @@ def script(name):
 
 
 @pytest.mark.parametrize("name", ["preprocess", "train", "evaluate", "translate", "average_checkpoints", "demo",
-                                  "benchmark_ops", "benchmark_generation", "results_multi30k", "results_doc_zh_en",
+                                  "benchmark_ops", "benchmark_generation", "benchmark_training", "results_multi30k", "results_doc_zh_en",
                                   "results_lm"])
 def test_help(name, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -228,6 +229,34 @@ def test_generation_benchmark_reports_speed_and_cache_sizes(tmp_path, monkeypatc
     assert lm_short["talk_hf_cache_MB"] == lm_long["talk_hf_cache_MB"]
     assert lm_long["baseline_cache_MB"] > 1.5 * lm_short["baseline_cache_MB"]
     assert json.loads((tmp_path / "g.json").read_text())["rows"][-1]["new_tokens"] == 72
+
+
+def test_training_benchmark_times_layers_and_whole_steps(tmp_path):
+    module = script("benchmark_training")
+    rows = module.main(["--d_model", "16", "--layers", "1", "--ffn", "32", "--heads", "2", "--batch", "2", "--length",
+                        "12", "--lengths", "8", "40", "--iters", "2", "--warmup", "1", "--output", str(tmp_path / "t.json")])
+    assert [(r["kind"], r["n"]) for r in rows] == [("layer", 8), ("layer", 40), ("model", 12)]
+    for r in rows:
+        for kind in ("talk", "dynamic_conv", "lightconv", "marian"):
+            assert r[f"{kind}_tokens_per_s"] > 0
+        assert r["talk_over_marian"] == pytest.approx(r["talk_tokens_per_s"] / r["marian_tokens_per_s"])
+    model_row = rows[-1]
+    assert model_row["tokens"] == 24 and model_row["bart_tokens_per_s"] > 0
+    # same-size models: the token mixers differ, embeddings and feed-forwards do not
+    assert 0.5 < model_row["talk_params_M"] / model_row["marian_params_M"] < 2
+    saved = json.loads((tmp_path / "t.json").read_text())
+    assert saved["rows"] == json.loads(json.dumps(rows)) and saved["environment"]["args"]["lengths"] == [8, 40]
+
+
+def test_training_benchmark_trains_the_layers_it_times():
+    """The timed layer step really runs a backward: every parameter of the layer gets a gradient."""
+    module = script("benchmark_training")
+    args = argparse.Namespace(d_model=16, layers=1, ffn=32, heads=2, lengths=[8], length=8, amp="none")
+    for kind in ("talk", "dynamic_conv", "marian"):
+        layer = module.build(kind, args).get_encoder().layers[0].train()
+        x = torch.randn(2, 8, 16, requires_grad=True)
+        module.layer_step(layer, x, args, torch.device("cpu"))()
+        assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in layer.parameters()), kind
 
 
 def test_benchmark_script_reports_ratios(tmp_path):

@@ -1,0 +1,187 @@
+"""Training throughput: talk_hf encoder-decoders vs the same-size transformers Marian and BART, in one process.
+
+Each row is forward + backward, the median of timed steps after warm-up (CUDA events on GPU), in tokens/s:
+  - layer rows: one encoder layer (token mixer + feed-forward, with its residuals and norms) on a
+    (batch, n, d_model) input at each --lengths n: TaLK, DynamicConv, LightConv vs Marian's self-attention layer
+    (transformers' SDPA attention), tokens = batch * n;
+  - model rows: a whole training step (forward with labels, backward, AdamW step) on --batch pairs of --length
+    source and target tokens: tokens = target tokens.
+Ratios are against Marian's time in the same run. --amp bf16 runs under torch.autocast (the GPU setting);
+CPU rows are fp32.
+
+    python scripts/benchmark_training.py --device cpu --output runs/bench/training_cpu.json
+    python scripts/benchmark_training.py --device cuda --amp bf16 --d_model 512 --layers 6 --ffn 2048 --heads 8 \\
+        --batch 32 --length 128 --lengths 512 2048 8192 --output runs/bench/training_gpu.json
+"""
+
+import argparse
+import contextlib
+import json
+import platform
+import statistics
+import time
+
+import torch
+from transformers import BartConfig, BartForConditionalGeneration, MarianConfig, MarianMTModel
+
+from talk_hf import DynamicConvConfig, DynamicConvForConditionalGeneration, TalkConfig, TalkForConditionalGeneration
+
+VOCAB = 8000
+IDS = dict(vocab_size=VOCAB, pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2)
+KINDS = ("talk", "dynamic_conv", "lightconv", "marian", "bart")
+
+
+def build(kind, args):
+    """A freshly initialised model of `kind` with d_model, layers, FFN width and heads from args, no dropout."""
+    size = dict(d_model=args.d_model, encoder_layers=args.layers, decoder_layers=args.layers, encoder_ffn_dim=args.ffn,
+                decoder_ffn_dim=args.ffn, decoder_attention_heads=args.heads, dropout=0.0, **IDS)
+    if kind == "talk":
+        return TalkForConditionalGeneration(TalkConfig(encoder_heads=args.heads, decoder_heads=args.heads,
+                                                       offset_dropout=0.0, input_dropout=0.0, **size))
+    if kind in ("dynamic_conv", "lightconv"):
+        conv_type = "dynamic" if kind == "dynamic_conv" else "lightweight"
+        return DynamicConvForConditionalGeneration(DynamicConvConfig(
+            conv_type=conv_type, encoder_conv_heads=args.heads, decoder_conv_heads=args.heads, **size))
+    baseline = dict(size, encoder_attention_heads=args.heads, max_position_embeddings=max(args.lengths + [args.length]))
+    if kind == "marian":
+        return MarianMTModel(MarianConfig(share_encoder_decoder_embeddings=True, **baseline))
+    if kind == "bart":
+        return BartForConditionalGeneration(BartConfig(**baseline))
+    raise ValueError(f"unknown model kind {kind!r}; choose one of {KINDS}")
+
+
+def timer(fn, device, warmup, iters):
+    """Median seconds per call of fn() after `warmup` calls."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        if device.type == "cuda":
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(begin.elapsed_time(end) / 1e3)
+        else:
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def autocast(args, device):
+    if args.amp == "bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def peak_memory_mb(device):
+    return torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
+
+
+def layer_step(layer, x, args, device):
+    """forward + backward of one encoder layer (no mask: every position is a real token)."""
+    def step():
+        layer.zero_grad(set_to_none=True)
+        with autocast(args, device):
+            out = layer(x, attention_mask=None)
+        out = out[0] if isinstance(out, tuple) else out
+        out.float().sum().backward()
+    return step
+
+
+def model_step(model, batch, optimizer, args, device):
+    """forward with labels + backward + AdamW step."""
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        with autocast(args, device):
+            loss = model(**batch).loss
+        loss.backward()
+        optimizer.step()
+    return step
+
+
+def layer_rows(args, device, generator):
+    rows = []
+    layers = {kind: build(kind, args).get_encoder().layers[0].to(device).train() for kind in KINDS if kind != "bart"}
+    for n in args.lengths:
+        x = torch.randn(args.batch, n, args.d_model, generator=generator).to(device).requires_grad_()
+        row = {"row": f"encoder layer, n={n}", "kind": "layer", "n": n, "tokens": args.batch * n}
+        for kind, layer in layers.items():
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            seconds = timer(layer_step(layer, x, args, device), device, args.warmup, args.iters)
+            row[f"{kind}_tokens_per_s"] = row["tokens"] / seconds
+            row[f"{kind}_peak_MB"] = peak_memory_mb(device)
+        rows.append(with_ratios(row, [k for k in layers if k != "marian"]))
+    return rows
+
+
+def model_rows(args, device, generator):
+    ids = lambda: torch.randint(5, VOCAB, (args.batch, args.length), generator=generator).to(device)  # noqa: E731
+    batch = {"input_ids": ids(), "labels": ids()}
+    batch["attention_mask"] = torch.ones_like(batch["input_ids"])
+    row = {"row": f"training step, {args.batch} x {args.length} tokens", "kind": "model", "n": args.length,
+           "tokens": args.batch * args.length}
+    for kind in KINDS:
+        model = build(kind, args).to(device).train()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        seconds = timer(model_step(model, batch, optimizer, args, device), device, args.warmup, args.iters)
+        row[f"{kind}_tokens_per_s"] = row["tokens"] / seconds
+        row[f"{kind}_params_M"] = sum(p.numel() for p in model.parameters()) / 1e6
+        row[f"{kind}_peak_MB"] = peak_memory_mb(device)
+        del model, optimizer
+    return [with_ratios(row, [k for k in KINDS if k != "marian"])]
+
+
+def with_ratios(row, kinds):
+    """speed-up over Marian (tokens/s ratio) for each other kind."""
+    for kind in kinds:
+        row[f"{kind}_over_marian"] = row[f"{kind}_tokens_per_s"] / row["marian_tokens_per_s"]
+    return row
+
+
+def table(rows):
+    lines = ["| row | " + " | ".join(f"{k} tokens/s" for k in KINDS) + " | TaLK / Marian |",
+             "|---|" + "---|" * (len(KINDS) + 1)]
+    for r in rows:
+        cells = [f"{r[f'{k}_tokens_per_s']:.0f}" if f"{k}_tokens_per_s" in r else "-" for k in KINDS]
+        lines.append(f"| {r['row']} | " + " | ".join(cells) + f" | {r['talk_over_marian']:.2f}x |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--amp", choices=["none", "bf16"], default="none")
+    parser.add_argument("--d_model", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=3)
+    parser.add_argument("--ffn", type=int, default=1024)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--length", type=int, default=64, help="source and target tokens per pair (model rows)")
+    parser.add_argument("--lengths", type=int, nargs="*", default=[256, 1024, 4096],
+                        help="layer rows (none: whole-model rows only)")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--output", default=None)
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    torch.manual_seed(0)
+    generator = torch.Generator().manual_seed(0)
+    rows = layer_rows(args, device, generator) + model_rows(args, device, generator)
+    print(table(rows))
+    if args.output:
+        env = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else
+               f"{platform.machine()} CPU, {torch.get_num_threads()} threads", "torch": torch.__version__,
+               "args": vars(args)}
+        with open(args.output, "w") as f:
+            json.dump({"environment": env, "rows": rows}, f, indent=2)
+    return rows
+
+
+if __name__ == "__main__":
+    main()
