@@ -60,6 +60,17 @@ inline void check_dynamic_conv_inputs(const at::Tensor& x, const at::Tensor& wei
   TORCH_CHECK(weight.device() == x.device(), "dynamic_conv: weight must be on x's device");
 }
 
+// x (B, T, C) and weight (B, T, H, K) as for dynamic_conv; state (B, K - 1, C) in x's dtype.
+inline void check_dynamic_conv_step_inputs(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& state) {
+  check_dynamic_conv_inputs(x, weight);
+  TORCH_CHECK(state.dim() == 3 && state.size(0) == x.size(0) && state.size(1) == weight.size(3) - 1 &&
+                  state.size(2) == x.size(2),
+              "dynamic_conv_step: state must be (B, K - 1, C) = (", x.size(0), ", ", weight.size(3) - 1, ", ",
+              x.size(2), "), got ", state.sizes());
+  TORCH_CHECK(state.scalar_type() == x.scalar_type(), "dynamic_conv_step: state dtype must match x");
+  TORCH_CHECK(state.device() == x.device(), "dynamic_conv_step: state must be on x's device");
+}
+
 // q, k: (B, T, H, F); v: (B, T, H, D); decay: (B, T, H); initial_state: (B, H, F, D + 1); one float dtype.
 inline void check_rfa_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                              const c10::optional<at::Tensor>& decay, const c10::optional<at::Tensor>& initial_state,

@@ -28,4 +28,6 @@ TORCH_LIBRARY(talk_hf, m) {
       "Tensor? initial_state, Tensor checkpoints, float eps, int chunk) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def("dynamic_conv_fwd(Tensor x, Tensor weight, int padding_left) -> Tensor");
   m.def("dynamic_conv_bwd(Tensor grad_out, Tensor x, Tensor weight, int padding_left) -> (Tensor, Tensor)");
+  // Causal decoding step(s) from the last K - 1 inputs -> (out, new state); no autograd (inference).
+  m.def("dynamic_conv_step(Tensor x, Tensor weight, Tensor state) -> (Tensor, Tensor)");
 }

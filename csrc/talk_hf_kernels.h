@@ -54,6 +54,16 @@ struct DynamicConvParams {
   void* grad_weight;        // (B, T, H, K)  backward only
 };
 
+struct ConvStepParams {
+  int64_t batch, seqlen, channels, heads, kernel_size;  // B, T (new tokens), C, H, K
+  DType dtype;                                          // dtype of every tensor below
+  const void* x;                                        // (B, T, C)
+  const void* weight;                                   // (B, T, H, K), normalised
+  const void* state;                                    // (B, K - 1, C): the last K - 1 inputs
+  void* out;                                            // (B, T, C)
+  void* new_state;                                      // (B, K - 1, C)
+};
+
 struct RfaParams {
   int64_t batch, seqlen, heads, features, head_dim;  // B, T, H, F, D; the state is (F, E) with E = D + 1
   int64_t chunk, num_chunks;                         // steps per checkpoint (0: none), N = rfa_num_chunks(T, chunk)
@@ -89,6 +99,7 @@ cudaError_t talk_conv_step_cuda(const TalkStepParams& p, void* workspace, cudaSt
 size_t dynamic_conv_bwd_workspace_bytes(const DynamicConvParams& p);
 cudaError_t dynamic_conv_fwd_cuda(const DynamicConvParams& p, cudaStream_t stream);
 cudaError_t dynamic_conv_bwd_cuda(const DynamicConvParams& p, void* workspace, cudaStream_t stream);
+cudaError_t dynamic_conv_step_cuda(const ConvStepParams& p, cudaStream_t stream);
 
 size_t rfa_causal_bwd_workspace_bytes(const RfaParams& p);
 cudaError_t rfa_causal_fwd_cuda(const RfaParams& p, cudaStream_t stream);

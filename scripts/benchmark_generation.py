@@ -5,8 +5,8 @@ the same size (a key/value cache that grows with every token), in one process.
 Rows (randomly initialised models: speed does not depend on the weights; every run generates exactly the asked
 number of tokens, `min_new_tokens = max_new_tokens`):
   lm           TaLK causal LM vs GPT-2: `--lm_tokens` new tokens after a 16-token prompt, batch `--lm_batch`.
-  translation  TaLK encoder-decoder vs Marian: greedy and beam-4 translation of a batch of 32 sources of 24
-               tokens, 32 new tokens each.
+  translation  TaLK and DynamicConv encoder-decoders vs Marian: greedy and beam-4 translation of a batch of 32
+               sources of 24 tokens, 32 new tokens each.
   document     RFA-doc vs Marian at document windows (`--windows`): sources and outputs of 24 tokens per sentence,
                batches of 8, greedy.
 Reported: new tokens per second (median of `--repeats` runs), the ratio talk_hf / transformers, and the bytes of
@@ -26,6 +26,8 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel, MarianConfig, MarianMTModel
 
 from talk_hf import (
+    DynamicConvConfig,
+    DynamicConvForConditionalGeneration,
     RfaDocConfig,
     RfaDocForConditionalGeneration,
     TalkConfig,
@@ -52,6 +54,10 @@ def models(kind):
         talk = TalkForConditionalGeneration(TalkConfig(encoder_heads=HEADS, decoder_heads=HEADS,
                                                        encoder_max_offsets=[3] * LAYERS,
                                                        decoder_max_offsets=[3] * LAYERS, **SEQ2SEQ))
+        base = marian()
+    elif kind == "dynamic_conv":
+        talk = DynamicConvForConditionalGeneration(DynamicConvConfig(encoder_conv_heads=HEADS, decoder_conv_heads=HEADS,
+                                                                     **SEQ2SEQ))
         base = marian()
     else:
         talk = RfaDocForConditionalGeneration(RfaDocConfig(encoder_attention_heads=HEADS, **SEQ2SEQ))
@@ -128,11 +134,12 @@ def run(args):
         prompt = source(args.lm_batch, 16, device, g)
         rows.append(compare(f"LM {n} new tokens, batch {args.lm_batch} (TaLK LM vs GPT-2)", "lm", prompt, n,
                             args.repeats, talk, base))
-    talk, base = (m.to(device) for m in models("translation"))
     sources = source(32, 24, device, g)
-    for beams in (1, 4):
-        rows.append(compare(f"translation, beam {beams}, batch 32 (TaLK vs Marian)", "translation", sources, 32,
-                            args.repeats, talk, base, num_beams=beams))
+    for kind, name in (("translation", "TaLK"), ("dynamic_conv", "DynamicConv")):
+        talk, base = (m.to(device) for m in models(kind))
+        for beams in (1, 4):
+            rows.append(compare(f"translation, beam {beams}, batch 32 ({name} vs Marian)", "translation", sources, 32,
+                                args.repeats, talk, base, num_beams=beams))
     talk, base = (m.to(device) for m in models("document"))
     for w in args.windows:
         rows.append(compare(f"document window {w}, batch 8 (RFA-doc vs Marian)", "document",
@@ -150,6 +157,24 @@ def table(rows):
     return "\n".join(lines)
 
 
+def plot(rows, path):
+    """New tokens/s of each row: the talk_hf model beside its transformers baseline."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    xs = range(len(rows))
+    ax.bar([x - 0.2 for x in xs], [r["talk_hf_tokens_per_s"] for r in rows], width=0.4, label="talk_hf")
+    ax.bar([x + 0.2 for x in xs], [r["baseline_tokens_per_s"] for r in rows], width=0.4, label="transformers")
+    ax.set_xticks(list(xs), [r["row"].split(" (")[0] for r in rows], rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("new tokens / s")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
@@ -158,10 +183,13 @@ def main(argv=None):
     parser.add_argument("--windows", type=int, nargs="+", default=[1, 4, 8, 15])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--output", default=None)
+    parser.add_argument("--plot", default=None, help="PNG path for a plot of the rows")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     rows = run(args)
     print(table(rows))
+    if args.plot:
+        plot(rows, args.plot)
     if args.output:
         meta = {"device": args.device if args.device != "cpu" else f"{platform.machine()} CPU, "
                 f"{torch.get_num_threads()} threads", "torch": torch.__version__, "args": vars(args)}

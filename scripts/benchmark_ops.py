@@ -124,6 +124,29 @@ def table(rows):
     return "\n".join(lines)
 
 
+def plot(rows, path):
+    """Forward milliseconds against n (log-log): TaLK, its reference, DynamicConv k=31, RFA, SDPA, a copy of x."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for key, label in [("talk_fwd_ms", "TaLK (compiled)"), ("talk_ref_fwd_ms", "TaLK reference"),
+                       ("dynamic_conv_k31_fwd_ms", "DynamicConv k=31"), ("rfa_fwd_ms", "causal RFA (kernel)"),
+                       ("sdpa_fwd_ms", "SDPA"), ("copy_ms", "copy of x")]:
+        points = [(r["n"], r[key]) for r in rows if key in r]
+        if points:
+            ax.plot(*zip(*points), "o-", label=label)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("sequence length n")
+    ax.set_ylabel("forward time (ms)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
@@ -138,6 +161,7 @@ def main(argv=None):
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--budget", type=float, default=5.0, help="seconds of timing per measurement at most")
     parser.add_argument("--output", default=None)
+    parser.add_argument("--plot", default=None, help="PNG path for a plot of the rows")
     args = parser.parse_args(argv)
     if ops.backend(args.device) != "compiled":
         raise SystemExit(f"no compiled kernels for {args.device}: build the extension first")
@@ -148,6 +172,8 @@ def main(argv=None):
     rows = [measure(args, T) for T in args.lengths]
     print(json.dumps(env))
     print(table(rows))
+    if args.plot:
+        plot(rows, args.plot)
     if args.output:
         with open(args.output, "w") as f:
             json.dump({"environment": env, "rows": rows}, f, indent=2)

@@ -153,6 +153,27 @@ def table(rows):
     return "\n".join(lines)
 
 
+def plot(rows, path):
+    """Encoder-layer training tokens/s against n for each model (log x)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    layer = [r for r in rows if r["kind"] == "layer"]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for kind in KINDS:
+        points = [(r["n"], r[f"{kind}_tokens_per_s"]) for r in layer if f"{kind}_tokens_per_s" in r]
+        if points:
+            ax.plot(*zip(*points), "o-", label=kind)
+    ax.set_xscale("log")
+    ax.set_xlabel("sequence length n")
+    ax.set_ylabel("encoder layer forward + backward (tokens/s)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
@@ -168,12 +189,15 @@ def main(argv=None):
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--output", default=None)
+    parser.add_argument("--plot", default=None, help="PNG path for a plot of the rows")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     torch.manual_seed(0)
     generator = torch.Generator().manual_seed(0)
     rows = layer_rows(args, device, generator) + model_rows(args, device, generator)
     print(table(rows))
+    if args.plot:
+        plot(rows, args.plot)
     if args.output:
         env = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else
                f"{platform.machine()} CPU, {torch.get_num_threads()} threads", "torch": torch.__version__,

@@ -55,6 +55,10 @@ def _register():
     def _(x, weight, padding_left):
         return torch.empty_like(x)
 
+    @torch.library.register_fake("talk_hf::dynamic_conv_step")
+    def _(x, weight, state):
+        return torch.empty_like(x), torch.empty_like(state)
+
     @torch.library.register_fake("talk_hf::dynamic_conv_bwd")
     def _(grad_out, x, weight, padding_left):
         return torch.empty_like(x), torch.empty_like(weight)
@@ -128,6 +132,12 @@ def rfa_causal(q, k, v, decay, initial_state, eps, chunk):
     saved for the backward, 0 when no gradient will be asked for. -> (out, final state)."""
     out, state, _ = torch.ops.talk_hf.rfa_causal_fwd(q, k, v, decay, initial_state, float(eps), chunk)
     return out, state
+
+
+def dynamic_conv_step(x, weight, state):
+    """Compiled causal dynamic-convolution decoding step(s) (no autograd); weight (B, T, H, K), state (B, K - 1, C)
+    in x's dtype. -> (out, new state)."""
+    return torch.ops.talk_hf.dynamic_conv_step(x, weight, state)
 
 
 def dynamic_conv(x, weight, padding_left):

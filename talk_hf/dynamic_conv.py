@@ -98,12 +98,23 @@ def dynamic_conv_step(x, weight, state):
     """Causal (P = K - 1) convolution continuing from a decoding state; O(K) per token.
 
     x: (B, T_new, C); weight: (B, T_new, H, K) or (H, K); state: (B, K - 1, C) -> (out (B, T_new, C), new state).
+    Runs the compiled step kernel (one fused op) when no gradient is needed, else the same math in PyTorch ops.
     """
     _check_conv_args(x, weight, 0)
     K = weight.shape[-1]
     if state.shape != (x.shape[0], K - 1, x.shape[2]):
         raise ValueError(f"state must have shape {(x.shape[0], K - 1, x.shape[2])}, got {tuple(state.shape)}")
-    xp = torch.cat([state.to(x.dtype), x], dim=1)  # (B, K - 1 + T_new, C)
+    state = state.to(x.dtype)
+    needs_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or state.requires_grad)
+    if not needs_grad and use_kernels(x):
+        return _kernels.dynamic_conv_step(x, _expand_weight(weight, x), state)
+    return _dynamic_conv_step_ref(x, weight, state)
+
+
+def _dynamic_conv_step_ref(x, weight, state):
+    """`dynamic_conv_step` in PyTorch ops (differentiable); state in x's dtype."""
+    K = weight.shape[-1]
+    xp = torch.cat([state, x], dim=1)  # (B, K - 1 + T_new, C)
     out = _dynamic_conv_ref(xp, _pad_time(_expand_weight(weight, x), K - 1), K - 1)[:, K - 1 :]
     return out, xp[:, xp.shape[1] - (K - 1) :]
 

@@ -9,9 +9,12 @@
 #include <ATen/ops/empty_like.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "../checks.h"
+#include "../dynamic_conv_step.h"
+#include "vector_clones.h"
 
 namespace talk_hf {
 namespace {
@@ -127,11 +130,57 @@ std::tuple<at::Tensor, at::Tensor> dynamic_conv_bwd_cpu(const at::Tensor& g_, co
   return {gx, gw};
 }
 
+// Decoding step(s) of one batch row, row by row (same arithmetic as conv_step_column); acc: C scratch.
+template <typename scalar_t>
+TALK_HF_VECTOR_CLONES void conv_step_batch_row(const ConvStepArgs<scalar_t>& a, int64_t b, acc_type<scalar_t>* acc) {
+  using acc_t = acc_type<scalar_t>;
+  const int64_t R = a.C / a.H;
+  for (int64_t t = 0; t < a.T; ++t) {
+    std::fill(acc, acc + a.C, acc_t(0));
+    for (int64_t k = 0; k < a.K; ++k) {
+      const scalar_t* __restrict__ row = conv_step_row(a, b, t + k);
+      for (int64_t h = 0; h < a.H; ++h) {
+        const acc_t w = static_cast<acc_t>(a.weight[((b * a.T + t) * a.H + h) * a.K + k]);
+        const scalar_t* __restrict__ xs = row + h * R;
+        acc_t* __restrict__ dst = acc + h * R;
+#pragma omp simd
+        for (int64_t c = 0; c < R; ++c) dst[c] += w * static_cast<acc_t>(xs[c]);
+      }
+    }
+    scalar_t* __restrict__ out = a.out + (b * a.T + t) * a.C;
+    for (int64_t c = 0; c < a.C; ++c) out[c] = static_cast<scalar_t>(acc[c]);
+  }
+  for (int64_t i = 0; i < a.K - 1; ++i) {
+    const scalar_t* row = conv_step_row(a, b, a.T + i);
+    std::copy(row, row + a.C, a.new_state + (b * (a.K - 1) + i) * a.C);
+  }
+}
+
+std::tuple<at::Tensor, at::Tensor> dynamic_conv_step_cpu(const at::Tensor& x_, const at::Tensor& w_,
+                                                         const at::Tensor& state_) {
+  check_dynamic_conv_step_inputs(x_, w_, state_);
+  const at::Tensor x = x_.contiguous(), w = w_.contiguous(), state = state_.contiguous();
+  const int64_t B = x.size(0), T = x.size(1), C = x.size(2), K = w.size(3);
+  at::Tensor out = at::empty_like(x), new_state = at::empty_like(state);
+  if (T == 0 || B == 0 || C == 0) return {out, new_state.copy_(state)};
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "dynamic_conv_step_cpu", [&] {
+    const ConvStepArgs<scalar_t> a{x.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(), state.data_ptr<scalar_t>(),
+                                   out.data_ptr<scalar_t>(), new_state.data_ptr<scalar_t>(), B, T, C, w.size(2), K};
+    const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 18) / ((K + T) * C));  // >= 256K elements per task
+    at::parallel_for(0, B, grain, [&](int64_t begin, int64_t end) {
+      std::vector<acc_type<scalar_t>> acc(C);
+      for (int64_t b = begin; b < end; ++b) conv_step_batch_row(a, b, acc.data());
+    });
+  });
+  return {out, new_state};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(talk_hf, CPU, m) {
   m.impl("dynamic_conv_fwd", &dynamic_conv_fwd_cpu);
   m.impl("dynamic_conv_bwd", &dynamic_conv_bwd_cpu);
+  m.impl("dynamic_conv_step", &dynamic_conv_step_cpu);
 }
 
 }  // namespace talk_hf

@@ -139,6 +139,29 @@ at::Tensor dynamic_conv_fwd_cuda_op(const at::Tensor& x_, const at::Tensor& w_, 
   return out;
 }
 
+std::tuple<at::Tensor, at::Tensor> dynamic_conv_step_cuda_op(const at::Tensor& x_, const at::Tensor& w_,
+                                                             const at::Tensor& state_) {
+  check_dynamic_conv_step_inputs(x_, w_, state_);
+  const c10::cuda::CUDAGuard guard(x_.device());
+  const at::Tensor x = x_.contiguous(), w = w_.contiguous(), state = state_.contiguous();
+  at::Tensor out = at::empty_like(x), new_state = at::empty_like(state);
+  if (x.numel() == 0) return {out, new_state.copy_(state)};
+  ConvStepParams p{};
+  p.batch = x.size(0);
+  p.seqlen = x.size(1);
+  p.channels = x.size(2);
+  p.heads = w.size(2);
+  p.kernel_size = w.size(3);
+  p.dtype = to_dtype(x.scalar_type());
+  p.x = x.data_ptr();
+  p.weight = w.data_ptr();
+  p.state = state.numel() ? state.data_ptr() : nullptr;
+  p.out = out.data_ptr();
+  p.new_state = new_state.numel() ? new_state.data_ptr() : nullptr;
+  check_launch(dynamic_conv_step_cuda(p, c10::cuda::getCurrentCUDAStream()), "dynamic_conv_step");
+  return {out, new_state};
+}
+
 std::tuple<at::Tensor, at::Tensor> dynamic_conv_bwd_cuda_op(const at::Tensor& g_, const at::Tensor& x_,
                                                             const at::Tensor& w_, int64_t padding_left) {
   check_dynamic_conv_inputs(x_, w_);
@@ -240,6 +263,7 @@ TORCH_LIBRARY_IMPL(talk_hf, CUDA, m) {
   m.impl("talk_conv_step", &talk_conv_step_cuda_op);
   m.impl("dynamic_conv_fwd", &dynamic_conv_fwd_cuda_op);
   m.impl("dynamic_conv_bwd", &dynamic_conv_bwd_cuda_op);
+  m.impl("dynamic_conv_step", &dynamic_conv_step_cuda_op);
 }
 
 }  // namespace talk_hf

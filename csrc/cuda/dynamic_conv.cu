@@ -11,8 +11,10 @@
 //           (a gather, no atomics).
 //           grad_weight: one group of G lanes per (b, t, h) (G = power of two >= min(R, 32)); for each k the lanes
 //           stride over the head's R channels and a group shuffle reduction gives the sum (deterministic).
+// Decoding step: one thread per column (b, c) runs dynamic_conv_step.h's column program.
 // No workspace.
 #include "common.cuh"
+#include "../dynamic_conv_step.h"
 #include "../talk_hf_kernels.h"
 
 namespace talk_hf {
@@ -163,6 +165,12 @@ cudaError_t launch_bwd(const DynamicConvParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+// One thread per column (b, c), n = b*C + c.
+template <typename scalar_t>
+__global__ void __launch_bounds__(kThreads) dynamic_conv_step_kernel(const ConvStepArgs<scalar_t> a) {
+  for (int64_t n = global_thread_id(); n < a.B * a.C; n += global_thread_count()) conv_step_column(a, n / a.C, n % a.C);
+}
+
 }  // namespace
 
 // ------------------------------------------------------------------------------------------------ entry points
@@ -184,6 +192,26 @@ cudaError_t dynamic_conv_bwd_cuda(const DynamicConvParams& p, void* /*workspace*
   cudaError_t err = cudaErrorInvalidValue;
   DISPATCH_DTYPE(p.dtype, scalar_t, err = launch_bwd<scalar_t>(p, stream));
   return err;
+}
+
+}  // namespace talk_hf
+
+namespace talk_hf {
+
+cudaError_t dynamic_conv_step_cuda(const ConvStepParams& p, cudaStream_t stream) {
+  using namespace cuda_detail;
+  if (p.batch == 0 || p.seqlen == 0 || p.channels == 0) return cudaSuccess;
+  if (!valid_dtype(p.dtype) || p.heads <= 0 || p.channels % p.heads != 0 || p.kernel_size < 1 || p.x == nullptr ||
+      p.weight == nullptr || (p.kernel_size > 1 && (p.state == nullptr || p.new_state == nullptr)) ||
+      p.out == nullptr)
+    return cudaErrorInvalidValue;
+  const unsigned blocks = grid_blocks(ceil_div(p.batch * p.channels, kThreads));
+  DISPATCH_DTYPE(p.dtype, scalar_t,
+                 dynamic_conv_step_kernel<scalar_t><<<blocks, kThreads, 0, stream>>>(ConvStepArgs<scalar_t>{
+                     static_cast<const scalar_t*>(p.x), static_cast<const scalar_t*>(p.weight),
+                     static_cast<const scalar_t*>(p.state), static_cast<scalar_t*>(p.out),
+                     static_cast<scalar_t*>(p.new_state), p.batch, p.seqlen, p.channels, p.heads, p.kernel_size}));
+  return cudaGetLastError();
 }
 
 }  // namespace talk_hf

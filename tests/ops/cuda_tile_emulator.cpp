@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cuda/talk_conv_tiles.h"
+#include "dynamic_conv_step.h"
 #include "talk_conv_step.h"
 
 namespace {
@@ -122,6 +123,16 @@ void step(TalkStepArgs<T> a, bool reverse) {
   }
 }
 
+// The dynamic-convolution decoding-step kernel: one thread per column (b, c), in either order.
+template <typename T>
+void conv_step(const ConvStepArgs<T>& a, bool reverse) {
+  const int64_t n = a.B * a.C;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t col = reverse ? n - 1 - i : i;
+    conv_step_column(a, col / a.C, col % a.C);
+  }
+}
+
 }  // namespace
 
 #define TALK_EMULATE(SUFFIX, T)                                                                                     \
@@ -149,6 +160,12 @@ void step(TalkStepArgs<T> a, bool reverse) {
                                                  int64_t B, int64_t L, int64_t C, int64_t H, int64_t max_left,     \
                                                  int reverse) {                                                    \
     step(TalkStepArgs<T>{x, ol, state, out, new_state, nullptr, B, L, C, H, max_left}, reverse != 0);             \
+    return 0;                                                                                                      \
+  }                                                                                                                \
+  extern "C" int dynamic_conv_step_emulate_##SUFFIX(const T* x, const T* w, const T* state, T* out, T* new_state,  \
+                                                    int64_t B, int64_t L, int64_t C, int64_t H, int64_t K,         \
+                                                    int reverse) {                                                 \
+    conv_step(ConvStepArgs<T>{x, w, state, out, new_state, B, L, C, H, K}, reverse != 0);                          \
     return 0;                                                                                                      \
   }
 

@@ -137,12 +137,59 @@ def test_steps_equal_causal_op(K, split, light):
     torch.testing.assert_close(torch.cat(outs, 1), full, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("T_new,K,H", [(1, 1, 1), (1, 3, 2), (1, 31, 3), (4, 7, 6), (2, 2, 3)])
+def test_compiled_step_matches_its_pytorch_form(dtype, T_new, K, H):
+    """The fused decoding-step kernel against the same math in PyTorch ops (`_dynamic_conv_step_ref`, the autograd
+    path), K=1 (empty state) included; the new state is the last K - 1 inputs, exactly."""
+    from talk_hf.dynamic_conv import _dynamic_conv_step_ref
+
+    g = torch.Generator().manual_seed(T_new * 100 + K)
+    B, C = 3, 6
+    x = torch.randn(B, T_new, C, generator=g, dtype=torch.float64).to(dtype)
+    w = softmax_weights(B, T_new, H, K, dtype=torch.float64).to(dtype)
+    state = torch.randn(B, K - 1, C, generator=g, dtype=torch.float64).to(dtype)
+    with torch.no_grad():
+        out, new_state = torch.ops.talk_hf.dynamic_conv_step(x, w, state)
+        want_out, want_state = _dynamic_conv_step_ref(x, w, state)
+    assert out.dtype == dtype and new_state.dtype == dtype
+    assert_close(out, want_out.double(), dtype)
+    assert torch.equal(new_state, want_state)
+
+
+def test_step_uses_the_kernel_without_gradients_and_pytorch_ops_with_them():
+    x, w = torch.randn(2, 1, 6), softmax_weights(3, 4, dtype=torch.float32)  # LightConv (H, K) kernels
+    state = ops.dynamic_conv_init_state(2, 6, 4)
+
+    def kernel_calls(*args):
+        with torch.profiler.profile() as prof:
+            ops.dynamic_conv_step(*args, state)
+        return sum(e.name == "talk_hf::dynamic_conv_step" for e in prof.events())
+
+    assert kernel_calls(x, w) == 1
+    wg = w.clone().requires_grad_()
+    assert kernel_calls(x, wg) == 0
+    out, _ = ops.dynamic_conv_step(x, wg, state)
+    out.sum().backward()
+    assert wg.grad is not None and wg.grad.abs().sum() > 0
+
+
+def test_step_kernel_checks_its_inputs():
+    x, w = torch.randn(2, 1, 6), softmax_weights(2, 1, 3, 4, dtype=torch.float32)
+    with pytest.raises(RuntimeError, match=r"state must be \(B, K - 1, C\)"):
+        torch.ops.talk_hf.dynamic_conv_step(x, w, torch.zeros(2, 4, 6))
+    with pytest.raises(RuntimeError, match="state dtype must match x"):
+        torch.ops.talk_hf.dynamic_conv_step(x, w, torch.zeros(2, 3, 6, dtype=torch.float64))
+
+
 def test_opcheck():
     x = torch.randn(2, 7, 6, requires_grad=True)
     w = softmax_weights(2, 7, 3, 4, dtype=torch.float32).requires_grad_()
     torch.library.opcheck(torch.ops.talk_hf.dynamic_conv_fwd.default, (x, w, 3))
     torch.library.opcheck(torch.ops.talk_hf.dynamic_conv_fwd.default, (x, w, -2))
     torch.library.opcheck(torch.ops.talk_hf.dynamic_conv_bwd.default, (torch.randn(2, 7, 6), x.detach(), w.detach(), 1))
+    torch.library.opcheck(torch.ops.talk_hf.dynamic_conv_step.default, (x.detach()[:, :2], w.detach()[:, :2],
+                                                                         torch.randn(2, 3, 6)))
 
 
 def test_torch_compile_matches_eager():

@@ -221,8 +221,10 @@ def test_generation_benchmark_reports_speed_and_cache_sizes(tmp_path, monkeypatc
     monkeypatch.setattr(module, "SEQ2SEQ", {**module.SEQ2SEQ, "d_model": 16, "encoder_layers": 1, "decoder_layers": 1,
                                             "encoder_ffn_dim": 32, "decoder_ffn_dim": 32})
     rows = module.main(["--lm_tokens", "5", "20", "--windows", "1", "3", "--repeats", "1",
-                        "--output", str(tmp_path / "g.json")])
-    assert [r["kind"] for r in rows] == ["lm", "lm", "translation", "translation", "document", "document"]
+                        "--output", str(tmp_path / "g.json"), "--plot", str(tmp_path / "g.png")])
+    assert (tmp_path / "g.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [r["kind"] for r in rows] == ["lm", "lm"] + ["translation"] * 4 + ["document", "document"]
+    assert "DynamicConv" in rows[4]["row"]
     assert all(r["talk_hf_tokens_per_s"] > 0 and r["baseline_tokens_per_s"] > 0 for r in rows)
     lm_short, lm_long = rows[0], rows[1]
     # the recurrent state does not grow with the generated length; GPT-2's key/value cache does
@@ -234,7 +236,9 @@ def test_generation_benchmark_reports_speed_and_cache_sizes(tmp_path, monkeypatc
 def test_training_benchmark_times_layers_and_whole_steps(tmp_path):
     module = script("benchmark_training")
     rows = module.main(["--d_model", "16", "--layers", "1", "--ffn", "32", "--heads", "2", "--batch", "2", "--length",
-                        "12", "--lengths", "8", "40", "--iters", "2", "--warmup", "1", "--output", str(tmp_path / "t.json")])
+                        "12", "--lengths", "8", "40", "--iters", "2", "--warmup", "1", "--output", str(tmp_path / "t.json"),
+                        "--plot", str(tmp_path / "t.png")])
+    assert (tmp_path / "t.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert [(r["kind"], r["n"]) for r in rows] == [("layer", 8), ("layer", 40), ("model", 12)]
     for r in rows:
         for kind in ("talk", "dynamic_conv", "lightconv", "marian"):
@@ -262,7 +266,8 @@ def test_training_benchmark_trains_the_layers_it_times():
 def test_benchmark_script_reports_ratios(tmp_path):
     rows = script("benchmark_ops").main(["--lengths", "16", "--batch", "1", "--channels", "8", "--heads", "2",
                                          "--max_offset", "3", "--iters", "3", "--budget", "0.2",
-                                         "--output", str(tmp_path / "b.json")])
+                                         "--output", str(tmp_path / "b.json"), "--plot", str(tmp_path / "b.png")])
+    assert (tmp_path / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     saved = json.loads((tmp_path / "b.json").read_text())
     assert saved["rows"][0]["n"] == 16 and rows[0]["talk_vs_copy"] > 0 and rows[0]["talk_vs_copy_into"] > 0 and "sdpa_over_talk" in rows[0]
 
