@@ -26,73 +26,88 @@ struct Dims {
 // Positions are processed in chunks of (b, t) pairs: enough work per task, no false sharing on outputs.
 constexpr int64_t kGrain = 16;
 
-// out[b, t, :] = sum_k weight[b, t, h, k] * x[b, t + k - P, :]
+// acc[h*R .. (h+1)*R) += w * src[0 .. R)
 template <typename scalar_t, typename acc_t>
-void forward_kernel(const scalar_t* x, const scalar_t* w, scalar_t* out, const Dims& d) {
-  at::parallel_for(0, d.B * d.T, kGrain, [&](int64_t begin, int64_t end) {
-    std::vector<acc_t> acc(d.C);
-    for (int64_t bt = begin; bt < end; ++bt) {
-      const int64_t b = bt / d.T, t = bt % d.T;
-      std::fill(acc.begin(), acc.end(), acc_t(0));
-      for (int64_t h = 0; h < d.H; ++h) {
-        for (int64_t k = 0; k < d.K; ++k) {
-          const int64_t s = t + k - d.P;
-          if (s < 0 || s >= d.T) continue;
-          const acc_t wk = static_cast<acc_t>(w[(bt * d.H + h) * d.K + k]);
-          const scalar_t* xs = x + (b * d.T + s) * d.C + h * d.R;
-          acc_t* a = acc.data() + h * d.R;
-          for (int64_t c = 0; c < d.R; ++c) a[c] += wk * static_cast<acc_t>(xs[c]);
-        }
-      }
-      scalar_t* o = out + bt * d.C;
-      for (int64_t c = 0; c < d.C; ++c) o[c] = static_cast<scalar_t>(acc[c]);
-    }
-  });
+inline void axpy(acc_t w, const scalar_t* __restrict__ src, acc_t* __restrict__ acc, int64_t R) {
+#pragma omp simd
+  for (int64_t c = 0; c < R; ++c) acc[c] += w * static_cast<acc_t>(src[c]);
 }
 
-// grad_x[b, s, :] = sum_k weight[b, t, h, k] * g[b, t, :] with t = s - k + P
+// out[b, t, :] = sum_k weight[b, t, h, k] * x[b, t + k - P, :]; acc: C scratch.
 template <typename scalar_t, typename acc_t>
-void grad_x_kernel(const scalar_t* g, const scalar_t* w, scalar_t* gx, const Dims& d) {
-  at::parallel_for(0, d.B * d.T, kGrain, [&](int64_t begin, int64_t end) {
-    std::vector<acc_t> acc(d.C);
-    for (int64_t bs = begin; bs < end; ++bs) {
-      const int64_t b = bs / d.T, s = bs % d.T;
-      std::fill(acc.begin(), acc.end(), acc_t(0));
-      for (int64_t h = 0; h < d.H; ++h) {
-        for (int64_t k = 0; k < d.K; ++k) {
-          const int64_t t = s - k + d.P;
-          if (t < 0 || t >= d.T) continue;
-          const acc_t wk = static_cast<acc_t>(w[((b * d.T + t) * d.H + h) * d.K + k]);
-          const scalar_t* gt = g + (b * d.T + t) * d.C + h * d.R;
-          acc_t* a = acc.data() + h * d.R;
-          for (int64_t c = 0; c < d.R; ++c) a[c] += wk * static_cast<acc_t>(gt[c]);
-        }
-      }
-      scalar_t* o = gx + bs * d.C;
-      for (int64_t c = 0; c < d.C; ++c) o[c] = static_cast<scalar_t>(acc[c]);
+TALK_HF_VECTOR_CLONES void forward_position(const scalar_t* x, const scalar_t* w, scalar_t* out, const Dims& d,
+                                            int64_t bt, acc_t* acc) {
+  const int64_t b = bt / d.T, t = bt % d.T;
+  std::fill(acc, acc + d.C, acc_t(0));
+  for (int64_t h = 0; h < d.H; ++h) {
+    for (int64_t k = 0; k < d.K; ++k) {
+      const int64_t s = t + k - d.P;
+      if (s < 0 || s >= d.T) continue;
+      axpy(static_cast<acc_t>(w[(bt * d.H + h) * d.K + k]), x + (b * d.T + s) * d.C + h * d.R, acc + h * d.R, d.R);
     }
-  });
+  }
+  scalar_t* o = out + bt * d.C;
+  for (int64_t c = 0; c < d.C; ++c) o[c] = static_cast<scalar_t>(acc[c]);
+}
+
+// grad_x[b, s, :] = sum_k weight[b, t, h, k] * g[b, t, :] with t = s - k + P; acc: C scratch.
+template <typename scalar_t, typename acc_t>
+TALK_HF_VECTOR_CLONES void grad_x_position(const scalar_t* g, const scalar_t* w, scalar_t* gx, const Dims& d,
+                                           int64_t bs, acc_t* acc) {
+  const int64_t b = bs / d.T, s = bs % d.T;
+  std::fill(acc, acc + d.C, acc_t(0));
+  for (int64_t h = 0; h < d.H; ++h) {
+    for (int64_t k = 0; k < d.K; ++k) {
+      const int64_t t = s - k + d.P;
+      if (t < 0 || t >= d.T) continue;
+      axpy(static_cast<acc_t>(w[((b * d.T + t) * d.H + h) * d.K + k]), g + (b * d.T + t) * d.C + h * d.R,
+           acc + h * d.R, d.R);
+    }
+  }
+  scalar_t* o = gx + bs * d.C;
+  for (int64_t c = 0; c < d.C; ++c) o[c] = static_cast<scalar_t>(acc[c]);
 }
 
 // grad_weight[b, t, h, k] = sum over the head's channels of g[b, t, c] * x[b, t + k - P, c]
 template <typename scalar_t, typename acc_t>
+TALK_HF_VECTOR_CLONES void grad_weight_position(const scalar_t* g, const scalar_t* x, scalar_t* gw, const Dims& d,
+                                                int64_t bt) {
+  const int64_t b = bt / d.T, t = bt % d.T;
+  for (int64_t h = 0; h < d.H; ++h) {
+    const scalar_t* __restrict__ gt = g + bt * d.C + h * d.R;
+    for (int64_t k = 0; k < d.K; ++k) {
+      const int64_t s = t + k - d.P;
+      acc_t sum = 0;
+      if (s >= 0 && s < d.T) {
+        const scalar_t* __restrict__ xs = x + (b * d.T + s) * d.C + h * d.R;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t c = 0; c < d.R; ++c) sum += static_cast<acc_t>(gt[c]) * static_cast<acc_t>(xs[c]);
+      }
+      gw[(bt * d.H + h) * d.K + k] = static_cast<scalar_t>(sum);
+    }
+  }
+}
+
+template <typename scalar_t, typename acc_t>
+void forward_kernel(const scalar_t* x, const scalar_t* w, scalar_t* out, const Dims& d) {
+  at::parallel_for(0, d.B * d.T, kGrain, [&](int64_t begin, int64_t end) {
+    std::vector<acc_t> acc(d.C);
+    for (int64_t bt = begin; bt < end; ++bt) forward_position(x, w, out, d, bt, acc.data());
+  });
+}
+
+template <typename scalar_t, typename acc_t>
+void grad_x_kernel(const scalar_t* g, const scalar_t* w, scalar_t* gx, const Dims& d) {
+  at::parallel_for(0, d.B * d.T, kGrain, [&](int64_t begin, int64_t end) {
+    std::vector<acc_t> acc(d.C);
+    for (int64_t bs = begin; bs < end; ++bs) grad_x_position(g, w, gx, d, bs, acc.data());
+  });
+}
+
+template <typename scalar_t, typename acc_t>
 void grad_weight_kernel(const scalar_t* g, const scalar_t* x, scalar_t* gw, const Dims& d) {
   at::parallel_for(0, d.B * d.T, kGrain, [&](int64_t begin, int64_t end) {
-    for (int64_t bt = begin; bt < end; ++bt) {
-      const int64_t b = bt / d.T, t = bt % d.T;
-      for (int64_t h = 0; h < d.H; ++h) {
-        const scalar_t* gt = g + bt * d.C + h * d.R;
-        for (int64_t k = 0; k < d.K; ++k) {
-          const int64_t s = t + k - d.P;
-          acc_t sum = 0;
-          if (s >= 0 && s < d.T) {
-            const scalar_t* xs = x + (b * d.T + s) * d.C + h * d.R;
-            for (int64_t c = 0; c < d.R; ++c) sum += static_cast<acc_t>(gt[c]) * static_cast<acc_t>(xs[c]);
-          }
-          gw[(bt * d.H + h) * d.K + k] = static_cast<scalar_t>(sum);
-        }
-      }
-    }
+    for (int64_t bt = begin; bt < end; ++bt) grad_weight_position<scalar_t, acc_t>(g, x, gw, d, bt);
   });
 }
 
