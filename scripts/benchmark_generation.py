@@ -35,6 +35,7 @@ from talk_hf import (
     TalkForConditionalGeneration,
     TalkLMConfig,
 )
+from talk_hf.training.plot import pyplot, save_figure
 
 VOCAB, D, LAYERS, HEADS = 8000, 256, 3, 4
 IDS = dict(vocab_size=VOCAB, pad_token_id=1, bos_token_id=0, eos_token_id=2)
@@ -159,11 +160,7 @@ def table(rows):
 
 def plot(rows, path):
     """New tokens/s of each row: the talk_hf model beside its transformers baseline."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(9, 4.5))
     xs = range(len(rows))
     ax.bar([x - 0.2 for x in xs], [r["talk_hf_tokens_per_s"] for r in rows], width=0.4, label="talk_hf")
@@ -171,9 +168,7 @@ def plot(rows, path):
     ax.set_xticks(list(xs), [r["row"].split(" (")[0] for r in rows], rotation=30, ha="right", fontsize=8)
     ax.set_ylabel("new tokens / s")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path)
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -20,34 +20,13 @@ import argparse
 import json
 import os
 import platform
-import statistics
-import time
 
 import torch
 import torch.nn.functional as F
 
 from talk_hf import ops
-
-
-def timer(fn, device, warmup, iters, budget_s):
-    """Median seconds per call; stops early once `budget_s` is spent (at least 3 timed calls)."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    start = time.perf_counter()
-    while len(times) < iters and (len(times) < 3 or time.perf_counter() - start < budget_s):
-        if device == "cuda":
-            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            begin.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize()
-            times.append(begin.elapsed_time(end) / 1e3)
-        else:
-            t = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t)
-    return statistics.median(times)
+from talk_hf.training.plot import pyplot, save_figure
+from talk_hf.training.timing import median_seconds
 
 
 def cases(x, heads, max_offset):
@@ -80,15 +59,15 @@ def cases(x, heads, max_offset):
 def measure(args, T):
     device, dtype = args.device, getattr(torch, args.dtype)
     x = torch.randn(args.batch, T, args.channels, device=device, dtype=dtype)
-    row = {"n": T, "copy_ms": 1e3 * timer(lambda: x.clone(), device, args.warmup, args.iters, args.budget)}
+    row = {"n": T, "copy_ms": 1e3 * median_seconds(lambda: x.clone(), device, args.warmup, args.iters, args.budget)}
     buffer = torch.empty_like(x)
-    row["copy_into_ms"] = 1e3 * timer(lambda: buffer.copy_(x), device, args.warmup, args.iters, args.budget)
+    row["copy_into_ms"] = 1e3 * median_seconds(lambda: buffer.copy_(x), device, args.warmup, args.iters, args.budget)
     xg = x.detach().requires_grad_()
     with_grad = cases(xg, args.heads, args.max_offset)  # inputs built once, outside the timed calls
     for name, fn in cases(x, args.heads, args.max_offset).items():
         if name == "sdpa" and T > args.max_sdpa_length:
             continue
-        row[f"{name}_fwd_ms"] = 1e3 * timer(fn, device, args.warmup, args.iters, args.budget)
+        row[f"{name}_fwd_ms"] = 1e3 * median_seconds(fn, device, args.warmup, args.iters, args.budget)
         if device == "cuda":  # memory the forward allocates beyond its inputs, at its peak
             torch.cuda.synchronize()
             before = torch.cuda.memory_allocated()
@@ -100,7 +79,7 @@ def measure(args, T):
             out = with_grad[name]()
             out.backward(torch.ones_like(out))
 
-        row[f"{name}_fwdbwd_ms"] = 1e3 * timer(fwd_bwd, device, 1, args.iters, args.budget)
+        row[f"{name}_fwdbwd_ms"] = 1e3 * median_seconds(fwd_bwd, device, 1, args.iters, args.budget)
     bytes_moved = 2 * x.numel() * x.element_size()  # read + write
     row["copy_GBps"] = bytes_moved / row["copy_into_ms"] / 1e6
     row["talk_vs_copy"] = row["talk_fwd_ms"] / row["copy_ms"]
@@ -126,11 +105,7 @@ def table(rows):
 
 def plot(rows, path):
     """Forward milliseconds against n (log-log): TaLK, its reference, DynamicConv k=31, RFA, SDPA, a copy of x."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for key, label in [("talk_fwd_ms", "TaLK (compiled)"), ("talk_ref_fwd_ms", "TaLK reference"),
                        ("dynamic_conv_k31_fwd_ms", "DynamicConv k=31"), ("rfa_fwd_ms", "causal RFA (kernel)"),
@@ -143,9 +118,7 @@ def plot(rows, path):
     ax.set_xlabel("sequence length n")
     ax.set_ylabel("forward time (ms)")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path)
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -18,13 +18,13 @@ import argparse
 import contextlib
 import json
 import platform
-import statistics
-import time
 
 import torch
 from transformers import BartConfig, BartForConditionalGeneration, MarianConfig, MarianMTModel
 
 from talk_hf import DynamicConvConfig, DynamicConvForConditionalGeneration, TalkConfig, TalkForConditionalGeneration
+from talk_hf.training.plot import pyplot, save_figure
+from talk_hf.training.timing import median_seconds
 
 VOCAB = 8000
 IDS = dict(vocab_size=VOCAB, pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2)
@@ -48,26 +48,6 @@ def build(kind, args):
     if kind == "bart":
         return BartForConditionalGeneration(BartConfig(**baseline))
     raise ValueError(f"unknown model kind {kind!r}; choose one of {KINDS}")
-
-
-def timer(fn, device, warmup, iters):
-    """Median seconds per call of fn() after `warmup` calls."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        if device.type == "cuda":
-            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            begin.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize()
-            times.append(begin.elapsed_time(end) / 1e3)
-        else:
-            start = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def autocast(args, device):
@@ -111,7 +91,7 @@ def layer_rows(args, device, generator):
         for kind, layer in layers.items():
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
-            seconds = timer(layer_step(layer, x, args, device), device, args.warmup, args.iters)
+            seconds = median_seconds(layer_step(layer, x, args, device), device, args.warmup, args.iters)
             row[f"{kind}_tokens_per_s"] = row["tokens"] / seconds
             row[f"{kind}_peak_MB"] = peak_memory_mb(device)
         rows.append(with_ratios(row, [k for k in layers if k != "marian"]))
@@ -129,7 +109,7 @@ def model_rows(args, device, generator):
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
-        seconds = timer(model_step(model, batch, optimizer, args, device), device, args.warmup, args.iters)
+        seconds = median_seconds(model_step(model, batch, optimizer, args, device), device, args.warmup, args.iters)
         row[f"{kind}_tokens_per_s"] = row["tokens"] / seconds
         row[f"{kind}_params_M"] = sum(p.numel() for p in model.parameters()) / 1e6
         row[f"{kind}_peak_MB"] = peak_memory_mb(device)
@@ -155,11 +135,7 @@ def table(rows):
 
 def plot(rows, path):
     """Encoder-layer training tokens/s against n for each model (log x)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     layer = [r for r in rows if r["kind"] == "layer"]
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for kind in KINDS:
@@ -170,9 +146,7 @@ def plot(rows, path):
     ax.set_xlabel("sequence length n")
     ax.set_ylabel("encoder layer forward + backward (tokens/s)")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path)
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -67,7 +67,7 @@ __global__ void __launch_bounds__(kFwdWarps * kWarpSize) talk_fwd_kernel(const T
   acc_t* table = static_cast<acc_t*>(shared_buffer());
   acc_t* carry = table + a.rows * tiles::kLanes;
   const int w = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
-  for (int64_t block = blockIdx.x; block < tiles::fwd_num_blocks(a); block += gridDim.x) {
+  for (int64_t block = blockIdx.x; block < tiles::num_tiles(a); block += gridDim.x) {
     const tiles::FwdBlock k = tiles::fwd_block(a, block);
     tiles::fwd_scan(a, k, table, w, lane);
     __syncthreads();
@@ -126,10 +126,10 @@ __global__ void __launch_bounds__(kGradXWarps * kWarpSize) talk_grad_x_kernel(co
   using acc_t = acc_type<scalar_t>;
   const int w = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   acc_t* q = static_cast<acc_t*>(shared_buffer()) + w * a.tile * tiles::kLanes;
-  const int64_t units = tiles::gx_num_units(a);
+  const int64_t units = tiles::num_tiles(a);
   for (int64_t unit = static_cast<int64_t>(blockIdx.x) * kGradXWarps + w; unit < units;
        unit += static_cast<int64_t>(gridDim.x) * kGradXWarps) {
-    tiles::gx_lane(a, tiles::gx_unit(a, unit), q, lane);
+    tiles::gx_lane(a, tiles::tile_at(a, unit), q, lane);
   }
 }
 
@@ -147,7 +147,7 @@ cudaError_t launch_fwd(const TalkConvParams& p, cudaStream_t stream) {
   TalkArgs<scalar_t> a = make_args<scalar_t>(p);
   tiles::set_fwd_shape(a, sizeof(acc_t), kFwdWarps);
   const size_t shared = static_cast<size_t>(tiles::fwd_shared_elems(a)) * sizeof(acc_t);  // <= 48 KiB
-  talk_fwd_kernel<scalar_t><<<grid_blocks(tiles::fwd_num_blocks(a)), kFwdWarps * kWarpSize, shared, stream>>>(a);
+  talk_fwd_kernel<scalar_t><<<grid_blocks(tiles::num_tiles(a)), kFwdWarps * kWarpSize, shared, stream>>>(a);
   return cudaGetLastError();
 }
 
@@ -167,7 +167,7 @@ cudaError_t launch_bwd(const TalkConvParams& p, void* workspace, cudaStream_t st
 
   tiles::set_gx_shape(a, sizeof(acc_t));
   const size_t shared = static_cast<size_t>(kGradXWarps) * a.tile * tiles::kLanes * sizeof(acc_t);  // 32 KiB
-  const unsigned gx_blocks = grid_blocks(ceil_div(tiles::gx_num_units(a), kGradXWarps));
+  const unsigned gx_blocks = grid_blocks(ceil_div(tiles::num_tiles(a), kGradXWarps));
   talk_grad_x_kernel<scalar_t><<<gx_blocks, kGradXWarps * kWarpSize, shared, stream>>>(a);
   return cudaGetLastError();
 }

@@ -88,30 +88,41 @@ TALK_HD int64_t norm_of(const TalkArgs<scalar_t>& a) { return a.max_left + a.max
 
 // ------------------------------------------------------------------------------------------------ forward
 
-struct FwdBlock {
-  int64_t b, t0, t1, c0;  // steps [t0, t1), channels [c0, c0 + 32) (those < C)
-  int64_t base, top;      // table rows [base, top] kept in shared memory
+// A tile of the work: batch row b, steps [t0, t1), channels [c0, c0 + 32) (those < C).
+struct Tile {
+  int64_t b, t0, t1, c0;
 };
 
+// Tile `index` of `a.tile` steps and 32 channels; tiles run tile-fastest, so neighbouring tiles (which read each
+// other's halo) run together and share L2.
 template <typename scalar_t>
-TALK_HD int64_t fwd_num_blocks(const TalkArgs<scalar_t>& a) {
+TALK_HD Tile tile_at(const TalkArgs<scalar_t>& a, int64_t index) {
+  const int64_t tiles = cdiv(a.T, a.tile), chunks = cdiv(a.C, kLanes);
+  Tile k;
+  k.c0 = (index / tiles % chunks) * kLanes;
+  k.b = index / (tiles * chunks);
+  k.t0 = index % tiles * a.tile;
+  k.t1 = min64(a.T, k.t0 + a.tile);
+  return k;
+}
+
+template <typename scalar_t>
+TALK_HD int64_t num_tiles(const TalkArgs<scalar_t>& a) {
   return a.B * cdiv(a.T, a.tile) * cdiv(a.C, kLanes);
 }
+
+struct FwdBlock : Tile {
+  int64_t base, top;  // table rows [base, top] kept in shared memory
+};
 
 // Accumulators of shared memory per forward block: the table (rows x 32) and the segment carries (warps x 32).
 template <typename scalar_t>
 TALK_HD int64_t fwd_shared_elems(const TalkArgs<scalar_t>& a) { return (a.rows + a.warps) * kLanes; }
 
-// Blocks run tile-fastest, so neighbouring tiles (which read each other's halo) run together and share L2.
 template <typename scalar_t>
 TALK_HD FwdBlock fwd_block(const TalkArgs<scalar_t>& a, int64_t block) {
-  const int64_t tiles = cdiv(a.T, a.tile), chunks = cdiv(a.C, kLanes);
   FwdBlock k;
-  const int64_t tile = block % tiles;
-  k.c0 = (block / tiles % chunks) * kLanes;
-  k.b = block / (tiles * chunks);
-  k.t0 = tile * a.tile;
-  k.t1 = min64(a.T, k.t0 + a.tile);
+  static_cast<Tile&>(k) = tile_at(a, block);
   k.base = max64(0, k.t0 - a.max_left);
   const int64_t top = min64(a.T, k.t1 + (a.has_right ? a.max_right : 0));
   k.top = min64(top, k.base + a.rows - 1);
@@ -261,30 +272,9 @@ TALK_HD void write_offset_grads(const TalkArgs<scalar_t>& a, int64_t bth, acc_ty
   if (a.has_right) a.grad_offset_right[bth] = from_acc<scalar_t>(static_cast<acc_t>(a.max_right) * sum_right);
 }
 
-struct GradXUnit {
-  int64_t b, t0, t1, c0;  // steps [t0, t1), channels [c0, c0 + 32)
-};
-
-template <typename scalar_t>
-TALK_HD int64_t gx_num_units(const TalkArgs<scalar_t>& a) {
-  return a.B * cdiv(a.T, a.tile) * cdiv(a.C, kLanes);
-}
-
-template <typename scalar_t>
-TALK_HD GradXUnit gx_unit(const TalkArgs<scalar_t>& a, int64_t unit) {
-  const int64_t tiles = cdiv(a.T, a.tile), chunks = cdiv(a.C, kLanes);
-  GradXUnit u;
-  const int64_t tile = unit % tiles;
-  u.c0 = (unit / tiles % chunks) * kLanes;
-  u.b = unit / (tiles * chunks);
-  u.t0 = tile * a.tile;
-  u.t1 = min64(a.T, u.t0 + a.tile);
-  return u;
-}
-
 // Adds weight * gn of one window end at table row `row`: rows (t0, t1] go to q, rows above t1 to carry.
 template <typename acc_t>
-TALK_HD void scatter_end(const GradXUnit& u, acc_t* q, int lane, int64_t row, acc_t weight, acc_t gn,
+TALK_HD void scatter_end(const Tile& u, acc_t* q, int lane, int64_t row, acc_t weight, acc_t gn,
                          acc_t* carry) {
   if (weight == acc_t(0) || row <= u.t0) return;
   if (row > u.t1) {
@@ -297,7 +287,7 @@ TALK_HD void scatter_end(const GradXUnit& u, acc_t* q, int lane, int64_t row, ac
 // The whole grad-x program of one lane (one phase: the lane reads and writes only its own column of q,
 // a.tile x 32 accumulators of shared memory per unit).
 template <typename scalar_t>
-TALK_HD void gx_lane(const TalkArgs<scalar_t>& a, const GradXUnit& u, acc_type<scalar_t>* q, int lane) {
+TALK_HD void gx_lane(const TalkArgs<scalar_t>& a, const Tile& u, acc_type<scalar_t>* q, int lane) {
   using acc_t = acc_type<scalar_t>;
   const int64_t c = u.c0 + lane;
   if (c >= a.C) return;

@@ -1,4 +1,4 @@
-"""A loss/BLEU plot of a run's metrics.jsonl."""
+"""A loss/BLEU plot of a run's metrics.jsonl, and the plotting helpers the benchmark scripts share."""
 
 import json
 from pathlib import Path
@@ -9,13 +9,26 @@ def read_metrics(path):
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
-def plot_metrics(metrics_path, image_path):
-    """Training loss and validation loss against steps, validation BLEU on a second axis when present."""
+def pyplot():
+    """matplotlib.pyplot on the file-only Agg backend (no display needed)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def save_figure(fig, image_path):
+    """Lay out, write as PNG (100 dpi) and close."""
+    fig.tight_layout()
+    fig.savefig(image_path, dpi=100)
+    pyplot().close(fig)
+
+
+def plot_metrics(metrics_path, image_path):
+    """Training loss and validation loss against steps, validation BLEU on a second axis when present."""
+    plt = pyplot()
     records = read_metrics(metrics_path)
     train = [(r["step"], r["loss"]) for r in records if "loss" in r]
     valid = [(r["step"], r["valid_loss"]) for r in records if "valid_loss" in r]
@@ -35,7 +48,5 @@ def plot_metrics(metrics_path, image_path):
         more = ax2.get_legend_handles_labels()
         handles = (handles[0] + more[0], handles[1] + more[1])
     ax.legend(*handles, loc="center right")  # one legend for both axes
-    fig.tight_layout()
-    fig.savefig(image_path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, image_path)
     return image_path

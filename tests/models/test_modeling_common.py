@@ -212,7 +212,8 @@ def test_decoding_steps_never_wait_for_the_device(name):
         cache = model(**inputs, **{key: tokens[:, :3]}, use_cache=True).past_key_values
         for t in range(3, 6):
             with HostSyncs() as mode:
-                cache = model(**inputs, **{key: tokens[:, t : t + 1]}, past_key_values=cache, use_cache=True).past_key_values
+                out = model(**inputs, **{key: tokens[:, t : t + 1]}, past_key_values=cache, use_cache=True)
+            cache = out.past_key_values
             assert mode.calls > 0 and mode.found == [], mode.found
 
 

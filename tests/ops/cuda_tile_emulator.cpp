@@ -51,7 +51,7 @@ void forward(TalkArgs<T> a, int64_t tile, int64_t rows, int warps, bool reverse)
   acc_t* table = smem.data();
   acc_t* carry = table + a.rows * kLanes;
   const int n = a.warps * kLanes;
-  for (int64_t block = 0; block < fwd_num_blocks(a); ++block) {
+  for (int64_t block = 0; block < num_tiles(a); ++block) {
     const FwdBlock k = fwd_block(a, block);
     smem.assign(smem.size(), std::numeric_limits<acc_t>::quiet_NaN());
     for (int i = 0; i < n; ++i) {
@@ -103,8 +103,8 @@ void backward(TalkArgs<T> a, int64_t tile, bool reverse) {
   set_gx_shape(a, sizeof(acc_t));
   if (tile > 0) a.tile = tile;
   std::vector<acc_t> q(a.tile * kLanes);
-  for (int64_t unit = 0; unit < gx_num_units(a); ++unit) {  // grad-x kernel: one warp per unit
-    const GradXUnit u = gx_unit(a, unit);
+  for (int64_t unit = 0; unit < num_tiles(a); ++unit) {  // grad-x kernel: one warp per unit
+    const Tile u = tile_at(a, unit);
     q.assign(q.size(), std::numeric_limits<acc_t>::quiet_NaN());
     for (int i = 0; i < kLanes; ++i) gx_lane(a, u, q.data(), thread_at(i, kLanes, reverse));
   }

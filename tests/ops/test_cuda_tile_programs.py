@@ -1,5 +1,6 @@
-"""The block programs of the fused CUDA TaLK kernels (and the column programs of the decoding-step kernels) (csrc/cuda/talk_conv_tiles.h), run on the CPU by
-tests/ops/cuda_tile_emulator.cpp exactly as talk_conv.cu launches them (every block, phase by phase, every thread,
+"""The block programs of the fused CUDA TaLK kernels (csrc/cuda/talk_conv_tiles.h) and the column programs of the
+decoding-step kernels (csrc/talk_conv_step.h, csrc/dynamic_conv_step.h), run on the CPU by
+tests/ops/cuda_tile_emulator.cpp exactly as the .cu files launch them (every block, phase by phase, every thread,
 shared memory poisoned with NaN), against talk_conv_ref in fp64 and fp32: tile edges, halos, window ends outside
 the shared rows, channel chunks across heads, and thread order within a phase. No GPU needed; on a GPU,
 tests/ops/test_cuda_kernels.py runs the kernels themselves."""
@@ -120,7 +121,8 @@ def test_thread_order_within_a_phase_does_not_matter(emulator):
     for kw in [dict(), dict(tile=8, rows=20, warps=3)]:
         assert torch.equal(emulate_fwd(emulator, x, ol, orr, 9, 4, **kw),
                            emulate_fwd(emulator, x, ol, orr, 9, 4, reverse=True, **kw))
-    for a, b in zip(emulate_bwd(emulator, g, x, ol, orr, 9, 4), emulate_bwd(emulator, g, x, ol, orr, 9, 4, reverse=True)):
+    forward_order = emulate_bwd(emulator, g, x, ol, orr, 9, 4)
+    for a, b in zip(forward_order, emulate_bwd(emulator, g, x, ol, orr, 9, 4, reverse=True)):
         assert torch.equal(a, b)
 
 

@@ -236,8 +236,8 @@ def test_generation_benchmark_reports_speed_and_cache_sizes(tmp_path, monkeypatc
 def test_training_benchmark_times_layers_and_whole_steps(tmp_path):
     module = script("benchmark_training")
     rows = module.main(["--d_model", "16", "--layers", "1", "--ffn", "32", "--heads", "2", "--batch", "2", "--length",
-                        "12", "--lengths", "8", "40", "--iters", "2", "--warmup", "1", "--output", str(tmp_path / "t.json"),
-                        "--plot", str(tmp_path / "t.png")])
+                        "12", "--lengths", "8", "40", "--iters", "2", "--warmup", "1",
+                        "--output", str(tmp_path / "t.json"), "--plot", str(tmp_path / "t.png")])
     assert (tmp_path / "t.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert [(r["kind"], r["n"]) for r in rows] == [("layer", 8), ("layer", 40), ("model", 12)]
     for r in rows:
