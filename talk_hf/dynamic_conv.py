@@ -112,13 +112,11 @@ def dynamic_conv_step(x, weight, state):
 
 
 def _dynamic_conv_step_ref(x, weight, state):
-    """`dynamic_conv_step` in PyTorch ops (differentiable); state in x's dtype."""
-    K = weight.shape[-1]
-    xp = torch.cat([state, x], dim=1)  # (B, K - 1 + T_new, C)
-    out = _dynamic_conv_ref(xp, _pad_time(_expand_weight(weight, x), K - 1), K - 1)[:, K - 1 :]
-    return out, xp[:, xp.shape[1] - (K - 1) :]
-
-
-def _pad_time(weight, n):
-    """(B, T, H, K) -> (B, n + T, H, K), zero kernels for n leading positions whose outputs are discarded."""
-    return torch.nn.functional.pad(weight, (0, 0, 0, 0, n, 0))
+    """`dynamic_conv_step` in PyTorch ops (differentiable); state in x's dtype. Only the new tokens' windows."""
+    B, T, C = x.shape
+    H, K = weight.shape[-2:]
+    acc = accumulation_dtype(x.dtype)
+    xp = torch.cat([state, x], dim=1)  # (B, K - 1 + T_new, C): tap k of new token t reads xp[t + k]
+    windows = xp.to(acc).unfold(1, K, 1).reshape(B, T, H, C // H, K)
+    out = torch.einsum("bthrk,bthk->bthr", windows, _expand_weight(weight, x).to(acc))
+    return out.reshape(B, T, C).to(x.dtype), xp[:, xp.shape[1] - (K - 1) :]
