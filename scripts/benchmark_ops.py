@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +28,13 @@ import torch.nn.functional as F
 from talk_hf import ops
 from talk_hf.training.plot import pyplot, save_figure
 from talk_hf.training.timing import median_seconds
+
+
+def interleaved_ratio(fn, baseline, device, pairs):
+    """Median over `pairs` of (time of fn / time of baseline), one call each, alternating: slow drifts of the
+    machine (other tenants, clock changes) cancel in each pair."""
+    ratios = [median_seconds(fn, device, 0, 1) / median_seconds(baseline, device, 0, 1) for _ in range(pairs)]
+    return statistics.median(ratios)
 
 
 def cases(x, heads, max_offset):
@@ -84,6 +92,9 @@ def measure(args, T):
     row["copy_GBps"] = bytes_moved / row["copy_into_ms"] / 1e6
     row["talk_vs_copy"] = row["talk_fwd_ms"] / row["copy_ms"]
     row["talk_vs_copy_into"] = row["talk_fwd_ms"] / row["copy_into_ms"]
+    talk = cases(x, args.heads, args.max_offset)["talk"]
+    row["talk_vs_copy_interleaved"] = interleaved_ratio(talk, lambda: x.clone(), device, 2 * args.iters)
+    row["talk_vs_copy_into_interleaved"] = interleaved_ratio(talk, lambda: buffer.copy_(x), device, 2 * args.iters)
     row["talk_fraction_of_copy_bandwidth"] = row["copy_into_ms"] / row["talk_fwd_ms"]
     if "sdpa_fwd_ms" in row:
         row["sdpa_over_talk"] = row["sdpa_fwd_ms"] / row["talk_fwd_ms"]
@@ -96,7 +107,8 @@ def measure(args, T):
 def table(rows):
     cols = ["n", "copy_ms", "copy_into_ms", "talk_fwd_ms", "talk_ref_fwd_ms", "dynamic_conv_k3_fwd_ms", "dynamic_conv_k31_fwd_ms",
             "rfa_fwd_ms", "rfa_chunked_fwd_ms", "sdpa_fwd_ms", "talk_fwdbwd_ms", "rfa_fwdbwd_ms",
-            "rfa_chunked_fwdbwd_ms", "sdpa_fwdbwd_ms", "talk_vs_copy", "talk_vs_copy_into", "sdpa_over_talk"]
+            "rfa_chunked_fwdbwd_ms", "sdpa_fwdbwd_ms", "talk_vs_copy", "talk_vs_copy_into", "talk_vs_copy_interleaved",
+            "talk_vs_copy_into_interleaved", "sdpa_over_talk"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         lines.append("| " + " | ".join(f"{r[c]:.3g}" if isinstance(r.get(c), float) else str(r.get(c, "-")) for c in cols) + " |")
