@@ -20,8 +20,8 @@ namespace {
 using namespace cuda_detail;
 using tiles::TalkArgs;
 
-constexpr int kFwdWarps = 8;     // warps per forward block
-constexpr int kGradXWarps = 4;   // grad-x units (one warp each) per block
+using tiles::kFwdWarps;
+using tiles::kGradXWarps;
 
 inline bool is_empty(const TalkConvParams& p) { return p.batch == 0 || p.seqlen == 0 || p.channels == 0; }
 
@@ -145,8 +145,8 @@ template <typename scalar_t>
 cudaError_t launch_fwd(const TalkConvParams& p, cudaStream_t stream) {
   using acc_t = acc_type<scalar_t>;
   TalkArgs<scalar_t> a = make_args<scalar_t>(p);
-  tiles::set_fwd_shape(a, sizeof(acc_t), kFwdWarps);
-  const size_t shared = static_cast<size_t>(tiles::fwd_shared_elems(a)) * sizeof(acc_t);  // <= 48 KiB
+  tiles::set_fwd_shape(a, sizeof(acc_t));
+  const size_t shared = static_cast<size_t>(tiles::fwd_shared_bytes(a, sizeof(acc_t)));  // <= 48 KiB
   talk_fwd_kernel<scalar_t><<<grid_blocks(tiles::num_tiles(a)), kFwdWarps * kWarpSize, shared, stream>>>(a);
   return cudaGetLastError();
 }
@@ -166,7 +166,7 @@ cudaError_t launch_bwd(const TalkConvParams& p, void* workspace, cudaStream_t st
   talk_offset_grad_kernel<scalar_t><<<group_blocks, kThreads, 0, stream>>>(a, group);
 
   tiles::set_gx_shape(a, sizeof(acc_t));
-  const size_t shared = static_cast<size_t>(kGradXWarps) * a.tile * tiles::kLanes * sizeof(acc_t);  // 32 KiB
+  const size_t shared = static_cast<size_t>(tiles::gx_shared_bytes(a, sizeof(acc_t)));  // 32 KiB
   const unsigned gx_blocks = grid_blocks(ceil_div(tiles::num_tiles(a), kGradXWarps));
   talk_grad_x_kernel<scalar_t><<<gx_blocks, kGradXWarps * kWarpSize, shared, stream>>>(a);
   return cudaGetLastError();

@@ -42,6 +42,8 @@ namespace tiles {
 
 constexpr int kLanes = 32;                     // channels per forward block / grad-x unit (one warp)
 constexpr int64_t kSharedBudget = 48 * 1024;   // bytes of shared memory per block without an opt-in
+constexpr int kFwdWarps = 8;                   // warps per forward block
+constexpr int kGradXWarps = 4;                 // grad-x units (one warp each) per block
 
 template <typename scalar_t>
 struct TalkArgs {
@@ -317,21 +319,31 @@ TALK_HD void gx_lane(const TalkArgs<scalar_t>& a, const Tile& u, acc_type<scalar
 
 // ------------------------------------------------------------------------------------------------ sizes
 
-// Forward launch shape for accumulators of `acc_bytes` bytes: tiles of 128 steps (32 for fp64) with the whole
-// halo in shared memory when it fits the 48 KiB budget (else fewer rows, and the window ends past them are summed
-// from x in global memory).
+// Forward launch shape for accumulators of `acc_bytes` bytes: kFwdWarps warps, tiles of 128 steps (32 for fp64)
+// with the whole halo in shared memory when it fits the 48 KiB budget (else fewer rows, and the window ends past
+// them are summed from x in global memory).
 template <typename scalar_t>
-void set_fwd_shape(TalkArgs<scalar_t>& a, int64_t acc_bytes, int warps) {
-  a.warps = warps;
+void set_fwd_shape(TalkArgs<scalar_t>& a, int64_t acc_bytes) {
+  a.warps = kFwdWarps;
   a.tile = acc_bytes == 8 ? 32 : 128;
-  const int64_t budget_rows = kSharedBudget / (kLanes * acc_bytes) - warps;
+  const int64_t budget_rows = kSharedBudget / (kLanes * acc_bytes) - kFwdWarps;
   a.rows = min64(a.tile + a.max_left + a.max_right + 1, budget_rows);
+}
+
+template <typename scalar_t>
+int64_t fwd_shared_bytes(const TalkArgs<scalar_t>& a, int64_t acc_bytes) {
+  return fwd_shared_elems(a) * acc_bytes;
 }
 
 // Grad-x launch shape: 8 KiB of shared memory per warp, 64 steps (fp32 accumulators) or 32 (fp64).
 template <typename scalar_t>
 void set_gx_shape(TalkArgs<scalar_t>& a, int64_t acc_bytes) {
   a.tile = 8 * 1024 / (kLanes * acc_bytes);
+}
+
+template <typename scalar_t>
+int64_t gx_shared_bytes(const TalkArgs<scalar_t>& a, int64_t acc_bytes) {
+  return kGradXWarps * a.tile * kLanes * acc_bytes;
 }
 
 }  // namespace tiles

@@ -42,10 +42,11 @@ inline int thread_at(int i, int n, bool reverse) { return reverse ? n - 1 - i : 
 template <typename T>
 void forward(TalkArgs<T> a, int64_t tile, int64_t rows, int warps, bool reverse) {
   using acc_t = acc_type<T>;
-  set_fwd_shape(a, sizeof(acc_t), warps);
+  set_fwd_shape(a, sizeof(acc_t));
   if (tile > 0) {
     a.tile = tile;
     a.rows = rows;
+    a.warps = warps;
   }
   std::vector<acc_t> smem(fwd_shared_elems(a));
   acc_t* table = smem.data();
@@ -168,6 +169,19 @@ void conv_step(const ConvStepArgs<T>& a, bool reverse) {
     conv_step(ConvStepArgs<T>{x, w, state, out, new_state, B, L, C, H, K}, reverse != 0);                          \
     return 0;                                                                                                      \
   }
+
+// Shared memory the launches of talk_conv.cu ask for (fwd: one block, grad x: one block of kGradXWarps units).
+extern "C" int64_t talk_conv_shared_bytes(int64_t acc_bytes, int64_t max_left, int64_t max_right, int backward) {
+  TalkArgs<float> a{};
+  a.max_left = max_left;
+  a.max_right = max_right;
+  if (backward) {
+    set_gx_shape(a, acc_bytes);
+    return gx_shared_bytes(a, acc_bytes);
+  }
+  set_fwd_shape(a, acc_bytes);
+  return fwd_shared_bytes(a, acc_bytes);
+}
 
 TALK_EMULATE(f32, float)
 TALK_EMULATE(f64, double)

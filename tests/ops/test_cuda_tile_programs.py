@@ -126,6 +126,18 @@ def test_thread_order_within_a_phase_does_not_matter(emulator):
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("acc_bytes", [4, 8], ids=["fp32-acc", "fp64-acc"])
+def test_launch_shapes_fit_the_default_shared_memory(emulator, acc_bytes):
+    """Every launch asks for at most 48 KiB of shared memory (no opt-in attribute needed) whatever the window reach;
+    windows the shared rows cannot hold are summed from x (test_small_tiles_few_rows_and_wild_offsets)."""
+    emulator.talk_conv_shared_bytes.restype = ctypes.c_int64
+    args = lambda *v: [ctypes.c_int64(acc_bytes), ctypes.c_int64(v[0]), ctypes.c_int64(v[1]), ctypes.c_int(v[2])]  # noqa: E731
+    for max_left, max_right in [(0, 0), (31, 31), (63, 63), (255, 0), (1000, 1000)]:
+        fwd = emulator.talk_conv_shared_bytes(*args(max_left, max_right, 0))
+        assert 0 < fwd <= 48 * 1024, (max_left, max_right, fwd)
+    assert emulator.talk_conv_shared_bytes(*args(63, 63, 1)) == 32 * 1024
+
+
 @pytest.mark.parametrize("causal", [False, True], ids=["encoder", "causal"])
 def test_fp32_accumulates_short_sums(emulator, causal):
     """fp32 at T=10,000 with a constant offset of x: sums start at each block's first row, so the error stays at
