@@ -104,6 +104,34 @@ def test_rfa_causal_matches_reference(B, T, H, F, d, chunk):
     assert_close(chunked.cpu(), expected[0], name="chunked form on CUDA")
 
 
+STEP_CASES = [  # B, T_new, C, H, reach (max_left, or K - 1)
+    pytest.param(3, 1, 40, 4, 31, id="small-T1"),
+    pytest.param(2, 5, 8, 8, 3, id="small-T5-H=C"),
+    pytest.param(4, 1, 1024, 16, 0, id="reach0"),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("B,T,C,H,reach", STEP_CASES)
+def test_decoding_step_kernels_match_the_cpu(B, T, C, H, reach, dtype):
+    """talk_conv_step and dynamic_conv_step on CUDA against the same ops on the CPU (both checked there against
+    their PyTorch forms): outputs and new states."""
+    g = torch.Generator().manual_seed(B * T + reach)
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    x = torch.randn(B, T, C, generator=g, dtype=torch.float64).to(dtype)
+    ol = (torch.rand(B, T, H, generator=g, dtype=torch.float64) * 1.4 - 0.2).to(dtype)
+    state = torch.randn(B, reach + 2, C, generator=g, dtype=torch.float64).to(acc)
+    w = torch.randn(B, T, H, reach + 1, generator=g, dtype=torch.float64).softmax(-1).to(dtype)
+    ring = torch.randn(B, reach, C, generator=g, dtype=torch.float64).to(dtype)
+    with torch.no_grad():
+        for fn, args in [(ops.talk_conv_step, (x, ol, state, reach)), (ops.dynamic_conv_step, (x, w, ring))]:
+            want = fn(*args)
+            got = fn(*[a.to(CUDA) if isinstance(a, torch.Tensor) else a for a in args])
+            for name, a, b in zip(["out", "new state"], got, want):
+                assert a.device.type == "cuda" and a.dtype == b.dtype
+                assert_close(a.cpu(), b.double() if b.dtype != a.dtype else b, dtype, name=f"{fn.__name__} {name}")
+
+
 def test_opcheck_on_cuda():
     x, ol, orr = torch.randn(2, 9, 6, device=CUDA), torch.rand(2, 9, 3, device=CUDA), torch.rand(2, 9, 3, device=CUDA)
     torch.library.opcheck(torch.ops.talk_hf.talk_conv_fwd.default, (x.requires_grad_(), ol, orr, 3, 2))
@@ -114,3 +142,6 @@ def test_opcheck_on_cuda():
     v = torch.randn(2, 9, 2, 3, device=CUDA)
     torch.library.opcheck(torch.ops.talk_hf.rfa_causal_fwd.default, (q.requires_grad_(), q, v, None, None, 0.1, 4))
     torch.library.opcheck(torch.ops.talk_hf.rfa_causal_fwd.default, (q.detach(), q.detach(), v, None, None, 0.1, 0))
+    torch.library.opcheck(torch.ops.talk_hf.talk_conv_step.default, (x.detach(), ol, torch.randn(2, 5, 6, device=CUDA), 3))
+    torch.library.opcheck(torch.ops.talk_hf.dynamic_conv_step.default, (x.detach(), w.detach(), torch.randn(2, 3, 6,
+                                                                                                        device=CUDA)))
