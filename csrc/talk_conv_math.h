@@ -33,7 +33,34 @@ TALK_HD WindowEnd<acc_t> window_end(int64_t t, acc_t rel, int64_t seqlen) {
   return {lo, lo + (frac > acc_t(0) ? 1 : 0), frac};
 }
 
-// S_j of the summed-area table with S_{-1} = 0, given a table `sat` whose row i holds S_{i-1}.
-// Callers index sat[lo] for S~(l - 1) (left end) and sat[lo + 1] for S~(r) (right end).
+// The two ends of the window of step t as rows of a summed-area table whose row i holds S_{i-1} (row 0 is 0):
+// S~(l - 1) interpolates rows left.lo, left.hi and S~(r) rows right.lo, right.hi. `offset_left` / `offset_right`
+// are the relative offsets (in units of max_left / max_right); the causal form (no right offsets) ends at row t + 1.
+template <typename acc_t>
+TALK_HD WindowEnd<acc_t> left_window_end(acc_t offset_left, int64_t max_left, int64_t t, int64_t seqlen) {
+  return window_end<acc_t>(t, -offset_left * static_cast<acc_t>(max_left), seqlen);
+}
+
+template <typename acc_t>
+TALK_HD WindowEnd<acc_t> right_window_end(bool has_right, acc_t offset_right, int64_t max_right, int64_t t,
+                                          int64_t seqlen) {
+  if (!has_right) return {t + 1, t + 1, acc_t(0)};
+  const WindowEnd<acc_t> w = window_end<acc_t>(t, offset_right * static_cast<acc_t>(max_right), seqlen);
+  return {w.lo + 1, w.hi + 1, w.frac};
+}
+
+// How many table rows before / after t the window of step t reads (0 when none): the backward of a tile of steps
+// only needs the outputs whose rows can reach it.
+template <typename acc_t>
+TALK_HD int64_t rows_before(int64_t t, const WindowEnd<acc_t>& left, const WindowEnd<acc_t>& right) {
+  const int64_t n = t - left.lo > t - right.lo ? t - left.lo : t - right.lo;
+  return n > 0 ? n : 0;
+}
+
+template <typename acc_t>
+TALK_HD int64_t rows_after(int64_t t, const WindowEnd<acc_t>& left, const WindowEnd<acc_t>& right) {
+  const int64_t n = left.hi - t > right.hi - t ? left.hi - t : right.hi - t;
+  return n > 0 ? n : 0;
+}
 
 }  // namespace talk_hf

@@ -26,6 +26,22 @@ struct TalkStepArgs {
   int64_t B, T, C, H, max_left;
 };
 
+// The left end of new token t: S~(l - 1) = ext[lo] + frac * (ext[lo + 1] - ext[lo]) with the offset clipped to
+// [0, 1], so lo is in [t + 1, t + r - 1] (no clamping needed).
+template <typename acc_t>
+struct StepEnd {
+  int64_t lo;
+  acc_t frac;
+};
+
+template <typename acc_t>
+TALK_HD StepEnd<acc_t> step_left_end(acc_t offset, int64_t max_left, int64_t t) {
+  const acc_t o = offset < acc_t(0) ? acc_t(0) : (offset > acc_t(1) ? acc_t(1) : offset);
+  const acc_t rel = -o * static_cast<acc_t>(max_left);
+  const acc_t whole = floor_acc(rel);
+  return {t + max_left + 1 + static_cast<int64_t>(whole), rel - whole};  // t + r - 1 + whole, r = max_left + 2
+}
+
 template <typename scalar_t>
 TALK_HD void talk_step_column(const TalkStepArgs<scalar_t>& a, int64_t b, int64_t c) {
   using acc_t = acc_type<scalar_t>;
@@ -40,14 +56,9 @@ TALK_HD void talk_step_column(const TalkStepArgs<scalar_t>& a, int64_t b, int64_
   }
   const acc_t norm = static_cast<acc_t>(a.max_left + 1);
   for (int64_t t = 0; t < a.T; ++t) {
-    acc_t o = to_acc(a.offset_left[(b * a.T + t) * a.H + h]);
-    o = o < acc_t(0) ? acc_t(0) : (o > acc_t(1) ? acc_t(1) : o);
-    const acc_t rel = -o * static_cast<acc_t>(a.max_left);
-    const acc_t whole = floor_acc(rel);
-    const acc_t frac = rel - whole;
-    const int64_t lo = t + r - 1 + static_cast<int64_t>(whole);  // ext row of S_{floor(l) - 1}, in [t + 1, t + r - 1]
-    const acc_t at_lo = e[lo * C];
-    const acc_t left = frac > acc_t(0) ? at_lo + frac * (e[(lo + 1) * C] - at_lo) : at_lo;
+    const StepEnd<acc_t> l = step_left_end(to_acc(a.offset_left[(b * a.T + t) * a.H + h]), a.max_left, t);
+    const acc_t at_lo = e[l.lo * C];
+    const acc_t left = l.frac > acc_t(0) ? at_lo + l.frac * (e[(l.lo + 1) * C] - at_lo) : at_lo;
     a.out[(b * a.T + t) * C + c] = from_acc<scalar_t>((e[(r + t) * C] - left) / norm);
   }
   const acc_t base = e[(a.T - 1) * C];  // the row before the new state's first row (r + T - r - 1)

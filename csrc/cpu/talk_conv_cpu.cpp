@@ -36,17 +36,13 @@ struct Dims {
 
 template <typename scalar_t, typename acc_t>
 WindowEnd<acc_t> left_end(const scalar_t* offset_left, const Dims& d, int64_t b, int64_t t, int64_t h) {
-  const acc_t rel = -static_cast<acc_t>(offset_left[(b * d.T + t) * d.H + h]) * static_cast<acc_t>(d.max_left);
-  return window_end<acc_t>(t, rel, d.T);  // S~(l - 1) reads sat[lo], sat[hi]
+  return left_window_end(static_cast<acc_t>(offset_left[(b * d.T + t) * d.H + h]), d.max_left, t, d.T);
 }
 
-// Right end as indices into sat (shifted by one row): S~(r) reads sat[lo], sat[hi]. Causal: sat[t + 1].
 template <typename scalar_t, typename acc_t>
 WindowEnd<acc_t> right_end(const scalar_t* offset_right, const Dims& d, int64_t b, int64_t t, int64_t h) {
-  if (!d.has_right) return {t + 1, t + 1, acc_t(0)};
-  const acc_t rel = static_cast<acc_t>(offset_right[(b * d.T + t) * d.H + h]) * static_cast<acc_t>(d.max_right);
-  WindowEnd<acc_t> w = window_end<acc_t>(t, rel, d.T);
-  return {w.lo + 1, w.hi + 1, w.frac};
+  const acc_t offset = d.has_right ? static_cast<acc_t>(offset_right[(b * d.T + t) * d.H + h]) : acc_t(0);
+  return right_window_end(d.has_right, offset, d.max_right, t, d.T);
 }
 
 constexpr int64_t kTile = 128;         // time steps per task
@@ -236,8 +232,8 @@ void backward_kernel(const at::Tensor& g, const at::Tensor& x, const at::Tensor&
       window_ends<scalar_t, acc_t>(olp, orp, d, bh / d.H, bh % d.H, 0, d.T, e);
       Reach& rc = reach[bh];
       for (int64_t t = 0; t < d.T; ++t) {
-        rc.before = std::max({rc.before, t - e[2 * t].lo, t - e[2 * t + 1].lo});
-        rc.after = std::max({rc.after, e[2 * t].hi - t, e[2 * t + 1].hi - t});
+        rc.before = std::max(rc.before, rows_before(t, e[2 * t], e[2 * t + 1]));
+        rc.after = std::max(rc.after, rows_after(t, e[2 * t], e[2 * t + 1]));
       }
     }
   });
@@ -309,13 +305,11 @@ TALK_HF_VECTOR_CLONES void step_batch_row(const TalkStepArgs<scalar_t>& a, int64
   const acc_t norm = static_cast<acc_t>(a.max_left + 1);
   for (int64_t t = 0; t < a.T; ++t) {
     for (int64_t h = 0; h < a.H; ++h) {
-      acc_t o = static_cast<acc_t>(a.offset_left[(b * a.T + t) * a.H + h]);
-      o = o < acc_t(0) ? acc_t(0) : (o > acc_t(1) ? acc_t(1) : o);
-      const acc_t rel = -o * static_cast<acc_t>(a.max_left);
-      const acc_t whole = floor_acc(rel);
-      const acc_t frac = rel - whole;
-      const int64_t lo = t + r - 1 + static_cast<int64_t>(whole), hi = lo + (frac > acc_t(0) ? 1 : 0);
-      const acc_t *__restrict__ at_lo = ext + lo * C + h * R, *__restrict__ at_hi = ext + hi * C + h * R;
+      const acc_t offset = static_cast<acc_t>(a.offset_left[(b * a.T + t) * a.H + h]);
+      const StepEnd<acc_t> l = step_left_end(offset, a.max_left, t);
+      const acc_t frac = l.frac;
+      const int64_t hi = l.lo + (frac > acc_t(0) ? 1 : 0);
+      const acc_t *__restrict__ at_lo = ext + l.lo * C + h * R, *__restrict__ at_hi = ext + hi * C + h * R;
       const acc_t* __restrict__ now = ext + (r + t) * C + h * R;
       scalar_t* __restrict__ out = a.out + (b * a.T + t) * C + h * R;
 #pragma omp simd

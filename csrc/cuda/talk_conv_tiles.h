@@ -69,20 +69,16 @@ TALK_HD int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 // ------------------------------------------------------------------------------------------------ window ends
 
-// Left end of step t (row b*T + t = bt): S~(l - 1) interpolates table rows lo, hi.
+// The window ends of step t (row b*T + t = bt) of head h, as table rows (talk_conv_math.h).
 template <typename acc_t, typename scalar_t>
 TALK_HD WindowEnd<acc_t> left_end(const TalkArgs<scalar_t>& a, int64_t bt, int64_t t, int64_t h) {
-  const acc_t rel = -to_acc(a.offset_left[bt * a.H + h]) * static_cast<acc_t>(a.max_left);
-  return window_end<acc_t>(t, rel, a.T);
+  return left_window_end(to_acc(a.offset_left[bt * a.H + h]), a.max_left, t, a.T);
 }
 
-// Right end: S~(r) interpolates table rows lo, hi (already shifted by one). Causal: row t + 1.
 template <typename acc_t, typename scalar_t>
 TALK_HD WindowEnd<acc_t> right_end(const TalkArgs<scalar_t>& a, int64_t bt, int64_t t, int64_t h) {
-  if (!a.has_right) return {t + 1, t + 1, acc_t(0)};
-  const acc_t rel = to_acc(a.offset_right[bt * a.H + h]) * static_cast<acc_t>(a.max_right);
-  const WindowEnd<acc_t> w = window_end<acc_t>(t, rel, a.T);
-  return {w.lo + 1, w.hi + 1, w.frac};
+  const acc_t offset = a.has_right ? to_acc(a.offset_right[bt * a.H + h]) : acc_t(0);
+  return right_window_end(a.has_right, offset, a.max_right, t, a.T);
 }
 
 template <typename scalar_t>
@@ -234,8 +230,8 @@ TALK_HD void reach_of(const TalkArgs<scalar_t>& a, int64_t b, int64_t t, int64_t
   using acc_t = acc_type<scalar_t>;
   const int64_t bt = b * a.T + t;
   const WindowEnd<acc_t> l = left_end<acc_t>(a, bt, t, h), r = right_end<acc_t>(a, bt, t, h);
-  *before = max64(0, max64(t - l.lo, t - r.lo));
-  *after = max64(0, max64(l.hi - t, r.hi - t));
+  *before = rows_before(t, l, r);
+  *after = rows_after(t, l, r);
 }
 
 // d interpolate / d frac of a window end, times g / norm: x[lo] (the element between rows lo and lo + 1), or 0.
