@@ -52,3 +52,9 @@ def use_kernels(x):
             stacklevel=3,
         )
     return False
+
+
+def needs_grad(*tensors):
+    """True when autograd will record an op on these tensors (None entries ignored): the compiled inference-only
+    paths (decoding steps, RFA without saved states) must not run then."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)

@@ -13,7 +13,7 @@ Any K and any P are supported.
 
 import torch
 
-from .backend import _kernels, use_kernels
+from .backend import _kernels, needs_grad, use_kernels
 from .checks import accumulation_dtype, check_float_tensor, check_heads, check_int, check_like
 
 
@@ -105,8 +105,7 @@ def dynamic_conv_step(x, weight, state):
     if state.shape != (x.shape[0], K - 1, x.shape[2]):
         raise ValueError(f"state must have shape {(x.shape[0], K - 1, x.shape[2])}, got {tuple(state.shape)}")
     state = state.to(x.dtype)
-    needs_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or state.requires_grad)
-    if not needs_grad and use_kernels(x):
+    if not needs_grad(x, weight, state) and use_kernels(x):
         return _kernels.dynamic_conv_step(x, _expand_weight(weight, x), state)
     return _dynamic_conv_step_ref(x, weight, state)
 

@@ -22,7 +22,7 @@ import math
 
 import torch
 
-from .backend import _kernels, backend, compiled_devices, use_kernels
+from .backend import _kernels, backend, compiled_devices, needs_grad, use_kernels
 from .checks import accumulation_dtype, check_float_tensor, check_int
 
 DEFAULT_EPS = 0.1
@@ -156,7 +156,7 @@ def rfa_causal(q, k, v, decay=None, initial_state=None, eps=DEFAULT_EPS, chunk_s
     q, k, v, decay and initial_state.
     """
     _check_causal_args(q, k, v, decay, initial_state, chunk_size)
-    if not _needs_grad(q, k, v, decay, initial_state) and use_kernels(q):
+    if not needs_grad(q, k, v, decay, initial_state) and use_kernels(q):
         return _rfa_causal_compiled(q, k, v, decay, initial_state, eps, chunk_size)
     return _rfa_causal_chunked(q, k, v, decay, initial_state, eps, chunk_size)
 
@@ -172,14 +172,10 @@ def rfa_causal_compiled(q, k, v, decay=None, initial_state=None, eps=DEFAULT_EPS
     return _rfa_causal_compiled(q, k, v, decay, initial_state, eps, chunk_size)
 
 
-def _needs_grad(*tensors):
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
-
-
 def _rfa_causal_compiled(q, k, v, decay, initial_state, eps, chunk_size):
     acc = _acc_dtype(q, k, v, initial_state)
     cast = lambda t: None if t is None else t.to(acc)  # noqa: E731
-    saved = chunk_size if _needs_grad(q, k, v, decay, initial_state) else 0  # states for a backward, else none
+    saved = chunk_size if needs_grad(q, k, v, decay, initial_state) else 0  # states for a backward, else none
     out, state = _kernels.rfa_causal(cast(q), cast(k), cast(v), cast(decay), cast(initial_state), eps, saved)
     return out.to(v.dtype), state
 

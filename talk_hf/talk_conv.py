@@ -19,7 +19,7 @@ The causal form is max_right=0, offset_right=None: the right end is t itself.
 
 import torch
 
-from .backend import _kernels, use_kernels
+from .backend import _kernels, needs_grad, use_kernels
 from .checks import accumulation_dtype, check_float_tensor, check_heads, check_int, check_like
 
 
@@ -143,8 +143,7 @@ def talk_conv_step(x, offset_left, state, max_left):
     if state.shape != (x.shape[0], rows, x.shape[2]):
         raise ValueError(f"state must have shape {(x.shape[0], rows, x.shape[2])}, got {tuple(state.shape)}")
     acc = accumulation_dtype(x.dtype)
-    needs_grad = torch.is_grad_enabled() and (x.requires_grad or offset_left.requires_grad or state.requires_grad)
-    if not needs_grad and use_kernels(x):
+    if not needs_grad(x, offset_left, state) and use_kernels(x):
         return _kernels.talk_conv_step(x, offset_left, state.to(acc), max_left)
     return _talk_conv_step_ref(x, offset_left, state.to(acc), max_left)
 
@@ -155,9 +154,8 @@ def _talk_conv_step_ref(x, offset_left, state, max_left):
     H = offset_left.shape[-1]
     rows = talk_conv_state_size(max_left)
     acc = state.dtype
-    prev = state
     # ext[:, e] is S at position t0 - rows + e minus the state's base, t0 = tokens already consumed.
-    ext = torch.cat([prev, prev[:, -1:] + x.to(acc).cumsum(1)], dim=1).view(B, rows + T, H, C // H)
+    ext = torch.cat([state, state[:, -1:] + x.to(acc).cumsum(1)], dim=1).view(B, rows + T, H, C // H)
     rel = -offset_left.to(acc).clamp(0, 1) * max_left
     whole = torch.floor(rel)
     frac = rel - whole.detach()
