@@ -72,7 +72,8 @@ def measure(args, T):
     row["copy_into_ms"] = 1e3 * median_seconds(lambda: buffer.copy_(x), device, args.warmup, args.iters, args.budget)
     xg = x.detach().requires_grad_()
     with_grad = cases(xg, args.heads, args.max_offset)  # inputs built once, outside the timed calls
-    for name, fn in cases(x, args.heads, args.max_offset).items():
+    forward = cases(x, args.heads, args.max_offset)
+    for name, fn in forward.items():
         if name == "sdpa" and T > args.max_sdpa_length:
             continue
         row[f"{name}_fwd_ms"] = 1e3 * median_seconds(fn, device, args.warmup, args.iters, args.budget)
@@ -92,9 +93,9 @@ def measure(args, T):
     row["copy_GBps"] = bytes_moved / row["copy_into_ms"] / 1e6
     row["talk_vs_copy"] = row["talk_fwd_ms"] / row["copy_ms"]
     row["talk_vs_copy_into"] = row["talk_fwd_ms"] / row["copy_into_ms"]
-    talk = cases(x, args.heads, args.max_offset)["talk"]
-    row["talk_vs_copy_interleaved"] = interleaved_ratio(talk, lambda: x.clone(), device, 2 * args.iters)
-    row["talk_vs_copy_into_interleaved"] = interleaved_ratio(talk, lambda: buffer.copy_(x), device, 2 * args.iters)
+    row["talk_vs_copy_interleaved"] = interleaved_ratio(forward["talk"], lambda: x.clone(), device, 2 * args.iters)
+    row["talk_vs_copy_into_interleaved"] = interleaved_ratio(forward["talk"], lambda: buffer.copy_(x), device,
+                                                             2 * args.iters)
     row["talk_fraction_of_copy_bandwidth"] = row["copy_into_ms"] / row["talk_fwd_ms"]
     if "sdpa_fwd_ms" in row:
         row["sdpa_over_talk"] = row["sdpa_fwd_ms"] / row["talk_fwd_ms"]

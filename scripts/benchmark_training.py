@@ -20,34 +20,29 @@ import json
 import platform
 
 import torch
-from transformers import BartConfig, BartForConditionalGeneration, MarianConfig, MarianMTModel
 
-from talk_hf import DynamicConvConfig, DynamicConvForConditionalGeneration, TalkConfig, TalkForConditionalGeneration
+from talk_hf.training.models import build_model_for_ids, count_parameters
 from talk_hf.training.plot import pyplot, save_figure
 from talk_hf.training.timing import median_seconds
 
 VOCAB = 8000
-IDS = dict(vocab_size=VOCAB, pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2)
+IDS = dict(vocab_size=VOCAB, pad_token_id=1, bos_token_id=0, eos_token_id=2)
 KINDS = ("talk", "dynamic_conv", "lightconv", "marian", "bart")
 
 
 def build(kind, args):
-    """A freshly initialised model of `kind` with d_model, layers, FFN width and heads from args, no dropout."""
+    """A freshly initialised model of `kind` with d_model, layers, FFN width and heads from args and no dropout,
+    sized as the results runners size them (talk_hf.training.models: same field names for every kind)."""
+    heads = {
+        "talk": dict(encoder_heads=args.heads, decoder_heads=args.heads, offset_dropout=0.0, input_dropout=0.0),
+        "dynamic_conv": dict(encoder_conv_heads=args.heads, decoder_conv_heads=args.heads),
+        "lightconv": dict(encoder_conv_heads=args.heads, decoder_conv_heads=args.heads),
+        "marian": dict(encoder_attention_heads=args.heads, max_position_embeddings=max(args.lengths + [args.length])),
+    }
+    heads["bart"] = heads["marian"]
     size = dict(d_model=args.d_model, encoder_layers=args.layers, decoder_layers=args.layers, encoder_ffn_dim=args.ffn,
-                decoder_ffn_dim=args.ffn, decoder_attention_heads=args.heads, dropout=0.0, **IDS)
-    if kind == "talk":
-        return TalkForConditionalGeneration(TalkConfig(encoder_heads=args.heads, decoder_heads=args.heads,
-                                                       offset_dropout=0.0, input_dropout=0.0, **size))
-    if kind in ("dynamic_conv", "lightconv"):
-        conv_type = "dynamic" if kind == "dynamic_conv" else "lightweight"
-        return DynamicConvForConditionalGeneration(DynamicConvConfig(
-            conv_type=conv_type, encoder_conv_heads=args.heads, decoder_conv_heads=args.heads, **size))
-    baseline = dict(size, encoder_attention_heads=args.heads, max_position_embeddings=max(args.lengths + [args.length]))
-    if kind == "marian":
-        return MarianMTModel(MarianConfig(share_encoder_decoder_embeddings=True, **baseline))
-    if kind == "bart":
-        return BartForConditionalGeneration(BartConfig(**baseline))
-    raise ValueError(f"unknown model kind {kind!r}; choose one of {KINDS}")
+                decoder_ffn_dim=args.ffn, decoder_attention_heads=args.heads, dropout=0.0, attention_dropout=0.0)
+    return build_model_for_ids(kind, IDS, overrides={**size, **heads[kind]})
 
 
 def autocast(args, device):
@@ -111,7 +106,7 @@ def model_rows(args, device, generator):
             torch.cuda.reset_peak_memory_stats(device)
         seconds = median_seconds(model_step(model, batch, optimizer, args, device), device, args.warmup, args.iters)
         row[f"{kind}_tokens_per_s"] = row["tokens"] / seconds
-        row[f"{kind}_params_M"] = sum(p.numel() for p in model.parameters()) / 1e6
+        row[f"{kind}_params_M"] = count_parameters(model) / 1e6
         row[f"{kind}_peak_MB"] = peak_memory_mb(device)
         del model, optimizer
     return [with_ratios(row, [k for k in KINDS if k != "marian"])]

@@ -70,23 +70,27 @@ def build_model(kind, tokenizer, preset=None, config_file=None, overrides=None):
     `overrides` with the talk_hf field names they share (d_model, encoder_layers, decoder_layers,
     encoder_ffn_dim, decoder_ffn_dim, decoder_attention_heads, dropout, ...).
     """
+    return build_model_for_ids(kind, token_ids(tokenizer), preset, config_file, overrides)
+
+
+def build_model_for_ids(kind, ids, preset=None, config_file=None, overrides=None):
+    """`build_model` without a tokenizer: `ids` holds vocab_size and the pad/bos/eos token ids (see `token_ids`)."""
     if kind not in KINDS:
         raise ValueError(f"unknown model kind {kind!r}; choose one of {KINDS}")
     values = json.loads(Path(config_file).read_text()) if config_file else {}
     values.update(overrides or {})
     if kind in BASELINES:
-        return _baseline(kind, tokenizer, values)
+        return _baseline(kind, ids, values)
     config_class, model_class, fixed = TALK_HF_MODELS[kind]
     values.update(fixed)
-    values.update(token_ids(tokenizer))
+    values.update(ids)
     if kind not in CAUSAL_LM_KINDS:
-        values.setdefault("decoder_start_token_id", tokenizer.eos_token_id)
+        values.setdefault("decoder_start_token_id", ids["eos_token_id"])
     config = config_class.from_preset(preset, **values) if preset else config_class(**values)
     return model_class(config)
 
 
-def _baseline(kind, tokenizer, values):
-    ids = token_ids(tokenizer)
+def _baseline(kind, ids, values):
     d_model = values.get("d_model", 512)
     if kind == "gpt2":
         config = GPT2Config(
