@@ -281,19 +281,21 @@ class DecoderStack(nn.Module):
         **kwargs,
     ):
         """input_ids: (B, T) new tokens (or inputs_embeds (B, T, C)); attention_mask: (B, T_past + T) for
-        left-padded prompts or None; encoder states (B, S, C) -> BaseModelOutputWithPast (B, T, C)."""
+        left-padded prompts, or None; with a cache only its last T columns are read (the cache counts the real tokens
+        before them), so (B, T) will do; encoder states (B, S, C) -> BaseModelOutputWithPast (B, T, C)."""
         ref = _check_inputs(input_ids, inputs_embeds)
         length = ref.shape[1]
         cache = past_key_values if use_cache else None
         if use_cache and cache is None:
             cache = RecurrentCache(len(self.layers))
-        past = cache.get_seq_length() if cache is not None else 0
+        mask = attention_mask[:, -length:] if attention_mask is not None else None
         if position_ids is None:
-            if attention_mask is not None:
+            if cache is not None:  # the cache counts each row's real tokens: only the new tokens' mask is read
+                position_ids = cache.positions(mask, ref.shape[0], length, ref.device)
+            elif attention_mask is not None:
                 position_ids = positions_from_mask(attention_mask, length)
             else:
-                position_ids = torch.arange(past, past + length, device=ref.device).expand(ref.shape[0], -1)
-        mask = attention_mask[:, -length:] if attention_mask is not None else None
+                position_ids = torch.arange(length, device=ref.device).expand(ref.shape[0], -1)
         separators = None
         if self.sep_token_id is not None and input_ids is not None:
             separators = input_ids == self.sep_token_id
@@ -314,7 +316,7 @@ class DecoderStack(nn.Module):
         if self.layer_norm is not None:
             x = self.layer_norm(x)
         if cache is not None:
-            cache.advance(length)
+            cache.advance(mask, ref.shape[0], length, ref.device)
         return BaseModelOutputWithPast(
             last_hidden_state=x, past_key_values=cache, hidden_states=tuple(hidden) if hidden else None
         )
@@ -336,7 +338,27 @@ class RecurrentPreTrainedModel(PreTrainedModel):
 
     @classmethod
     def _supports_default_dynamic_cache(cls):
-        return False  # forward() creates a RecurrentCache itself
+        return False  # forward() creates a RecurrentCache itself (or generate(), below, for a compiled decoding)
+
+    def _prepare_cache_for_generation(self, generation_config, model_kwargs, *args, **kwargs):
+        """With `cache_implementation="static"`, create the RecurrentCache before the prefill: generate() decides
+        then whether to compile the decoding step (it does, on CUDA or with `compile_config`, for compileable
+        caches). The recurrent state has a fixed size anyway, so nothing else changes."""
+        if (
+            generation_config.cache_implementation == "static"
+            and model_kwargs.get("past_key_values") is None
+            and generation_config.use_cache is not False
+        ):
+            model_kwargs["past_key_values"] = RecurrentCache(len(self.get_decoder().layers))
+            return
+        super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
+
+    def create_masks_for_generate(self, config=None, inputs_embeds=None, attention_mask=None, **kwargs):
+        """generate() asks models with a compileable cache for their masks: the decoders need only the new tokens'
+        columns of the 2D mask, whose shape then stays (B, 1) at every decoding step."""
+        if attention_mask is None or attention_mask.dim() != 2:
+            return attention_mask
+        return attention_mask[:, -inputs_embeds.shape[1] :]
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):

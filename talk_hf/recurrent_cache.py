@@ -1,18 +1,49 @@
 """The decoding cache of the talk_hf decoders: a fixed-size recurrent state per layer (TaLK prefix-sum ring,
 DynamicConv input ring, RFA (S, z)) instead of a growing key/value cache; hf_integration.md §2.2.
 
-`generate()` must not replace it: the models return False from `_supports_default_dynamic_cache`, and their
-forward creates a `RecurrentCache` when `use_cache` is set.
+Every tensor keeps its storage from the prefill to the last decoding step (states are written in place, the token
+counters are tensors), so a decoding step has static shapes and addresses: `generate(cache_implementation="static")`
+creates the cache before the first forward, which lets transformers compile the decoding step (and capture it in a
+CUDA graph with the default `CompileConfig`). Without it, `generate()` must not replace the cache: the models return
+False from `_supports_default_dynamic_cache`, and their forward creates a `RecurrentCache` when `use_cache` is set.
 """
 
+import torch
 from transformers.cache_utils import Cache
+
+
+def _owned_buffer(tensor):
+    """A tensor the cache owns from now on: a copy at a fixed address (marked static for torch.compile / CUDA
+    graphs). Tensors that carry gradients are kept as they are, so backpropagation through a cache still works."""
+    if tensor.requires_grad:
+        return tensor
+    buffer = tensor.clone(memory_format=torch.contiguous_format)
+    if not torch.compiler.is_compiling():
+        torch._dynamo.mark_static_address(buffer)
+    return buffer
+
+
+def _write(current, new):
+    """Write `new` into the cache slot holding `current`: in place when the layout matches and no gradient flows
+    (the address stays), else a new owned buffer. -> the tensor the slot holds afterwards."""
+    in_place = (
+        current is not None
+        and not new.requires_grad
+        and not current.requires_grad
+        and current.shape == new.shape
+        and current.dtype == new.dtype
+        and current.device == new.device
+    )
+    if in_place:
+        return current.copy_(new)
+    return _owned_buffer(new)
 
 
 class LayerState:
     """Decoding state of one decoder layer: named tensors whose first dimension is the batch (mixer state,
     cross-attention keys/values). Duck-types the cache-layer methods that `generate()` calls."""
 
-    is_compileable = False
+    is_compileable = True
     is_sliding = False
     is_croppable = False
     supports_early_init = False
@@ -28,19 +59,20 @@ class LayerState:
         return self.tensors.get(name)
 
     def set(self, name, tensor):
-        self.tensors[name] = tensor
+        """Store a state; after the first time, in place (same storage at every decoding step)."""
+        self.tensors[name] = _write(self.tensors.get(name), tensor)
 
     def reorder_cache(self, beam_idx):
         for name, t in self.tensors.items():
-            self.tensors[name] = t.index_select(0, beam_idx.to(t.device))
+            self.tensors[name] = _write(t, t.index_select(0, beam_idx.to(t.device)))
 
     def batch_repeat_interleave(self, repeats):
         for name, t in self.tensors.items():
-            self.tensors[name] = t.repeat_interleave(repeats, dim=0)
+            self.tensors[name] = _owned_buffer(t.repeat_interleave(repeats, dim=0))
 
     def batch_select_indices(self, indices):
         for name, t in self.tensors.items():
-            self.tensors[name] = t[indices]
+            self.tensors[name] = _owned_buffer(t[indices])
 
     def reset(self):
         self.tensors = {}
@@ -59,29 +91,66 @@ class LayerState:
 
 
 class RecurrentCache(Cache):
-    """O(1)-per-token decoding state of a talk_hf decoder: one `LayerState` per layer plus the number of tokens
-    consumed (used for positions and by `generate()`)."""
+    """O(1)-per-token decoding state of a talk_hf decoder: one `LayerState` per layer plus two token counters,
+    both tensors so that a decoding step never reads a Python number that changes from step to step:
+
+    - `length`: () int64, tokens consumed, padding included (`get_seq_length()`, which `generate()` asks once);
+    - `real_tokens`: (B,) int64, real (unpadded) tokens consumed per row: the position of each row's next token.
+    """
 
     def __init__(self, num_layers):
         super().__init__(layers=[LayerState() for _ in range(num_layers)])
-        self.seen_tokens = 0
+        self.length = None
+        self.real_tokens = None
 
     def get_seq_length(self, layer_idx=0):
-        return self.seen_tokens
+        return 0 if self.length is None else int(self.length)
 
-    def advance(self, num_tokens):
-        self.seen_tokens += num_tokens
+    def positions(self, new_mask, batch, length, device):
+        """Positions of the next `length` tokens: (B, T). new_mask: (B, T) (1 = real token) or None (all real).
+        Padded tokens get the position of the row's next real token, and do not advance it."""
+        self._start_counting(batch, device)
+        if new_mask is None:
+            return self.real_tokens[:, None] + torch.arange(length, device=device)
+        return (self.real_tokens[:, None] + new_mask.long().cumsum(-1) - 1).clamp_min(0)
+
+    def advance(self, new_mask, batch, length, device):
+        """Count `length` consumed tokens; new_mask: (B, T) or None as in `positions`."""
+        self._start_counting(batch, device)
+        self.length.add_(length)
+        self.real_tokens.add_(length if new_mask is None else new_mask.long().sum(-1))
+
+    def _start_counting(self, batch, device):
+        if self.real_tokens is None:
+            self.length = _owned_buffer(torch.zeros((), dtype=torch.long, device=device))
+            self.real_tokens = _owned_buffer(torch.zeros(batch, dtype=torch.long, device=device))
+
+    def reorder_cache(self, beam_idx):
+        super().reorder_cache(beam_idx)
+        if self.real_tokens is not None:
+            rows = self.real_tokens.index_select(0, beam_idx.to(self.real_tokens.device))
+            self.real_tokens = _write(self.real_tokens, rows)
+
+    def batch_repeat_interleave(self, repeats):
+        super().batch_repeat_interleave(repeats)
+        if self.real_tokens is not None:
+            self.real_tokens = _owned_buffer(self.real_tokens.repeat_interleave(repeats, dim=0))
+
+    def batch_select_indices(self, indices):
+        super().batch_select_indices(indices)
+        if self.real_tokens is not None:
+            self.real_tokens = _owned_buffer(self.real_tokens[indices])
 
     def reset(self):
         super().reset()
-        self.seen_tokens = 0
+        self.length = self.real_tokens = None
 
     def crop(self, max_length):
         raise NotImplementedError("a recurrent state cannot be rolled back to an earlier length")
 
     @property
     def is_compileable(self):
-        return False
+        return True
 
     @property
     def is_croppable(self):

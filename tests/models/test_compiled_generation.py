@@ -1,0 +1,132 @@
+"""Compiled decoding: `generate(cache_implementation="static")` creates the RecurrentCache up front, transformers
+compiles the decoding step once (one graph, no graph break, no recompilation from step to step) and the tokens
+equal eager decoding. The state tensors keep their storage across steps and beam reorders (what a captured CUDA
+graph replays). A counting backend stands in for inductor: what is checked is the graph capture, not codegen."""
+
+import pytest
+import torch
+from transformers import CompileConfig
+
+from talk_hf.recurrent_cache import RecurrentCache
+from tests.models.test_modeling_common import inputs_for
+from tests.models.tiny import ALL, LM, SEQ2SEQ, VOCAB, make, source_batch
+
+
+def counting_compile_config():
+    """(graphs list, CompileConfig) whose backend records every graph it is given and runs it as traced."""
+    graphs = []
+
+    def backend(graph_module, example_inputs):
+        graphs.append(graph_module)
+        return graph_module.forward
+
+    config = CompileConfig(fullgraph=True, backend=backend, mode=None)
+    config._compile_all_devices = True  # transformers compiles on CUDA only unless asked
+    return graphs, config
+
+
+def left_padded_prompt():
+    """Two prompts, the first left-padded (the mask is not all ones, so generate() passes it at every step)."""
+    g = torch.Generator().manual_seed(4)
+    ids = torch.randint(5, VOCAB, (2, 7), generator=g)
+    mask = torch.ones_like(ids)
+    ids[0, :3], mask[0, :3] = 1, 0
+    return dict(input_ids=ids, attention_mask=mask)
+
+
+def generation_inputs(name):
+    if name in SEQ2SEQ:
+        src, mask = source_batch()
+        inputs = dict(input_ids=src, attention_mask=mask)
+        if name.startswith("rfa_doc"):  # a forced prefix with a separator, as in document decoding
+            inputs["decoder_input_ids"] = torch.tensor([[2, 7, 8, 4, 9]] * 3)
+        return inputs
+    return left_padded_prompt()
+
+
+@pytest.mark.parametrize("sampling", [False, True], ids=["greedy", "sample"])
+@pytest.mark.parametrize("name", list(ALL))
+def test_static_cache_generation_compiles_one_graph_equal_to_eager(name, sampling):
+    model = make(name)
+    inputs = generation_inputs(name)
+    kwargs = dict(max_new_tokens=8, min_new_tokens=8, do_sample=sampling, top_k=10 if sampling else None)
+    torch.manual_seed(7)
+    eager = model.generate(**inputs, **kwargs)
+    torch._dynamo.reset()
+    graphs, config = counting_compile_config()
+    torch.manual_seed(7)
+    compiled = model.generate(**inputs, cache_implementation="static", compile_config=config, **kwargs)
+    assert len(graphs) == 1  # 7 decoding steps, one graph: nothing in a step changes from one step to the next
+    assert torch.equal(compiled, eager)
+
+
+def test_without_static_cache_generation_stays_eager():
+    """The default cache is created by the first forward, after generate() chose not to compile."""
+    model = make("talk_lm")
+    graphs, config = counting_compile_config()
+    torch._dynamo.reset()
+    model.generate(**left_padded_prompt(), max_new_tokens=4, compile_config=config)
+    assert graphs == []
+
+
+def cache_tensors(cache):
+    return [t for layer in cache.layers for t in layer.tensors.values()] + [cache.length, cache.real_tokens]
+
+
+@pytest.mark.parametrize("name", ["talk", "dynamic_conv", "rfa_doc", "talk_lm"])
+def test_cache_tensors_keep_their_storage_across_steps_and_beam_reorders(name):
+    model = make(name)
+    inputs = inputs_for(name)
+    key = "decoder_input_ids" if name in SEQ2SEQ else "input_ids"
+    tokens = inputs.pop(key)
+    if name in SEQ2SEQ:
+        inputs = dict(encoder_outputs=model.get_encoder()(**inputs), attention_mask=inputs["attention_mask"])
+    else:
+        inputs = {}
+    with torch.no_grad():
+        cache = model(**inputs, **{key: tokens[:, :3]}, use_cache=True).past_key_values
+        addresses = [t.data_ptr() for t in cache_tensors(cache)]
+        before = [t.clone() for t in cache_tensors(cache)]
+        for t in range(3, 6):
+            cache = model(**inputs, **{key: tokens[:, t : t + 1]}, past_key_values=cache, use_cache=True).past_key_values
+        cache.reorder_cache(torch.tensor([2, 0, 1]))
+    assert [t.data_ptr() for t in cache_tensors(cache)] == addresses
+    assert cache.get_seq_length() == 6 and cache.real_tokens.tolist() == [6, 6, 6]
+    changed = [not torch.equal(a, b) for a, b in zip(before, cache_tensors(cache))]
+    assert any(changed)  # written in place, not left behind
+
+
+def test_positions_count_real_tokens_only():
+    cache = RecurrentCache(1)
+    mask = torch.tensor([[0, 0, 1], [1, 1, 1]])
+    assert cache.positions(mask, 2, 3, "cpu").tolist() == [[0, 0, 0], [0, 1, 2]]
+    cache.advance(mask, 2, 3, "cpu")
+    assert cache.positions(None, 2, 2, "cpu").tolist() == [[1, 2], [3, 4]]
+    assert cache.positions(torch.tensor([[1, 0], [1, 1]]), 2, 2, "cpu").tolist() == [[1, 1], [3, 4]]
+    cache.advance(None, 2, 2, "cpu")
+    assert cache.get_seq_length() == 5 and cache.real_tokens.tolist() == [3, 5]
+
+
+@pytest.mark.parametrize("name", ["talk_lm", "dynamic_conv_lm", "rfa_doc"])
+def test_backpropagation_through_a_cache_gives_the_full_forward_gradients(name):
+    """Training through the cache (truncated backpropagation) gets the gradients of one full forward: under autograd
+    the states are stored, not overwritten in place."""
+    overrides = dict(resample_random_features=False) if name == "rfa_doc" else {}  # same features in every call
+    model = make(name, **overrides).train()
+    inputs = inputs_for(name)
+    key = "decoder_input_ids" if name in SEQ2SEQ else "input_ids"
+    tokens = inputs.pop(key)
+    inputs.pop("attention_mask" if name in LM else "unused", None)
+    grads = []
+    for chunks in ([(0, tokens.shape[1])], [(0, 3), (3, 4), (4, tokens.shape[1])]):
+        model.zero_grad()
+        cache, logits = None, []
+        for start, stop in chunks:
+            out = model(**inputs, **{key: tokens[:, start:stop]}, past_key_values=cache, use_cache=True)
+            cache = out.past_key_values
+            logits.append(out.logits)
+        (torch.cat(logits, 1) ** 2).mean().backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys() and grads[0]
+    for n in grads[0]:
+        torch.testing.assert_close(grads[1][n], grads[0][n], rtol=1e-4, atol=1e-6)
