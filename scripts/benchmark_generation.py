@@ -12,6 +12,10 @@ number of tokens, `min_new_tokens = max_new_tokens`):
 Reported: new tokens per second (median of `--repeats` runs), the ratio talk_hf / transformers, and the bytes of
 the decoding cache at the end of generation.
 
+With `--compile`, every greedy row is run a second time with both models compiled the way transformers compiles a
+decoding step (`cache_implementation="static"` and a `CompileConfig`: CUDA graphs on a GPU, inductor code on a
+CPU; the baselines get their static key/value cache). Compilation happens in the untimed warm-up call.
+
     python scripts/benchmark_generation.py --device cpu --lm_tokens 1024 4096 --windows 1 4 8 15
 Writes --output (JSON) and prints a markdown table.
 """
@@ -23,7 +27,7 @@ import statistics
 import time
 
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, MarianConfig, MarianMTModel
+from transformers import CompileConfig, GPT2Config, GPT2LMHeadModel, MarianConfig, MarianMTModel
 
 from talk_hf import (
     DynamicConvConfig,
@@ -110,10 +114,20 @@ def timed_generate(model, inputs, new_tokens, repeats, **kwargs):
     return rows * new_tokens / statistics.median(times), cache_bytes(out.past_key_values)
 
 
-def compare(name, kind, inputs, new_tokens, repeats, talk, base, **kwargs):
+def compiled_decoding(device):
+    """generate() arguments under which transformers compiles the decoding step (and captures it in a CUDA graph on
+    a GPU: mode "reduce-overhead"); on other devices `_compile_all_devices` asks it to compile anyway."""
+    config = CompileConfig(fullgraph=True, mode="reduce-overhead" if device.type == "cuda" else "default")
+    config._compile_all_devices = True
+    return {"cache_implementation": "static", "compile_config": config}
+
+
+def compare(name, kind, inputs, new_tokens, repeats, talk, base, compiled=False, **kwargs):
+    if compiled:
+        name, kwargs = f"{name}, compiled", dict(kwargs, **compiled_decoding(talk.device))
     talk_tps, talk_bytes = timed_generate(talk, inputs, new_tokens, repeats, **kwargs)
     base_tps, base_bytes = timed_generate(base, inputs, new_tokens, repeats, **kwargs)
-    row = {"row": name, "kind": kind, "new_tokens": new_tokens, "talk_hf_tokens_per_s": talk_tps,
+    row = {"row": name, "kind": kind, "compiled": compiled, "new_tokens": new_tokens, "talk_hf_tokens_per_s": talk_tps,
            "baseline_tokens_per_s": base_tps, "speedup": talk_tps / base_tps, "talk_hf_cache_MB": talk_bytes / 2**20,
            "baseline_cache_MB": base_bytes / 2**20}
     print(f"{name}: {talk_tps:.0f} vs {base_tps:.0f} tokens/s ({row['speedup']:.2f}x), cache "
@@ -130,21 +144,25 @@ def run(args):
     device = torch.device(args.device)
     g = torch.Generator().manual_seed(0)
     rows = []
+    variants = (False, True) if args.compile else (False,)  # transformers compiles greedy/sampling steps only
     talk, base = (m.to(device) for m in models("lm"))
     for n in args.lm_tokens:
         prompt = source(args.lm_batch, 16, device, g)
-        rows.append(compare(f"LM {n} new tokens, batch {args.lm_batch} (TaLK LM vs GPT-2)", "lm", prompt, n,
-                            args.repeats, talk, base))
+        for compiled in variants:
+            rows.append(compare(f"LM {n} new tokens, batch {args.lm_batch} (TaLK LM vs GPT-2)", "lm", prompt, n,
+                                args.repeats, talk, base, compiled))
     sources = source(32, 24, device, g)
     for kind, name in (("translation", "TaLK"), ("dynamic_conv", "DynamicConv")):
         talk, base = (m.to(device) for m in models(kind))
-        for beams in (1, 4):
+        for beams, compiled in [(1, c) for c in variants] + [(4, False)]:
             rows.append(compare(f"translation, beam {beams}, batch 32 ({name} vs Marian)", "translation", sources, 32,
-                                args.repeats, talk, base, num_beams=beams))
+                                args.repeats, talk, base, compiled, num_beams=beams))
     talk, base = (m.to(device) for m in models("document"))
     for w in args.windows:
-        rows.append(compare(f"document window {w}, batch 8 (RFA-doc vs Marian)", "document",
-                            source(8, 24 * w, device, g), 24 * w, args.repeats, talk, base))
+        document = source(8, 24 * w, device, g)
+        for compiled in variants:
+            rows.append(compare(f"document window {w}, batch 8 (RFA-doc vs Marian)", "document", document, 24 * w,
+                                args.repeats, talk, base, compiled))
     return rows
 
 
@@ -177,6 +195,7 @@ def main(argv=None):
     parser.add_argument("--lm_batch", type=int, default=1)
     parser.add_argument("--windows", type=int, nargs="+", default=[1, 4, 8, 15])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--compile", action="store_true", help="also run the greedy rows with compiled decoding")
     parser.add_argument("--output", default=None)
     parser.add_argument("--plot", default=None, help="PNG path for a plot of the rows")
     args = parser.parse_args(argv)

@@ -12,15 +12,17 @@ import torch
 from transformers.cache_utils import Cache
 
 
-def _owned_buffer(tensor):
-    """A tensor the cache owns from now on: a copy at a fixed address (marked static for torch.compile / CUDA
-    graphs). Tensors that carry gradients are kept as they are, so backpropagation through a cache still works."""
-    if tensor.requires_grad:
-        return tensor
-    buffer = tensor.clone(memory_format=torch.contiguous_format)
-    if not torch.compiler.is_compiling():
-        torch._dynamo.mark_static_address(buffer)
-    return buffer
+def _fixed(tensor):
+    """`tensor` (one the cache made itself), its address marked as fixed for torch.compile / CUDA graphs (skipped
+    while tracing, and for tensors that carry gradients: backpropagation through a cache stores them as they are)."""
+    if not tensor.requires_grad and not torch.compiler.is_compiling():
+        torch._dynamo.mark_static_address(tensor)
+    return tensor
+
+
+def _owned_copy(tensor):
+    """A copy the cache owns (callers may hold views of what they pass in), at a fixed address."""
+    return tensor if tensor.requires_grad else _fixed(tensor.clone(memory_format=torch.contiguous_format))
 
 
 def _write(current, new):
@@ -36,7 +38,7 @@ def _write(current, new):
     )
     if in_place:
         return current.copy_(new)
-    return _owned_buffer(new)
+    return _owned_copy(new)
 
 
 class LayerState:
@@ -63,16 +65,17 @@ class LayerState:
         self.tensors[name] = _write(self.tensors.get(name), tensor)
 
     def reorder_cache(self, beam_idx):
+        # New tensors rather than in place (one copy, not two): transformers runs beam search uncompiled.
         for name, t in self.tensors.items():
-            self.tensors[name] = _write(t, t.index_select(0, beam_idx.to(t.device)))
+            self.tensors[name] = _fixed(t.index_select(0, beam_idx.to(t.device)))
 
     def batch_repeat_interleave(self, repeats):
         for name, t in self.tensors.items():
-            self.tensors[name] = _owned_buffer(t.repeat_interleave(repeats, dim=0))
+            self.tensors[name] = _fixed(t.repeat_interleave(repeats, dim=0))
 
     def batch_select_indices(self, indices):
         for name, t in self.tensors.items():
-            self.tensors[name] = _owned_buffer(t[indices])
+            self.tensors[name] = _fixed(t[indices])
 
     def reset(self):
         self.tensors = {}
@@ -122,24 +125,23 @@ class RecurrentCache(Cache):
 
     def _start_counting(self, batch, device):
         if self.real_tokens is None:
-            self.length = _owned_buffer(torch.zeros((), dtype=torch.long, device=device))
-            self.real_tokens = _owned_buffer(torch.zeros(batch, dtype=torch.long, device=device))
+            self.length = _fixed(torch.zeros((), dtype=torch.long, device=device))
+            self.real_tokens = _fixed(torch.zeros(batch, dtype=torch.long, device=device))
 
     def reorder_cache(self, beam_idx):
         super().reorder_cache(beam_idx)
         if self.real_tokens is not None:
-            rows = self.real_tokens.index_select(0, beam_idx.to(self.real_tokens.device))
-            self.real_tokens = _write(self.real_tokens, rows)
+            self.real_tokens = _fixed(self.real_tokens.index_select(0, beam_idx.to(self.real_tokens.device)))
 
     def batch_repeat_interleave(self, repeats):
         super().batch_repeat_interleave(repeats)
         if self.real_tokens is not None:
-            self.real_tokens = _owned_buffer(self.real_tokens.repeat_interleave(repeats, dim=0))
+            self.real_tokens = _fixed(self.real_tokens.repeat_interleave(repeats, dim=0))
 
     def batch_select_indices(self, indices):
         super().batch_select_indices(indices)
         if self.real_tokens is not None:
-            self.real_tokens = _owned_buffer(self.real_tokens[indices])
+            self.real_tokens = _fixed(self.real_tokens[indices])
 
     def reset(self):
         super().reset()

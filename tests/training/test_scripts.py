@@ -220,13 +220,29 @@ def test_generation_benchmark_reports_speed_and_cache_sizes(tmp_path, monkeypatc
     monkeypatch.setattr(module, "LAYERS", 1)
     monkeypatch.setattr(module, "SEQ2SEQ", {**module.SEQ2SEQ, "d_model": 16, "encoder_layers": 1, "decoder_layers": 1,
                                             "encoder_ffn_dim": 32, "decoder_ffn_dim": 32})
-    rows = module.main(["--lm_tokens", "5", "20", "--windows", "1", "3", "--repeats", "1",
+    compiled_calls = []
+
+    def traced_decoding(device):  # the script's compile settings, with a tracing-only backend (no inductor build)
+        kwargs = compiled_decoding(device)
+        kwargs["compile_config"].backend, kwargs["compile_config"].mode = counting_backend, None
+        return kwargs
+
+    def counting_backend(graph_module, example_inputs):
+        compiled_calls.append(graph_module)
+        return graph_module.forward
+
+    compiled_decoding = module.compiled_decoding
+    monkeypatch.setattr(module, "compiled_decoding", traced_decoding)
+    rows = module.main(["--lm_tokens", "5", "20", "--windows", "1", "3", "--repeats", "1", "--compile",
                         "--output", str(tmp_path / "g.json"), "--plot", str(tmp_path / "g.png")])
     assert (tmp_path / "g.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert [r["kind"] for r in rows] == ["lm", "lm"] + ["translation"] * 4 + ["document", "document"]
-    assert "DynamicConv" in rows[4]["row"]
+    assert [(r["kind"], r["compiled"]) for r in rows] == (
+        [("lm", False), ("lm", True)] * 2 + [("translation", False), ("translation", True), ("translation", False)] * 2
+        + [("document", False), ("document", True)] * 2)
+    assert "DynamicConv" in rows[7]["row"] and rows[5]["row"].endswith("compiled")
+    assert len(compiled_calls) >= 5  # every compiled row compiled (talk_hf and its baseline)
     assert all(r["talk_hf_tokens_per_s"] > 0 and r["baseline_tokens_per_s"] > 0 for r in rows)
-    lm_short, lm_long = rows[0], rows[1]
+    lm_short, lm_long = rows[0], rows[2]
     # the recurrent state does not grow with the generated length; GPT-2's key/value cache does
     assert lm_short["talk_hf_cache_MB"] == lm_long["talk_hf_cache_MB"]
     assert lm_long["baseline_cache_MB"] > 1.5 * lm_short["baseline_cache_MB"]
