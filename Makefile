@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.talk_hf-installed
-SOURCES := setup.py setup.cfg $(wildcard csrc/*.h csrc/*.cpp csrc/cpu/*.cpp csrc/cuda/*)
+SOURCES := setup.py setup.cfg $(wildcard csrc/*.h csrc/*.cpp csrc/cpu/* csrc/cuda/*)
 
 .PHONY: install test demo cuda-check
 

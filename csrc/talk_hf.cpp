@@ -26,8 +26,11 @@ TORCH_LIBRARY(talk_hf, m) {
   m.def(
       "rfa_causal_bwd(Tensor grad_out, Tensor? grad_state, Tensor q, Tensor k, Tensor v, Tensor? decay, "
       "Tensor? initial_state, Tensor checkpoints, float eps, int chunk) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
-  m.def("dynamic_conv_fwd(Tensor x, Tensor weight, int padding_left) -> Tensor");
-  m.def("dynamic_conv_bwd(Tensor grad_out, Tensor x, Tensor weight, int padding_left) -> (Tensor, Tensor)");
+  // softmax: weight holds logits, normalised over K inside the kernels (grad_weight is then the logits' gradient).
+  m.def("dynamic_conv_fwd(Tensor x, Tensor weight, int padding_left, bool softmax=False) -> Tensor");
+  m.def(
+      "dynamic_conv_bwd(Tensor grad_out, Tensor x, Tensor weight, int padding_left, bool softmax=False) "
+      "-> (Tensor, Tensor)");
   // Causal decoding step(s) from the last K - 1 inputs -> (out, new state); no autograd (inference).
-  m.def("dynamic_conv_step(Tensor x, Tensor weight, Tensor state) -> (Tensor, Tensor)");
+  m.def("dynamic_conv_step(Tensor x, Tensor weight, Tensor state, bool softmax=False) -> (Tensor, Tensor)");
 }

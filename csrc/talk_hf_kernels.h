@@ -47,7 +47,8 @@ struct DynamicConvParams {
   int64_t padding_left;                                 // P: tap k reads x[t + k - P]
   DType dtype;
   const void* x;            // (B, T, C)
-  const void* weight;       // (B, T, H, K), already normalised by the caller
+  const void* weight;       // (B, T, H, K): normalised by the caller, or logits when softmax
+  bool softmax;             // normalise each (b, t, h) row of weight over K (softmax) inside the kernels
   void* out;                // (B, T, C)     forward only
   const void* grad_out;     // (B, T, C)     backward only
   void* grad_x;             // (B, T, C)     backward only
@@ -58,7 +59,8 @@ struct ConvStepParams {
   int64_t batch, seqlen, channels, heads, kernel_size;  // B, T (new tokens), C, H, K
   DType dtype;                                          // dtype of every tensor below
   const void* x;                                        // (B, T, C)
-  const void* weight;                                   // (B, T, H, K), normalised
+  const void* weight;                                   // (B, T, H, K): normalised, or logits when softmax
+  bool softmax;                                         // normalise each row of weight over K (softmax)
   const void* state;                                    // (B, K - 1, C): the last K - 1 inputs
   void* out;                                            // (B, T, C)
   void* new_state;                                      // (B, K - 1, C)

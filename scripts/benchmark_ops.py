@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Benchmark the token mixers against their baselines, in one process (ratios, not absolute claims).
 
-For each sequence length: TaLK (compiled), TaLK reference, DynamicConv k=3 and k=31 (compiled), causal RFA with a
+For each sequence length: TaLK (compiled), TaLK reference, DynamicConv k=3 and k=31 (compiled; k=31 also from logits:
+softmax fused into the op, and the unfused fp32 softmax + cast + op that it replaces), causal RFA with a
 decay gate (compiled, and its pure-PyTorch chunked form; F = 64 random features per head, values from x), and
 torch.nn.functional.scaled_dot_product_attention, forward and forward+backward; plus two copies of the input, the
 memory floor of a one-pass op: `x.clone()` (allocates its output, as every op here does; on CPU a large fresh
@@ -45,6 +46,7 @@ def cases(x, heads, max_offset):
     orr = torch.rand(B, T, heads, generator=g).to(x)
     w3 = torch.rand(B, T, heads, 3, generator=g).softmax(-1).to(x)
     w31 = torch.rand(B, T, heads, 31, generator=g).softmax(-1).to(x)
+    l31 = torch.randn(B, T, heads, 31, generator=g).to(x).requires_grad_(x.requires_grad)  # kernel logits
 
     def qkv():
         return x.view(B, T, heads, C // heads).transpose(1, 2)
@@ -58,6 +60,8 @@ def cases(x, heads, max_offset):
         "talk_ref": lambda: ops.talk_conv_ref(x, ol, orr, max_offset, max_offset),
         "dynamic_conv_k3": lambda: ops.dynamic_conv(x, w3, 1),
         "dynamic_conv_k31": lambda: ops.dynamic_conv(x, w31, 15),
+        "dynamic_conv_k31_fused_softmax": lambda: ops.dynamic_conv(x, l31, 15, softmax=True),
+        "dynamic_conv_k31_unfused_softmax": lambda: ops.dynamic_conv(x, l31.float().softmax(-1).to(x.dtype), 15),
         "rfa": lambda: ops.rfa_causal_compiled(phi, phi, x.view(B, T, heads, C // heads), decay)[0],
         "rfa_chunked": lambda: ops.rfa_causal_chunked(phi, phi, x.view(B, T, heads, C // heads), decay)[0],
         "sdpa": lambda: F.scaled_dot_product_attention(qkv(), qkv(), qkv()),
@@ -100,6 +104,9 @@ def measure(args, T):
     if "sdpa_fwd_ms" in row:
         row["sdpa_over_talk"] = row["sdpa_fwd_ms"] / row["talk_fwd_ms"]
     row["dynamic_conv_k31_over_talk"] = row["dynamic_conv_k31_fwd_ms"] / row["talk_fwd_ms"]
+    for mode in ("fwd", "fwdbwd"):
+        row[f"softmax_unfused_over_fused_{mode}"] = (row[f"dynamic_conv_k31_unfused_softmax_{mode}_ms"]
+                                                     / row[f"dynamic_conv_k31_fused_softmax_{mode}_ms"])
     row["ref_over_talk"] = row["talk_ref_fwd_ms"] / row["talk_fwd_ms"]
     row["rfa_chunked_over_rfa"] = row["rfa_chunked_fwd_ms"] / row["rfa_fwd_ms"]
     return row
@@ -109,7 +116,8 @@ def table(rows):
     cols = ["n", "copy_ms", "copy_into_ms", "talk_fwd_ms", "talk_ref_fwd_ms", "dynamic_conv_k3_fwd_ms", "dynamic_conv_k31_fwd_ms",
             "rfa_fwd_ms", "rfa_chunked_fwd_ms", "sdpa_fwd_ms", "talk_fwdbwd_ms", "rfa_fwdbwd_ms",
             "rfa_chunked_fwdbwd_ms", "sdpa_fwdbwd_ms", "talk_vs_copy", "talk_vs_copy_into", "talk_vs_copy_interleaved",
-            "talk_vs_copy_into_interleaved", "sdpa_over_talk"]
+            "talk_vs_copy_into_interleaved", "sdpa_over_talk", "softmax_unfused_over_fused_fwd",
+            "softmax_unfused_over_fused_fwdbwd"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         lines.append("| " + " | ".join(f"{r[c]:.3g}" if isinstance(r.get(c), float) else str(r.get(c, "-")) for c in cols) + " |")

@@ -52,15 +52,15 @@ def _register():
         return torch.empty_like(x), torch.empty_like(state)
 
     @torch.library.register_fake("talk_hf::dynamic_conv_fwd")
-    def _(x, weight, padding_left):
+    def _(x, weight, padding_left, softmax=False):
         return torch.empty_like(x)
 
     @torch.library.register_fake("talk_hf::dynamic_conv_step")
-    def _(x, weight, state):
+    def _(x, weight, state, softmax=False):
         return torch.empty_like(x), torch.empty_like(state)
 
     @torch.library.register_fake("talk_hf::dynamic_conv_bwd")
-    def _(grad_out, x, weight, padding_left):
+    def _(grad_out, x, weight, padding_left, softmax=False):
         return torch.empty_like(x), torch.empty_like(weight)
 
     @torch.library.register_fake("talk_hf::rfa_causal_fwd")
@@ -87,13 +87,13 @@ def _register():
         return gx, gl, (gr if ctx.has_right else None), None, None
 
     def conv_setup(ctx, inputs, output):
-        x, weight, ctx.padding_left = inputs
+        x, weight, ctx.padding_left, ctx.softmax = inputs
         ctx.save_for_backward(x, weight)
 
     def conv_backward(ctx, grad):
         x, weight = ctx.saved_tensors
-        gx, gw = ops.dynamic_conv_bwd(grad, x, weight, ctx.padding_left)
-        return gx, gw, None
+        gx, gw = ops.dynamic_conv_bwd(grad, x, weight, ctx.padding_left, ctx.softmax)
+        return gx, gw, None, None
 
     def rfa_setup(ctx, inputs, output):
         q, k, v, decay, initial_state, ctx.eps, ctx.chunk = inputs
@@ -134,12 +134,12 @@ def rfa_causal(q, k, v, decay, initial_state, eps, chunk):
     return out, state
 
 
-def dynamic_conv_step(x, weight, state):
-    """Compiled causal dynamic-convolution decoding step(s) (no autograd); weight (B, T, H, K), state (B, K - 1, C)
-    in x's dtype. -> (out, new state)."""
-    return torch.ops.talk_hf.dynamic_conv_step(x, weight, state)
+def dynamic_conv_step(x, weight, state, softmax):
+    """Compiled causal dynamic-convolution decoding step(s) (no autograd); weight (B, T, H, K) (logits when
+    softmax), state (B, K - 1, C) in x's dtype. -> (out, new state)."""
+    return torch.ops.talk_hf.dynamic_conv_step(x, weight, state, softmax)
 
 
-def dynamic_conv(x, weight, padding_left):
-    """Compiled dynamic convolution; weight (B, T, H, K) (LightConv kernels arrive expanded)."""
-    return torch.ops.talk_hf.dynamic_conv_fwd(x, weight, padding_left)
+def dynamic_conv(x, weight, padding_left, softmax):
+    """Compiled dynamic convolution; weight (B, T, H, K) (LightConv kernels arrive expanded; logits when softmax)."""
+    return torch.ops.talk_hf.dynamic_conv_fwd(x, weight, padding_left, softmax)

@@ -4,6 +4,7 @@ Porting notes (reference_impls.md §B.5, §E.10-14):
 - The conv sub-block is: input dropout -> linear1 (or to 2*conv_dim + GLU) -> zero padded positions -> kernels
   (DynamicConv: Linear(conv_dim, H*K, no bias) of the current position; LightConv: one (H, K) parameter) softmaxed
   over all K taps, then DropConnect -> convolution (encoder padding K//2, decoder K-1) -> linear2. The FFN is ReLU.
+  Without DropConnect (inference, or weight_dropout=0) the op normalises the logits itself (`softmax=True`).
 - Kernels are softmaxed over all K taps and then truncated at the sequence start (zeros), in training and in
   decoding alike (fairseq's unfold path normalised short prefixes differently, §B.2).
 - Decoding carries the last K-1 conv inputs per layer; any number of new tokens per call (fairseq #3908).
@@ -47,26 +48,30 @@ class DynamicConvMixer(nn.Module):
         self.linear2 = nn.Linear(conv_dim, config.d_model)
 
     def kernels(self, x):
-        """x: (B, T, conv_dim) -> normalised kernels (B, T, H, K) (DynamicConv) or (H, K) (LightConv)."""
+        """x: (B, T, conv_dim) -> (kernels, softmax): (B, T, H, K) (DynamicConv) or (H, K) (LightConv) kernels, and
+        whether they are logits for the op to normalise itself (the fused path: softmax without DropConnect)."""
         if self.weight_linear is not None:
             w = self.weight_linear(x).view(*x.shape[:2], self.heads, self.kernel_size)
         else:
             w = self.weight.to(x.dtype)
+        dropconnect = self.training and self.weight_dropout > 0
+        if self.weight_softmax and not dropconnect:
+            return w, True
         if self.weight_softmax:
             w = torch.softmax(w.float(), dim=-1).to(x.dtype)
-        return F.dropout(w, p=self.weight_dropout, training=self.training)
+        return F.dropout(w, p=self.weight_dropout, training=self.training), False
 
     def forward(self, x, attention_mask=None, past_key_values=None, separators=None):
         x = self.linear1(F.dropout(x, p=self.input_dropout, training=self.training))
         x = zero_padding(F.glu(x, dim=-1) if self.glu else x, attention_mask)
-        w = self.kernels(x)
+        w, softmax = self.kernels(x)
         state = past_key_values if self.causal else None
         if state is None or state.get("conv") is None:
-            y = dynamic_conv(x, w, self.padding_left)
+            y = dynamic_conv(x, w, self.padding_left, softmax)
             if state is not None:
                 state.set("conv", dynamic_conv_state_from_prefix(x, self.kernel_size))
         else:
-            y, new_state = dynamic_conv_step(x, w, state.get("conv"))
+            y, new_state = dynamic_conv_step(x, w, state.get("conv"), softmax)
             state.set("conv", new_state)
         return self.linear2(y)
 

@@ -1,7 +1,9 @@
 // Dynamic / lightweight convolution on the CPU, any kernel size K and any left padding P.
 // Every output is a gather (no scatter): out and grad_x loop over taps of one position, grad_weight is a dot
 // product over a head's channels, so each element is written once by one task. Sums accumulate in the
-// accumulation type (fp64 for fp64, fp32 otherwise). Specification: talk_hf/dynamic_conv.py.
+// accumulation type (fp64 for fp64, fp32 otherwise). With softmax=true the weights are logits, normalised here
+// (softmax_rows_cpu.h) one position at a time: the forward reads them once and writes no probabilities; the backward
+// keeps one (B, T, H, K) table of them in the accumulation type for grad_x. Specification: talk_hf/dynamic_conv.py.
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
@@ -14,6 +16,7 @@
 
 #include "../checks.h"
 #include "../dynamic_conv_step.h"
+#include "softmax_rows_cpu.h"
 #include "vector_clones.h"
 
 namespace talk_hf {
@@ -33,9 +36,10 @@ inline void axpy(acc_t w, const scalar_t* __restrict__ src, acc_t* __restrict__ 
   for (int64_t c = 0; c < R; ++c) acc[c] += w * static_cast<acc_t>(src[c]);
 }
 
-// out[b, t, :] = sum_k weight[b, t, h, k] * x[b, t + k - P, :]; acc: C scratch.
-template <typename scalar_t, typename acc_t>
-TALK_HF_VECTOR_CLONES void forward_position(const scalar_t* x, const scalar_t* w, scalar_t* out, const Dims& d,
+// out[b, t, :] = sum_k w[h, k] * x[b, t + k - P, :], w: this position's (H, K) weights (storage or accumulation
+// type); acc: C scratch.
+template <typename scalar_t, typename acc_t, typename w_t>
+TALK_HF_VECTOR_CLONES void forward_position(const scalar_t* x, const w_t* w, scalar_t* out, const Dims& d,
                                             int64_t bt, acc_t* acc) {
   const int64_t b = bt / d.T, t = bt % d.T;
   std::fill(acc, acc + d.C, acc_t(0));
@@ -43,16 +47,17 @@ TALK_HF_VECTOR_CLONES void forward_position(const scalar_t* x, const scalar_t* w
     for (int64_t k = 0; k < d.K; ++k) {
       const int64_t s = t + k - d.P;
       if (s < 0 || s >= d.T) continue;
-      axpy(static_cast<acc_t>(w[(bt * d.H + h) * d.K + k]), x + (b * d.T + s) * d.C + h * d.R, acc + h * d.R, d.R);
+      axpy(static_cast<acc_t>(w[h * d.K + k]), x + (b * d.T + s) * d.C + h * d.R, acc + h * d.R, d.R);
     }
   }
   scalar_t* o = out + bt * d.C;
   for (int64_t c = 0; c < d.C; ++c) o[c] = static_cast<scalar_t>(acc[c]);
 }
 
-// grad_x[b, s, :] = sum_k weight[b, t, h, k] * g[b, t, :] with t = s - k + P; acc: C scratch.
-template <typename scalar_t, typename acc_t>
-TALK_HF_VECTOR_CLONES void grad_x_position(const scalar_t* g, const scalar_t* w, scalar_t* gx, const Dims& d,
+// grad_x[b, s, :] = sum_k w[b, t, h, k] * g[b, t, :] with t = s - k + P; w: all weights (storage type, or the
+// probabilities in the accumulation type); acc: C scratch.
+template <typename scalar_t, typename acc_t, typename w_t>
+TALK_HF_VECTOR_CLONES void grad_x_position(const scalar_t* g, const w_t* w, scalar_t* gx, const Dims& d,
                                            int64_t bs, acc_t* acc) {
   const int64_t b = bs / d.T, s = bs % d.T;
   std::fill(acc, acc + d.C, acc_t(0));
@@ -68,10 +73,12 @@ TALK_HF_VECTOR_CLONES void grad_x_position(const scalar_t* g, const scalar_t* w,
   for (int64_t c = 0; c < d.C; ++c) o[c] = static_cast<scalar_t>(acc[c]);
 }
 
-// grad_weight[b, t, h, k] = sum over the head's channels of g[b, t, c] * x[b, t + k - P, c]
+// grad_weight[b, t, h, k] = sum over the head's channels of g[b, t, c] * x[b, t + k - P, c]; with probs (this
+// position's (H, K) softmax probabilities) the gradient of the logits instead: p_k * (gp_k - sum_j p_j gp_j).
+// gp: H*K scratch.
 template <typename scalar_t, typename acc_t>
-TALK_HF_VECTOR_CLONES void grad_weight_position(const scalar_t* g, const scalar_t* x, scalar_t* gw, const Dims& d,
-                                                int64_t bt) {
+TALK_HF_VECTOR_CLONES void grad_weight_position(const scalar_t* g, const scalar_t* x, const acc_t* probs,
+                                                scalar_t* gw, const Dims& d, int64_t bt, acc_t* gp) {
   const int64_t b = bt / d.T, t = bt % d.T;
   for (int64_t h = 0; h < d.H; ++h) {
     const scalar_t* __restrict__ gt = g + bt * d.C + h * d.R;
@@ -83,21 +90,44 @@ TALK_HF_VECTOR_CLONES void grad_weight_position(const scalar_t* g, const scalar_
 #pragma omp simd reduction(+ : sum)
         for (int64_t c = 0; c < d.R; ++c) sum += static_cast<acc_t>(gt[c]) * static_cast<acc_t>(xs[c]);
       }
-      gw[(bt * d.H + h) * d.K + k] = static_cast<scalar_t>(sum);
+      gp[h * d.K + k] = sum;
+    }
+    if (probs != nullptr) {
+      const acc_t* p = probs + h * d.K;
+      acc_t dot = 0;
+      for (int64_t k = 0; k < d.K; ++k) dot += p[k] * gp[h * d.K + k];
+      for (int64_t k = 0; k < d.K; ++k) gp[h * d.K + k] = p[k] * (gp[h * d.K + k] - dot);
     }
   }
+  for (int64_t i = 0; i < d.H * d.K; ++i) gw[bt * d.H * d.K + i] = static_cast<scalar_t>(gp[i]);
 }
 
 template <typename scalar_t, typename acc_t>
-void forward_kernel(const scalar_t* x, const scalar_t* w, scalar_t* out, const Dims& d) {
+void forward_kernel(const scalar_t* x, const scalar_t* w, bool softmax, scalar_t* out, const Dims& d) {
   at::parallel_for(0, d.B * d.T, kGrain, [&](int64_t begin, int64_t end) {
-    std::vector<acc_t> acc(d.C);
-    for (int64_t bt = begin; bt < end; ++bt) forward_position(x, w, out, d, bt, acc.data());
+    std::vector<acc_t> acc(d.C), probs(softmax ? d.H * d.K : 0);
+    for (int64_t bt = begin; bt < end; ++bt) {
+      const scalar_t* wpos = w + bt * d.H * d.K;
+      if (!softmax) {
+        forward_position(x, wpos, out, d, bt, acc.data());
+        continue;
+      }
+      softmax_rows(wpos, d.H, d.K, probs.data());
+      forward_position(x, static_cast<const acc_t*>(probs.data()), out, d, bt, acc.data());
+    }
   });
 }
 
+// probs (B*T*H*K, accumulation type) = the softmax of every row of logits.
 template <typename scalar_t, typename acc_t>
-void grad_x_kernel(const scalar_t* g, const scalar_t* w, scalar_t* gx, const Dims& d) {
+void softmax_kernel(const scalar_t* logits, acc_t* probs, const Dims& d) {
+  at::parallel_for(0, d.B * d.T, kGrain, [&](int64_t begin, int64_t end) {
+    softmax_rows(logits + begin * d.H * d.K, (end - begin) * d.H, d.K, probs + begin * d.H * d.K);
+  });
+}
+
+template <typename scalar_t, typename acc_t, typename w_t>
+void grad_x_kernel(const scalar_t* g, const w_t* w, scalar_t* gx, const Dims& d) {
   at::parallel_for(0, d.B * d.T, kGrain, [&](int64_t begin, int64_t end) {
     std::vector<acc_t> acc(d.C);
     for (int64_t bs = begin; bs < end; ++bs) grad_x_position(g, w, gx, d, bs, acc.data());
@@ -105,9 +135,13 @@ void grad_x_kernel(const scalar_t* g, const scalar_t* w, scalar_t* gx, const Dim
 }
 
 template <typename scalar_t, typename acc_t>
-void grad_weight_kernel(const scalar_t* g, const scalar_t* x, scalar_t* gw, const Dims& d) {
+void grad_weight_kernel(const scalar_t* g, const scalar_t* x, const acc_t* probs, scalar_t* gw, const Dims& d) {
   at::parallel_for(0, d.B * d.T, kGrain, [&](int64_t begin, int64_t end) {
-    for (int64_t bt = begin; bt < end; ++bt) grad_weight_position<scalar_t, acc_t>(g, x, gw, d, bt);
+    std::vector<acc_t> gp(d.H * d.K);
+    for (int64_t bt = begin; bt < end; ++bt) {
+      const acc_t* p = probs != nullptr ? probs + bt * d.H * d.K : nullptr;
+      grad_weight_position<scalar_t, acc_t>(g, x, p, gw, d, bt, gp.data());
+    }
   });
 }
 
@@ -115,21 +149,21 @@ Dims make_dims(const at::Tensor& x, const at::Tensor& w, int64_t padding_left) {
   return {x.size(0), x.size(1), x.size(2), w.size(2), x.size(2) / w.size(2), w.size(3), padding_left};
 }
 
-at::Tensor dynamic_conv_fwd_cpu(const at::Tensor& x_, const at::Tensor& w_, int64_t padding_left) {
+at::Tensor dynamic_conv_fwd_cpu(const at::Tensor& x_, const at::Tensor& w_, int64_t padding_left, bool softmax) {
   check_dynamic_conv_inputs(x_, w_);
   const at::Tensor x = x_.contiguous(), w = w_.contiguous();
   at::Tensor out = at::empty_like(x);
   if (x.numel() == 0) return out;
   const Dims d = make_dims(x, w, padding_left);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "dynamic_conv_fwd_cpu", [&] {
-    forward_kernel<scalar_t, at::opmath_type<scalar_t>>(x.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(),
+    forward_kernel<scalar_t, at::opmath_type<scalar_t>>(x.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(), softmax,
                                                         out.data_ptr<scalar_t>(), d);
   });
   return out;
 }
 
 std::tuple<at::Tensor, at::Tensor> dynamic_conv_bwd_cpu(const at::Tensor& g_, const at::Tensor& x_,
-                                                        const at::Tensor& w_, int64_t padding_left) {
+                                                        const at::Tensor& w_, int64_t padding_left, bool softmax) {
   check_dynamic_conv_inputs(x_, w_);
   TORCH_CHECK(g_.sizes() == x_.sizes() && g_.scalar_type() == x_.scalar_type(),
               "dynamic_conv backward: grad_out must match x");
@@ -139,23 +173,35 @@ std::tuple<at::Tensor, at::Tensor> dynamic_conv_bwd_cpu(const at::Tensor& g_, co
   const Dims d = make_dims(x, w, padding_left);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "dynamic_conv_bwd_cpu", [&] {
     using acc_t = at::opmath_type<scalar_t>;
-    grad_x_kernel<scalar_t, acc_t>(g.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(), gx.data_ptr<scalar_t>(), d);
-    grad_weight_kernel<scalar_t, acc_t>(g.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(), gw.data_ptr<scalar_t>(), d);
+    const scalar_t *gp = g.data_ptr<scalar_t>(), *xp = x.data_ptr<scalar_t>(), *wp = w.data_ptr<scalar_t>();
+    if (!softmax) {
+      grad_x_kernel<scalar_t, acc_t>(gp, wp, gx.data_ptr<scalar_t>(), d);
+      grad_weight_kernel<scalar_t, acc_t>(gp, xp, nullptr, gw.data_ptr<scalar_t>(), d);
+      return;
+    }
+    std::vector<acc_t> probs(w.numel());
+    softmax_kernel(wp, probs.data(), d);
+    grad_x_kernel<scalar_t, acc_t>(gp, static_cast<const acc_t*>(probs.data()), gx.data_ptr<scalar_t>(), d);
+    grad_weight_kernel<scalar_t, acc_t>(gp, xp, probs.data(), gw.data_ptr<scalar_t>(), d);
   });
   return {gx, gw};
 }
 
-// Decoding step(s) of one batch row, row by row (same arithmetic as conv_step_column); acc: C scratch.
+// Decoding step(s) of one batch row, row by row (same arithmetic as conv_step_column); acc: C scratch, probs: H*K
+// scratch (used with softmax).
 template <typename scalar_t>
-TALK_HF_VECTOR_CLONES void conv_step_batch_row(const ConvStepArgs<scalar_t>& a, int64_t b, acc_type<scalar_t>* acc) {
+TALK_HF_VECTOR_CLONES void conv_step_batch_row(const ConvStepArgs<scalar_t>& a, int64_t b, acc_type<scalar_t>* acc,
+                                               acc_type<scalar_t>* probs) {
   using acc_t = acc_type<scalar_t>;
   const int64_t R = a.C / a.H;
   for (int64_t t = 0; t < a.T; ++t) {
+    const scalar_t* wpos = a.weight + (b * a.T + t) * a.H * a.K;
+    if (a.softmax) softmax_rows(wpos, a.H, a.K, probs);
     std::fill(acc, acc + a.C, acc_t(0));
     for (int64_t k = 0; k < a.K; ++k) {
       const scalar_t* __restrict__ row = conv_step_row(a, b, t + k);
       for (int64_t h = 0; h < a.H; ++h) {
-        const acc_t w = static_cast<acc_t>(a.weight[((b * a.T + t) * a.H + h) * a.K + k]);
+        const acc_t w = a.softmax ? probs[h * a.K + k] : static_cast<acc_t>(wpos[h * a.K + k]);
         const scalar_t* __restrict__ xs = row + h * R;
         acc_t* __restrict__ dst = acc + h * R;
 #pragma omp simd
@@ -172,7 +218,7 @@ TALK_HF_VECTOR_CLONES void conv_step_batch_row(const ConvStepArgs<scalar_t>& a, 
 }
 
 std::tuple<at::Tensor, at::Tensor> dynamic_conv_step_cpu(const at::Tensor& x_, const at::Tensor& w_,
-                                                         const at::Tensor& state_) {
+                                                         const at::Tensor& state_, bool softmax) {
   check_dynamic_conv_step_inputs(x_, w_, state_);
   const at::Tensor x = x_.contiguous(), w = w_.contiguous(), state = state_.contiguous();
   const int64_t B = x.size(0), T = x.size(1), C = x.size(2), K = w.size(3);
@@ -180,11 +226,12 @@ std::tuple<at::Tensor, at::Tensor> dynamic_conv_step_cpu(const at::Tensor& x_, c
   if (T == 0 || B == 0 || C == 0) return {out, new_state.copy_(state)};
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "dynamic_conv_step_cpu", [&] {
     const ConvStepArgs<scalar_t> a{x.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(), state.data_ptr<scalar_t>(),
-                                   out.data_ptr<scalar_t>(), new_state.data_ptr<scalar_t>(), B, T, C, w.size(2), K};
+                                   out.data_ptr<scalar_t>(), new_state.data_ptr<scalar_t>(), B, T, C, w.size(2), K,
+                                   softmax};
     const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 18) / ((K + T) * C));  // >= 256K elements per task
     at::parallel_for(0, B, grain, [&](int64_t begin, int64_t end) {
-      std::vector<acc_type<scalar_t>> acc(C);
-      for (int64_t b = begin; b < end; ++b) conv_step_batch_row(a, b, acc.data());
+      std::vector<acc_type<scalar_t>> acc(C), probs(softmax ? w.size(2) * K : 0);
+      for (int64_t b = begin; b < end; ++b) conv_step_batch_row(a, b, acc.data(), probs.data());
     });
   });
   return {out, new_state};

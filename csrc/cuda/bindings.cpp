@@ -113,8 +113,9 @@ std::tuple<at::Tensor, at::Tensor> talk_conv_step_cuda_op(const at::Tensor& x_, 
   return {out, new_state};
 }
 
-DynamicConvParams conv_params(const at::Tensor& x, const at::Tensor& w, int64_t padding_left) {
+DynamicConvParams conv_params(const at::Tensor& x, const at::Tensor& w, int64_t padding_left, bool softmax) {
   DynamicConvParams p{};
+  p.softmax = softmax;
   p.batch = x.size(0);
   p.seqlen = x.size(1);
   p.channels = x.size(2);
@@ -127,20 +128,21 @@ DynamicConvParams conv_params(const at::Tensor& x, const at::Tensor& w, int64_t 
   return p;
 }
 
-at::Tensor dynamic_conv_fwd_cuda_op(const at::Tensor& x_, const at::Tensor& w_, int64_t padding_left) {
+at::Tensor dynamic_conv_fwd_cuda_op(const at::Tensor& x_, const at::Tensor& w_, int64_t padding_left,
+                                    bool softmax) {
   check_dynamic_conv_inputs(x_, w_);
   const c10::cuda::CUDAGuard guard(x_.device());
   const at::Tensor x = x_.contiguous(), w = w_.contiguous();
   at::Tensor out = at::empty_like(x);
   if (x.numel() == 0) return out;
-  DynamicConvParams p = conv_params(x, w, padding_left);
+  DynamicConvParams p = conv_params(x, w, padding_left, softmax);
   p.out = out.data_ptr();
   check_launch(dynamic_conv_fwd_cuda(p, c10::cuda::getCurrentCUDAStream()), "dynamic_conv_fwd");
   return out;
 }
 
 std::tuple<at::Tensor, at::Tensor> dynamic_conv_step_cuda_op(const at::Tensor& x_, const at::Tensor& w_,
-                                                             const at::Tensor& state_) {
+                                                             const at::Tensor& state_, bool softmax) {
   check_dynamic_conv_step_inputs(x_, w_, state_);
   const c10::cuda::CUDAGuard guard(x_.device());
   const at::Tensor x = x_.contiguous(), w = w_.contiguous(), state = state_.contiguous();
@@ -155,6 +157,7 @@ std::tuple<at::Tensor, at::Tensor> dynamic_conv_step_cuda_op(const at::Tensor& x
   p.dtype = to_dtype(x.scalar_type());
   p.x = x.data_ptr();
   p.weight = w.data_ptr();
+  p.softmax = softmax;
   p.state = state.numel() ? state.data_ptr() : nullptr;
   p.out = out.data_ptr();
   p.new_state = new_state.numel() ? new_state.data_ptr() : nullptr;
@@ -163,7 +166,8 @@ std::tuple<at::Tensor, at::Tensor> dynamic_conv_step_cuda_op(const at::Tensor& x
 }
 
 std::tuple<at::Tensor, at::Tensor> dynamic_conv_bwd_cuda_op(const at::Tensor& g_, const at::Tensor& x_,
-                                                            const at::Tensor& w_, int64_t padding_left) {
+                                                            const at::Tensor& w_, int64_t padding_left,
+                                                            bool softmax) {
   check_dynamic_conv_inputs(x_, w_);
   TORCH_CHECK(g_.sizes() == x_.sizes() && g_.scalar_type() == x_.scalar_type(),
               "dynamic_conv backward: grad_out must match x");
@@ -171,7 +175,7 @@ std::tuple<at::Tensor, at::Tensor> dynamic_conv_bwd_cuda_op(const at::Tensor& g_
   const at::Tensor g = g_.contiguous(), x = x_.contiguous(), w = w_.contiguous();
   at::Tensor gx = at::empty_like(x), gw = at::empty_like(w);
   if (x.numel() == 0) return {gx, gw.zero_()};
-  DynamicConvParams p = conv_params(x, w, padding_left);
+  DynamicConvParams p = conv_params(x, w, padding_left, softmax);
   p.grad_out = g.data_ptr();
   p.grad_x = gx.data_ptr();
   p.grad_weight = gw.data_ptr();

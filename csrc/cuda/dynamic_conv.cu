@@ -12,9 +12,13 @@
 //           grad_weight: one group of G lanes per (b, t, h) (G = power of two >= min(R, 32)); for each k the lanes
 //           stride over the head's R channels and a group shuffle reduction gives the sum (deterministic).
 // Decoding step: one thread per column (b, c) runs dynamic_conv_step.h's column program.
-// No workspace.
+// softmax=true (weight holds logits, softmax_row.h): the forward and the step normalise the row of their (b, t, h)
+// in registers (each thread reads the K logits of its row, a broadcast within the head); the backward writes the
+// probabilities and the raw tap gradients gp to a workspace (2 x B*T*H*K accumulators), runs grad_x on the
+// probabilities, then one thread per row turns gp into the logits' gradient p * (gp - sum p gp).
 #include "common.cuh"
 #include "../dynamic_conv_step.h"
+#include "../softmax_row.h"
 #include "../talk_hf_kernels.h"
 
 namespace talk_hf {
@@ -25,6 +29,7 @@ using namespace cuda_detail;
 struct ConvDims {
   int64_t B, T, C, H, R, K;
   int64_t P;  // padding_left, clamped to [-(T + K), T + K] (same result: beyond that every tap is out of range)
+  bool softmax;
 };
 
 inline ConvDims make_dims(const DynamicConvParams& p) {
@@ -37,6 +42,7 @@ inline ConvDims make_dims(const DynamicConvParams& p) {
   d.K = p.kernel_size;
   const int64_t bound = p.seqlen + p.kernel_size;  // keeps t + k - P and s + P free of int64 overflow
   d.P = p.padding_left < -bound ? -bound : (p.padding_left > bound ? bound : p.padding_left);
+  d.softmax = p.softmax;
   return d;
 }
 
@@ -69,18 +75,56 @@ __global__ void __launch_bounds__(kThreads)
     const scalar_t* xcol = x + b * d.T * d.C + c;
     const int64_t k_begin = max64(0, d.P - t);
     const int64_t k_end = min64(d.K, d.T + d.P - t);
+    const SoftmaxStats<acc_t> sm = d.softmax ? softmax_stats(wrow, d.K) : SoftmaxStats<acc_t>{acc_t(0), acc_t(1)};
     acc_t acc = acc_t(0);
-    for (int64_t k = k_begin; k < k_end; ++k) acc += to_acc(wrow[k]) * to_acc(xcol[(t + k - d.P) * d.C]);
+    for (int64_t k = k_begin; k < k_end; ++k) {
+      const acc_t w = d.softmax ? softmax_prob(sm, to_acc(wrow[k])) : to_acc(wrow[k]);
+      acc += w * to_acc(xcol[(t + k - d.P) * d.C]);
+    }
     out[n] = from_acc<scalar_t>(acc);
   }
 }
 
-// grad_x[b, s, c] = sum_k weight[b, t, h, k] * grad_out[b, t, c] with t = s - k + P, over
-// k in [max(0, s + P - T + 1), min(K, s + P + 1)) (exactly the taps with 0 <= t < T).
-// One thread per (b, s, c), n = (b*T + s)*C + c.
+// probs[row*K + k] = softmax of the row's logits (row = (b*T + t)*H + h), one thread per row.
 template <typename scalar_t>
 __global__ void __launch_bounds__(kThreads)
-    dynamic_conv_bwd_input_kernel(const scalar_t* __restrict__ weight, const scalar_t* __restrict__ grad_out,
+    softmax_rows_kernel(const scalar_t* __restrict__ logits, acc_type<scalar_t>* __restrict__ probs, ConvDims d) {
+  for (int64_t row = global_thread_id(); row < d.B * d.T * d.H; row += global_thread_count()) {
+    const scalar_t* l = logits + row * d.K;
+    const SoftmaxStats<acc_type<scalar_t>> sm = softmax_stats(l, d.K);
+    for (int64_t k = 0; k < d.K; ++k) probs[row * d.K + k] = softmax_prob(sm, to_acc(l[k]));
+  }
+}
+
+// grad_logits[row*K + k] = p_k * (gp_k - sum_j p_j gp_j), one thread per row.
+template <typename scalar_t>
+__global__ void __launch_bounds__(kThreads)
+    softmax_grad_kernel(const acc_type<scalar_t>* __restrict__ probs, const acc_type<scalar_t>* __restrict__ gp,
+                        scalar_t* __restrict__ grad_logits, ConvDims d) {
+  using acc_t = acc_type<scalar_t>;
+  for (int64_t row = global_thread_id(); row < d.B * d.T * d.H; row += global_thread_count()) {
+    const acc_t* p = probs + row * d.K;
+    const acc_t* g = gp + row * d.K;
+    acc_t dot = acc_t(0);
+    for (int64_t k = 0; k < d.K; ++k) dot += p[k] * g[k];
+    for (int64_t k = 0; k < d.K; ++k) grad_logits[row * d.K + k] = from_acc<scalar_t>(p[k] * (g[k] - dot));
+  }
+}
+
+__device__ __forceinline__ void store_acc(float* p, float v) { *p = v; }
+__device__ __forceinline__ void store_acc(double* p, double v) { *p = v; }
+template <typename T>
+__device__ __forceinline__ void store_acc(T* p, acc_type<T> v) {
+  *p = from_acc<T>(v);
+}
+
+// grad_x[b, s, c] = sum_k weight[b, t, h, k] * grad_out[b, t, c] with t = s - k + P, over
+// k in [max(0, s + P - T + 1), min(K, s + P + 1)) (exactly the taps with 0 <= t < T); weight in the storage type,
+// or the softmax probabilities (accumulation type).
+// One thread per (b, s, c), n = (b*T + s)*C + c.
+template <typename scalar_t, typename w_t>
+__global__ void __launch_bounds__(kThreads)
+    dynamic_conv_bwd_input_kernel(const w_t* __restrict__ weight, const scalar_t* __restrict__ grad_out,
                                   scalar_t* __restrict__ grad_x, ConvDims d) {
   using acc_t = acc_type<scalar_t>;
   const int64_t total = d.B * d.T * d.C;
@@ -102,12 +146,13 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // grad_weight[b, t, h, k] = sum over the head's channels c of grad_out[b, t, c] * x[b, t + k - P, c]
-// (0 when t + k - P is outside [0, T)). Each group of G lanes owns one (b, t, h) (group id = (b*T + t)*H + h);
-// the loops over groups and over k are warp-uniform so that every lane reaches the shuffles.
-template <typename scalar_t>
+// (0 when t + k - P is outside [0, T)), stored in the storage type, or in the accumulation type (gp, for the
+// softmax gradient). Each group of G lanes owns one (b, t, h) (group id = (b*T + t)*H + h); the loops over groups
+// and over k are warp-uniform so that every lane reaches the shuffles.
+template <typename scalar_t, typename gw_t>
 __global__ void __launch_bounds__(kThreads)
     dynamic_conv_bwd_weight_kernel(const scalar_t* __restrict__ x, const scalar_t* __restrict__ grad_out,
-                                   scalar_t* __restrict__ grad_weight, ConvDims d, int group) {
+                                   gw_t* __restrict__ grad_weight, ConvDims d, int group) {
   using acc_t = acc_type<scalar_t>;
   const int lane = static_cast<int>(threadIdx.x % kWarpSize);
   const int r0 = lane % group;
@@ -132,7 +177,7 @@ __global__ void __launch_bounds__(kThreads)
         for (int64_t r = r0; r < d.R; r += group) acc += to_acc(gcol[r]) * to_acc(xrow[r]);
       }
       acc = group_reduce_sum(acc, group);
-      if (active && r0 == 0) grad_weight[bth * d.K + k] = from_acc<scalar_t>(acc);
+      if (active && r0 == 0) store_acc(grad_weight + bth * d.K + k, acc);
     }
   }
 }
@@ -149,19 +194,31 @@ cudaError_t launch_fwd(const DynamicConvParams& p, cudaStream_t stream) {
 }
 
 template <typename scalar_t>
-cudaError_t launch_bwd(const DynamicConvParams& p, cudaStream_t stream) {
+cudaError_t launch_bwd(const DynamicConvParams& p, void* workspace, cudaStream_t stream) {
+  using acc_t = acc_type<scalar_t>;
   const ConvDims d = make_dims(p);
   const unsigned blocks = grid_blocks(ceil_div(d.B * d.T * d.C, kThreads));
-  dynamic_conv_bwd_input_kernel<scalar_t><<<blocks, kThreads, 0, stream>>>(
-      static_cast<const scalar_t*>(p.weight), static_cast<const scalar_t*>(p.grad_out),
-      static_cast<scalar_t*>(p.grad_x), d);
-
+  const unsigned row_blocks = grid_blocks(ceil_div(d.B * d.T * d.H, kThreads));
   const int group = group_size_for(d.R);
-  const int64_t groups_per_block = kThreads / group;
-  const unsigned w_blocks = grid_blocks(ceil_div(d.B * d.T * d.H, groups_per_block));
-  dynamic_conv_bwd_weight_kernel<scalar_t><<<w_blocks, kThreads, 0, stream>>>(
-      static_cast<const scalar_t*>(p.x), static_cast<const scalar_t*>(p.grad_out),
-      static_cast<scalar_t*>(p.grad_weight), d, group);
+  const unsigned w_blocks = grid_blocks(ceil_div(d.B * d.T * d.H, kThreads / group));
+  const auto* x = static_cast<const scalar_t*>(p.x);
+  const auto* weight = static_cast<const scalar_t*>(p.weight);
+  const auto* grad_out = static_cast<const scalar_t*>(p.grad_out);
+  auto* grad_x = static_cast<scalar_t*>(p.grad_x);
+  auto* grad_weight = static_cast<scalar_t*>(p.grad_weight);
+  if (!d.softmax) {
+    dynamic_conv_bwd_input_kernel<<<blocks, kThreads, 0, stream>>>(weight, grad_out, grad_x, d);
+    dynamic_conv_bwd_weight_kernel<<<w_blocks, kThreads, 0, stream>>>(x, grad_out, grad_weight, d, group);
+    return cudaGetLastError();
+  }
+  acc_t* probs = static_cast<acc_t*>(workspace);
+  acc_t* gp = probs + d.B * d.T * d.H * d.K;
+  softmax_rows_kernel<<<row_blocks, kThreads, 0, stream>>>(weight, probs, d);
+  dynamic_conv_bwd_input_kernel<<<blocks, kThreads, 0, stream>>>(static_cast<const acc_t*>(probs), grad_out,
+                                                                 grad_x, d);
+  dynamic_conv_bwd_weight_kernel<<<w_blocks, kThreads, 0, stream>>>(x, grad_out, gp, d, group);
+  softmax_grad_kernel<<<row_blocks, kThreads, 0, stream>>>(static_cast<const acc_t*>(probs),
+                                                           static_cast<const acc_t*>(gp), grad_weight, d);
   return cudaGetLastError();
 }
 
@@ -175,7 +232,10 @@ __global__ void __launch_bounds__(kThreads) dynamic_conv_step_kernel(const ConvS
 
 // ------------------------------------------------------------------------------------------------ entry points
 
-size_t dynamic_conv_bwd_workspace_bytes(const DynamicConvParams& /*p*/) { return 0; }
+size_t dynamic_conv_bwd_workspace_bytes(const DynamicConvParams& p) {  // softmax: probabilities and gp
+  if (!p.softmax || is_empty(p)) return 0;
+  return align_up(static_cast<size_t>(2 * p.batch * p.seqlen * p.heads * p.kernel_size) * acc_bytes(p.dtype));
+}
 
 cudaError_t dynamic_conv_fwd_cuda(const DynamicConvParams& p, cudaStream_t stream) {
   if (is_empty(p)) return cudaSuccess;
@@ -185,12 +245,13 @@ cudaError_t dynamic_conv_fwd_cuda(const DynamicConvParams& p, cudaStream_t strea
   return err;
 }
 
-cudaError_t dynamic_conv_bwd_cuda(const DynamicConvParams& p, void* /*workspace*/, cudaStream_t stream) {
+cudaError_t dynamic_conv_bwd_cuda(const DynamicConvParams& p, void* workspace, cudaStream_t stream) {
   if (is_empty(p)) return cudaSuccess;
-  if (!valid_common(p) || p.grad_out == nullptr || p.grad_x == nullptr || p.grad_weight == nullptr)
+  if (!valid_common(p) || p.grad_out == nullptr || p.grad_x == nullptr || p.grad_weight == nullptr ||
+      (p.softmax && workspace == nullptr))
     return cudaErrorInvalidValue;
   cudaError_t err = cudaErrorInvalidValue;
-  DISPATCH_DTYPE(p.dtype, scalar_t, err = launch_bwd<scalar_t>(p, stream));
+  DISPATCH_DTYPE(p.dtype, scalar_t, err = launch_bwd<scalar_t>(p, workspace, stream));
   return err;
 }
 
@@ -210,7 +271,8 @@ cudaError_t dynamic_conv_step_cuda(const ConvStepParams& p, cudaStream_t stream)
                  dynamic_conv_step_kernel<scalar_t><<<blocks, kThreads, 0, stream>>>(ConvStepArgs<scalar_t>{
                      static_cast<const scalar_t*>(p.x), static_cast<const scalar_t*>(p.weight),
                      static_cast<const scalar_t*>(p.state), static_cast<scalar_t*>(p.out),
-                     static_cast<scalar_t*>(p.new_state), p.batch, p.seqlen, p.channels, p.heads, p.kernel_size}));
+                     static_cast<scalar_t*>(p.new_state), p.batch, p.seqlen, p.channels, p.heads, p.kernel_size,
+                     p.softmax}));
   return cudaGetLastError();
 }
 

@@ -165,8 +165,8 @@ void conv_step(const ConvStepArgs<T>& a, bool reverse) {
   }                                                                                                                \
   extern "C" int dynamic_conv_step_emulate_##SUFFIX(const T* x, const T* w, const T* state, T* out, T* new_state,  \
                                                     int64_t B, int64_t L, int64_t C, int64_t H, int64_t K,         \
-                                                    int reverse) {                                                 \
-    conv_step(ConvStepArgs<T>{x, w, state, out, new_state, B, L, C, H, K}, reverse != 0);                          \
+                                                    int softmax, int reverse) {                                    \
+    conv_step(ConvStepArgs<T>{x, w, state, out, new_state, B, L, C, H, K, softmax != 0}, reverse != 0);            \
     return 0;                                                                                                      \
   }
 

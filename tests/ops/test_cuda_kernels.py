@@ -65,16 +65,33 @@ CONV_CASES = [pytest.param(2, 11, 6, 3, 3, 1, id="small-K3"), pytest.param(1, 7,
               pytest.param(2, 500, 96, 8, 31, 15, id="K31"), pytest.param(1, 50, 8, 2, 1, -3, id="small-K1-P<0")]
 
 
+@pytest.mark.parametrize("softmax", [False, True], ids=["normalised", "logits"])
 @pytest.mark.parametrize("B,T,C,H,K,P", CONV_CASES)
-def test_dynamic_conv_matches_reference(B, T, C, H, K, P):
+def test_dynamic_conv_matches_reference(B, T, C, H, K, P, softmax):
     g = torch.Generator().manual_seed(K * T)
     x = torch.randn(B, T, C, dtype=torch.float64, generator=g)
-    w = torch.randn(B, T, H, K, dtype=torch.float64, generator=g).softmax(-1)
-    expected, want = grads(lambda x, w: ops.dynamic_conv_ref(x, w, P), x, w)
-    out, got = grads(lambda x, w: ops.dynamic_conv(x, w, P), *on(CUDA, x, w))
+    w = 3 * torch.randn(B, T, H, K, dtype=torch.float64, generator=g)
+    w = w if softmax else w.softmax(-1)
+    expected, want = grads(lambda x, w: ops.dynamic_conv_ref(x, w, P, softmax), x, w)
+    out, got = grads(lambda x, w: ops.dynamic_conv(x, w, P, softmax), *on(CUDA, x, w))
     assert_close(out.cpu(), expected)
     for name, a, b in zip(["x", "weight"], got, want):
         assert_close(a.cpu(), b, name=f"grad {name}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_dynamic_conv_softmax_low_precision(dtype):
+    """Logits in fp32/bf16, probabilities in fp32 registers: against the fp64 reference."""
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(2, 300, 64, dtype=torch.float64, generator=g)
+    w = 3 * torch.randn(2, 300, 4, 31, dtype=torch.float64, generator=g)
+    expected, want = grads(lambda x, w: ops.dynamic_conv_ref(x, w, 30, True), x.to(dtype).double(),
+                           w.to(dtype).double())
+    out, got = grads(lambda x, w: ops.dynamic_conv(x, w, 30, True), *on(CUDA, x.to(dtype), w.to(dtype)))
+    assert out.dtype == dtype
+    assert_close(out.cpu(), expected, dtype)
+    for name, a, b in zip(["x", "logits"], got, want):
+        assert_close(a.cpu(), b, dtype, name=f"grad {name}")
 
 
 RFA_CASES = [pytest.param(2, 1, 2, 8, 4, 64, id="small-T1"), pytest.param(1, 29, 3, 6, 5, 4, id="small-T29-chunk4"),
@@ -121,10 +138,12 @@ def test_decoding_step_kernels_match_the_cpu(B, T, C, H, reach, dtype):
     x = torch.randn(B, T, C, generator=g, dtype=torch.float64).to(dtype)
     ol = (torch.rand(B, T, H, generator=g, dtype=torch.float64) * 1.4 - 0.2).to(dtype)
     state = torch.randn(B, reach + 2, C, generator=g, dtype=torch.float64).to(acc)
-    w = torch.randn(B, T, H, reach + 1, generator=g, dtype=torch.float64).softmax(-1).to(dtype)
+    logits = torch.randn(B, T, H, reach + 1, generator=g, dtype=torch.float64)
+    w, logits = logits.softmax(-1).to(dtype), logits.to(dtype)
     ring = torch.randn(B, reach, C, generator=g, dtype=torch.float64).to(dtype)
     with torch.no_grad():
-        for fn, args in [(ops.talk_conv_step, (x, ol, state, reach)), (ops.dynamic_conv_step, (x, w, ring))]:
+        for fn, args in [(ops.talk_conv_step, (x, ol, state, reach)), (ops.dynamic_conv_step, (x, w, ring)),
+                         (ops.dynamic_conv_step, (x, logits, ring, True))]:
             want = fn(*args)
             got = fn(*[a.to(CUDA) if isinstance(a, torch.Tensor) else a for a in args])
             for name, a, b in zip(["out", "new state"], got, want):
@@ -137,6 +156,7 @@ def test_opcheck_on_cuda():
     torch.library.opcheck(torch.ops.talk_hf.talk_conv_fwd.default, (x.requires_grad_(), ol, orr, 3, 2))
     w = torch.rand(2, 9, 3, 4, device=CUDA).softmax(-1)
     torch.library.opcheck(torch.ops.talk_hf.dynamic_conv_fwd.default, (x, w.requires_grad_(), 2))
+    torch.library.opcheck(torch.ops.talk_hf.dynamic_conv_fwd.default, (x, w, 2, True))
     g = torch.Generator().manual_seed(0)
     q = features(2, 9, 2, 4, g, torch.float32).to(CUDA)
     v = torch.randn(2, 9, 2, 3, device=CUDA)

@@ -181,25 +181,29 @@ def test_decoding_step_column_program(emulator, dtype, T_new, max_left, H):
     assert_close(results[0][1], want_state, dtype, name="new state")
 
 
+@pytest.mark.parametrize("softmax", [False, True], ids=["normalised", "logits"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
 @pytest.mark.parametrize("T_new,K,H", [(1, 1, 1), (1, 31, 4), (3, 4, 8)])
-def test_dynamic_conv_step_column_program(emulator, dtype, T_new, K, H):
-    """dynamic_conv_step.h's column program (one CUDA thread per (b, c)) against the PyTorch form of the step."""
+def test_dynamic_conv_step_column_program(emulator, dtype, T_new, K, H, softmax):
+    """dynamic_conv_step.h's column program (one CUDA thread per (b, c)) against the PyTorch form of the step,
+    with normalised kernels or with logits it normalises itself (softmax_row.h)."""
     from talk_hf.dynamic_conv import _dynamic_conv_step_ref
 
     gen = torch.Generator().manual_seed(K + T_new)
     B, C = 3, 40
     x = torch.randn(B, T_new, C, generator=gen, dtype=torch.float64).to(dtype)
-    w = torch.randn(B, T_new, H, K, generator=gen, dtype=torch.float64).softmax(-1).to(dtype)
+    w = 3 * torch.randn(B, T_new, H, K, generator=gen, dtype=torch.float64)
+    w = (w if softmax else w.softmax(-1)).to(dtype)
     state = torch.randn(B, K - 1, C, generator=gen, dtype=torch.float64).to(dtype)
     results = []
     for reverse in (False, True):
         out, new_state = torch.full_like(x, float("nan")), torch.full_like(state, float("nan"))
         fn = getattr(emulator, f"dynamic_conv_step_emulate_{SUFFIX[dtype]}")
         ints = [ctypes.c_int64(v) for v in (B, T_new, C, H, K)]
-        fn(ptr(x), ptr(w), ptr(state), ptr(out), ptr(new_state), *ints, ctypes.c_int(int(reverse)))
+        fn(ptr(x), ptr(w), ptr(state), ptr(out), ptr(new_state), *ints, ctypes.c_int(int(softmax)),
+           ctypes.c_int(int(reverse)))
         results.append((out, new_state))
     assert all(torch.equal(a, b) for a, b in zip(*results))
-    want_out, want_state = _dynamic_conv_step_ref(x, w, state)
+    want_out, want_state = _dynamic_conv_step_ref(x, w, state, softmax)
     assert_close(results[0][0], want_out, dtype)
     assert torch.equal(results[0][1], want_state)

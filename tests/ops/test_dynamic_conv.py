@@ -1,5 +1,6 @@
 """Dynamic / lightweight convolution: compiled kernel and reference against a naive loop, gradients, any K and
-padding, dtypes, strides, padding invariance, decoding steps and argument checks."""
+padding, dtypes, strides, padding invariance, decoding steps and argument checks; with normalised kernels and with
+logits the op normalises itself (softmax=True)."""
 
 import pytest
 import torch
@@ -29,6 +30,12 @@ def softmax_weights(*shape, dtype=torch.float64, generator=None):
     return torch.randn(*shape, dtype=torch.float64, generator=generator).softmax(-1).to(dtype)
 
 
+def kernel_weights(*shape, softmax, dtype=torch.float64, generator=None):
+    """(weights for the op, the normalised taps it must use): logits (spread wide) with softmax, else normalised."""
+    logits = 3 * torch.randn(*shape, dtype=torch.float64, generator=generator)
+    return (logits if softmax else logits.softmax(-1)).to(dtype), logits.softmax(-1)
+
+
 CASES = [  # B, T, C, H, K, P
     pytest.param(2, 13, 6, 3, 3, 1, id="K3-centred"),
     pytest.param(2, 13, 6, 3, 3, 2, id="K3-causal"),
@@ -43,37 +50,56 @@ CASES = [  # B, T, C, H, K, P
 ]
 
 
+SOFTMAX = pytest.mark.parametrize("softmax", [False, True], ids=["normalised", "logits"])
+
+
+@SOFTMAX
 @pytest.mark.parametrize("light", [False, True], ids=["dynamic", "light"])
 @pytest.mark.parametrize("B,T,C,H,K,P", CASES)
-def test_matches_naive_loop(B, T, C, H, K, P, light):
+def test_matches_naive_loop(B, T, C, H, K, P, light, softmax):
     g = torch.Generator().manual_seed(T * 7 + K)
     x = torch.randn(B, T, C, dtype=torch.float64, generator=g)
-    w = softmax_weights(H, K, generator=g) if light else softmax_weights(B, T, H, K, generator=g)
-    expected = conv_naive(x, w, P)
-    assert_close(ops.dynamic_conv_ref(x, w, P), expected, name="reference")
-    assert_close(ops.dynamic_conv(x, w, P), expected, name="kernel")
+    w, taps = kernel_weights(*((H, K) if light else (B, T, H, K)), softmax=softmax, generator=g)
+    expected = conv_naive(x, taps, P)
+    assert_close(ops.dynamic_conv_ref(x, w, P, softmax), expected, name="reference")
+    assert_close(ops.dynamic_conv(x, w, P, softmax), expected, name="kernel")
 
 
+@SOFTMAX
 @pytest.mark.parametrize("P", [0, 2, 4, 7])
 @pytest.mark.parametrize("fn", [ops.dynamic_conv, ops.dynamic_conv_ref], ids=["kernel", "reference"])
-def test_gradcheck(fn, P):
+def test_gradcheck(fn, P, softmax):
     g = torch.Generator().manual_seed(P)
     x = torch.randn(2, 8, 6, dtype=torch.float64, generator=g, requires_grad=True)
     w = torch.randn(2, 8, 3, 5, dtype=torch.float64, generator=g, requires_grad=True)
     lw = torch.randn(3, 5, dtype=torch.float64, generator=g, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda a, b: fn(a, b, P), (x, w))
-    assert torch.autograd.gradcheck(lambda a, b: fn(a, b, P), (x, lw))
+    assert torch.autograd.gradcheck(lambda a, b: fn(a, b, P, softmax), (x, w))
+    assert torch.autograd.gradcheck(lambda a, b: fn(a, b, P, softmax), (x, lw))
 
 
+def test_softmax_of_large_logits_stays_finite():
+    """Logits far outside exp's range (|l| ~ 1e3): the max is subtracted before exp, as in torch.softmax."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 9, 6, generator=g)
+    w = 1000 * torch.randn(2, 9, 3, 5, generator=g)
+    out, (gx, gw) = grads(lambda a, b: ops.dynamic_conv(a, b, 2, True), x, w)
+    want, (wx, ww) = grads(lambda a, b: ops.dynamic_conv_ref(a, b, 2, True), x.double(), w.double())
+    assert torch.isfinite(out).all() and torch.isfinite(gw).all()
+    assert_close(out, want, torch.float32)
+    assert_close(gx, wx, torch.float32, "grad x")
+    assert_close(gw, ww, torch.float32, "grad logits")
+
+
+@SOFTMAX
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("light", [False, True], ids=["dynamic", "light"])
-def test_dtype_tolerances(dtype, light):
+def test_dtype_tolerances(dtype, light, softmax):
     g = torch.Generator().manual_seed(5)
     x = torch.randn(2, 37, 16, dtype=torch.float64, generator=g).to(dtype)
-    w = softmax_weights(4, 15, generator=g, dtype=dtype) if light else softmax_weights(2, 37, 4, 15, generator=g, dtype=dtype)
-    out64, grads64 = grads(lambda a, b: ops.dynamic_conv_ref(a, b, 14), x.double(), w.double())
+    w, _ = kernel_weights(*((4, 15) if light else (2, 37, 4, 15)), softmax=softmax, generator=g, dtype=dtype)
+    out64, grads64 = grads(lambda a, b: ops.dynamic_conv_ref(a, b, 14, softmax), x.double(), w.double())
     for fn in (ops.dynamic_conv, ops.dynamic_conv_ref):
-        out, gs = grads(lambda a, b: fn(a, b, 14), x, w)
+        out, gs = grads(lambda a, b: fn(a, b, 14, softmax), x, w)
         assert out.dtype == dtype
         assert_close(out, out64, dtype, "output")
         assert_close(gs[0], grads64[0], dtype, "grad x")
@@ -110,36 +136,38 @@ def test_batch_equals_rows_one_at_a_time():
         assert torch.equal(batched[b : b + 1], ops.dynamic_conv(x[b : b + 1], w[b : b + 1], 6))
 
 
+@SOFTMAX
 @pytest.mark.parametrize("K,split", [(1, 5), (3, 5), (5, 3), (6, 5), (6, 7), (31, 5)])
 @pytest.mark.parametrize("light", [False, True], ids=["dynamic", "light"])
-def test_steps_equal_causal_op(K, split, light):
+def test_steps_equal_causal_op(K, split, light, softmax):
     """Softmax over all K taps then truncation at the start: steps from the K-1 input ring equal the full op,
     whether the prefix is shorter than, as long as, or longer than the ring."""
     T = 20
     x = torch.randn(2, T, 6, dtype=torch.float64)
-    w = softmax_weights(3, K) if light else softmax_weights(2, T, 3, K)
+    w, _ = kernel_weights(*((3, K) if light else (2, T, 3, K)), softmax=softmax)
     wt = (lambda a, b: w) if light else (lambda a, b: w[:, a:b])
-    full = ops.dynamic_conv(x, w, K - 1)
-    outs = [ops.dynamic_conv(x[:, :split], wt(0, split), K - 1)]
+    full = ops.dynamic_conv(x, w, K - 1, softmax)
+    outs = [ops.dynamic_conv(x[:, :split], wt(0, split), K - 1, softmax)]
     state = ops.dynamic_conv_state_from_prefix(x[:, :split], K)
     for t in range(split, T - 4):
-        out, state = ops.dynamic_conv_step(x[:, t : t + 1], wt(t, t + 1), state)
+        out, state = ops.dynamic_conv_step(x[:, t : t + 1], wt(t, t + 1), state, softmax)
         assert state.shape == (2, K - 1, 6)
         outs.append(out)
-    out, state = ops.dynamic_conv_step(x[:, T - 4 :], wt(T - 4, T), state)
+    out, state = ops.dynamic_conv_step(x[:, T - 4 :], wt(T - 4, T), state, softmax)
     outs.append(out)
     torch.testing.assert_close(torch.cat(outs, 1), full, rtol=1e-12, atol=1e-12)
     # from an empty state, token by token
     state, outs = ops.dynamic_conv_init_state(2, 6, K, dtype=torch.float64), []
     for t in range(T):
-        out, state = ops.dynamic_conv_step(x[:, t : t + 1], wt(t, t + 1), state)
+        out, state = ops.dynamic_conv_step(x[:, t : t + 1], wt(t, t + 1), state, softmax)
         outs.append(out)
     torch.testing.assert_close(torch.cat(outs, 1), full, rtol=1e-12, atol=1e-12)
 
 
+@SOFTMAX
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("T_new,K,H", [(1, 1, 1), (1, 3, 2), (1, 31, 3), (4, 7, 6), (2, 2, 3)])
-def test_compiled_step_matches_its_pytorch_form(dtype, T_new, K, H):
+def test_compiled_step_matches_its_pytorch_form(dtype, T_new, K, H, softmax):
     """The fused decoding-step kernel against the same math in PyTorch ops (`_dynamic_conv_step_ref`, the autograd
     path), K=1 (empty state) included; the new state is the last K - 1 inputs, exactly."""
     from talk_hf.dynamic_conv import _dynamic_conv_step_ref
@@ -147,11 +175,11 @@ def test_compiled_step_matches_its_pytorch_form(dtype, T_new, K, H):
     g = torch.Generator().manual_seed(T_new * 100 + K)
     B, C = 3, 6
     x = torch.randn(B, T_new, C, generator=g, dtype=torch.float64).to(dtype)
-    w = softmax_weights(B, T_new, H, K, dtype=torch.float64).to(dtype)
+    w, _ = kernel_weights(B, T_new, H, K, softmax=softmax, generator=g, dtype=dtype)
     state = torch.randn(B, K - 1, C, generator=g, dtype=torch.float64).to(dtype)
     with torch.no_grad():
-        out, new_state = torch.ops.talk_hf.dynamic_conv_step(x, w, state)
-        want_out, want_state = _dynamic_conv_step_ref(x, w, state)
+        out, new_state = torch.ops.talk_hf.dynamic_conv_step(x, w, state, softmax)
+        want_out, want_state = _dynamic_conv_step_ref(x, w, state, softmax)
     assert out.dtype == dtype and new_state.dtype == dtype
     assert_close(out, want_out.double(), dtype)
     assert torch.equal(new_state, want_state)
@@ -190,6 +218,12 @@ def test_opcheck():
     torch.library.opcheck(torch.ops.talk_hf.dynamic_conv_bwd.default, (torch.randn(2, 7, 6), x.detach(), w.detach(), 1))
     torch.library.opcheck(torch.ops.talk_hf.dynamic_conv_step.default, (x.detach()[:, :2], w.detach()[:, :2],
                                                                          torch.randn(2, 3, 6)))
+    logits = torch.randn(2, 7, 3, 4, requires_grad=True)
+    torch.library.opcheck(torch.ops.talk_hf.dynamic_conv_fwd.default, (x, logits, 3, True))
+    torch.library.opcheck(torch.ops.talk_hf.dynamic_conv_bwd.default, (torch.randn(2, 7, 6), x.detach(),
+                                                                        logits.detach(), 1, True))
+    torch.library.opcheck(torch.ops.talk_hf.dynamic_conv_step.default, (x.detach()[:, :2], logits.detach()[:, :2],
+                                                                         torch.randn(2, 3, 6), True))
 
 
 def test_torch_compile_matches_eager():

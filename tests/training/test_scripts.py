@@ -287,7 +287,7 @@ def test_benchmark_script_reports_ratios(tmp_path):
     saved = json.loads((tmp_path / "b.json").read_text())
     assert saved["rows"][0]["n"] == 16 and rows[0]["talk_vs_copy"] > 0 and rows[0]["talk_vs_copy_into"] > 0
     assert rows[0]["talk_vs_copy_interleaved"] > 0 and rows[0]["talk_vs_copy_into_interleaved"] > 0
-    assert "sdpa_over_talk" in rows[0]
+    assert "sdpa_over_talk" in rows[0] and rows[0]["softmax_unfused_over_fused_fwdbwd"] > 0
 
 
 from tests.hub_server import local_hub  # noqa: E402,F401  (pytest fixture)
