@@ -8,7 +8,7 @@ import torch
 from transformers import CompileConfig
 
 from talk_hf.recurrent_cache import RecurrentCache
-from tests.models.test_modeling_common import inputs_for
+from tests.models.test_modeling_common import decoding_inputs, inputs_for
 from tests.models.tiny import ALL, LM, SEQ2SEQ, VOCAB, make, source_batch
 
 
@@ -76,13 +76,7 @@ def cache_tensors(cache):
 @pytest.mark.parametrize("name", ["talk", "dynamic_conv", "rfa_doc", "talk_lm"])
 def test_cache_tensors_keep_their_storage_across_decoding_steps(name):
     model = make(name)
-    inputs = inputs_for(name)
-    key = "decoder_input_ids" if name in SEQ2SEQ else "input_ids"
-    tokens = inputs.pop(key)
-    if name in SEQ2SEQ:
-        inputs = dict(encoder_outputs=model.get_encoder()(**inputs), attention_mask=inputs["attention_mask"])
-    else:
-        inputs = {}
+    key, tokens, inputs = decoding_inputs(model, name)
     with torch.no_grad():
         cache = model(**inputs, **{key: tokens[:, :3]}, use_cache=True).past_key_values
         addresses = [t.data_ptr() for t in cache_tensors(cache)]

@@ -196,18 +196,23 @@ class HostSyncs(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+def decoding_inputs(model, name):
+    """(input key, tokens to decode (B, T), other forward inputs as `generate()` gives them to a decoding step: the
+    encoder output and source mask for encoder-decoders, nothing for LMs)."""
+    inputs = inputs_for(name)
+    key = "decoder_input_ids" if name in SEQ2SEQ else "input_ids"
+    tokens = inputs.pop(key)
+    if name not in SEQ2SEQ:
+        return key, tokens, {}
+    return key, tokens, dict(encoder_outputs=model.get_encoder()(**inputs), attention_mask=inputs["attention_mask"])
+
+
 @pytest.mark.parametrize("name", list(ALL))
 def test_decoding_steps_never_wait_for_the_device(name):
     """After the prefill, a decoding step (one new token from the recurrent cache, the encoder output given as
     `generate()` gives it) runs no op that syncs the host with the device or has a value-dependent shape."""
     model = make(name)
-    inputs = inputs_for(name)
-    key = "decoder_input_ids" if name in SEQ2SEQ else "input_ids"
-    tokens = inputs.pop(key)
-    if name in SEQ2SEQ:
-        inputs = dict(encoder_outputs=model.get_encoder()(**inputs), attention_mask=inputs["attention_mask"])
-    else:
-        inputs = {}
+    key, tokens, inputs = decoding_inputs(model, name)
     with torch.no_grad():
         cache = model(**inputs, **{key: tokens[:, :3]}, use_cache=True).past_key_values
         for t in range(3, 6):
