@@ -1,4 +1,5 @@
-// TALK_HD marks small math helpers shared by the CPU kernels (plain C++) and the CUDA kernels (nvcc).
+// TALK_HD marks small math helpers shared by the CPU kernels (plain C++) and the CUDA kernels (nvcc); max64 / min64
+// are two of them (int64 index arithmetic).
 #pragma once
 
 #if defined(__CUDACC__)
@@ -6,3 +7,12 @@
 #else
 #define TALK_HD inline
 #endif
+
+#include <stdint.h>
+
+namespace talk_hf {
+
+TALK_HD int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+TALK_HD int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+}  // namespace talk_hf

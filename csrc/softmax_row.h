@@ -39,4 +39,20 @@ TALK_HD acc_t softmax_prob(const SoftmaxStats<acc_t>& s, acc_t logit) {
   return acc_exp(logit - s.max) * s.inv_sum;
 }
 
+// probs[0 .. K) = softmax(logits[0 .. K)) in the accumulation type.
+template <typename T>
+TALK_HD void softmax_probs_row(const T* logits, int64_t K, acc_type<T>* probs) {
+  const SoftmaxStats<acc_type<T>> s = softmax_stats(logits, K);
+  for (int64_t k = 0; k < K; ++k) probs[k] = softmax_prob(s, to_acc(logits[k]));
+}
+
+// The gradient of a row's logits from its probabilities p and the gradient gp of the probabilities:
+// grad[k] = p_k * (gp_k - sum_j p_j gp_j), stored as scalar_t.
+template <typename scalar_t>
+TALK_HD void softmax_grad_row(const acc_type<scalar_t>* p, const acc_type<scalar_t>* gp, int64_t K, scalar_t* grad) {
+  acc_type<scalar_t> dot = 0;
+  for (int64_t k = 0; k < K; ++k) dot += p[k] * gp[k];
+  for (int64_t k = 0; k < K; ++k) grad[k] = from_acc<scalar_t>(p[k] * (gp[k] - dot));
+}
+
 }  // namespace talk_hf

@@ -1,22 +1,18 @@
 // CUDA kernels of the dynamic / lightweight convolution. Specification: talk_hf/dynamic_conv.py
-// (`dynamic_conv_ref`).
+// (`dynamic_conv_ref`); layouts and the per-element programs in csrc/dynamic_conv_math.h.
 //
-// Layouts (all contiguous, batch-first, channels-last):
-//   x, out, grad_out, grad_x   (B, T, C)     at [(b*T + t)*C + c]
-//   weight, grad_weight        (B, T, H, K)  at [((b*T + t)*H + h)*K + k];   head of channel c: h = c / R, R = C / H
-//   out[b, t, c] = sum_k weight[b, t, h, k] * x[b, t + k - P, c]   (x = 0 outside [0, T))
-//
-// Forward:  one thread per (b, t, c), loop over the in-range taps (a gather).
-// Backward: grad_x: one thread per (b, s, c), loop over the taps k whose output position t = s - k + P is in range
-//           (a gather, no atomics).
+// Forward:  one thread per (b, t, c) (conv_fwd_element: a gather over the in-range taps).
+// Backward: grad_x: one thread per (b, s, c) (conv_grad_x_element: a gather, no atomics).
 //           grad_weight: one group of G lanes per (b, t, h) (G = power of two >= min(R, 32)); for each k the lanes
-//           stride over the head's R channels and a group shuffle reduction gives the sum (deterministic).
+//           stride over the head's R channels (conv_grad_weight_partial) and a group shuffle reduction gives the
+//           sum (deterministic).
 // Decoding step: one thread per column (b, c) runs dynamic_conv_step.h's column program.
 // softmax=true (weight holds logits, softmax_row.h): the forward and the step normalise the row of their (b, t, h)
 // in registers (each thread reads the K logits of its row, a broadcast within the head); the backward writes the
 // probabilities and the raw tap gradients gp to a workspace (2 x B*T*H*K accumulators), runs grad_x on the
 // probabilities, then one thread per row turns gp into the logits' gradient p * (gp - sum p gp).
 #include "common.cuh"
+#include "../dynamic_conv_math.h"
 #include "../dynamic_conv_step.h"
 #include "../softmax_row.h"
 #include "../talk_hf_kernels.h"
@@ -25,12 +21,6 @@ namespace talk_hf {
 namespace {
 
 using namespace cuda_detail;
-
-struct ConvDims {
-  int64_t B, T, C, H, R, K;
-  int64_t P;  // padding_left, clamped to [-(T + K), T + K] (same result: beyond that every tap is out of range)
-  bool softmax;
-};
 
 inline ConvDims make_dims(const DynamicConvParams& p) {
   ConvDims d;
@@ -53,47 +43,22 @@ inline bool valid_common(const DynamicConvParams& p) {
          p.channels % p.heads == 0 && p.kernel_size >= 1 && p.x != nullptr && p.weight != nullptr;
 }
 
-__device__ __forceinline__ int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
-__device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
-
 // ------------------------------------------------------------------------------------------------ kernels
 
-// out[b, t, c] = sum over k in [max(0, P - t), min(K, T + P - t)) (exactly the taps with 0 <= t + k - P < T)
-// of weight[b, t, h, k] * x[b, t + k - P, c]. One thread per (b, t, c), n = (b*T + t)*C + c.
 template <typename scalar_t>
 __global__ void __launch_bounds__(kThreads)
     dynamic_conv_fwd_kernel(const scalar_t* __restrict__ x, const scalar_t* __restrict__ weight,
                             scalar_t* __restrict__ out, ConvDims d) {
-  using acc_t = acc_type<scalar_t>;
-  const int64_t total = d.B * d.T * d.C;
-  for (int64_t n = global_thread_id(); n < total; n += global_thread_count()) {
-    const int64_t bt = n / d.C;
-    const int64_t c = n - bt * d.C;
-    const int64_t b = bt / d.T;
-    const int64_t t = bt - b * d.T;
-    const scalar_t* wrow = weight + (bt * d.H + c / d.R) * d.K;
-    const scalar_t* xcol = x + b * d.T * d.C + c;
-    const int64_t k_begin = max64(0, d.P - t);
-    const int64_t k_end = min64(d.K, d.T + d.P - t);
-    const SoftmaxStats<acc_t> sm = d.softmax ? softmax_stats(wrow, d.K) : SoftmaxStats<acc_t>{acc_t(0), acc_t(1)};
-    acc_t acc = acc_t(0);
-    for (int64_t k = k_begin; k < k_end; ++k) {
-      const acc_t w = d.softmax ? softmax_prob(sm, to_acc(wrow[k])) : to_acc(wrow[k]);
-      acc += w * to_acc(xcol[(t + k - d.P) * d.C]);
-    }
-    out[n] = from_acc<scalar_t>(acc);
-  }
+  for (int64_t n = global_thread_id(); n < d.B * d.T * d.C; n += global_thread_count())
+    conv_fwd_element(x, weight, out, d, n);
 }
 
 // probs[row*K + k] = softmax of the row's logits (row = (b*T + t)*H + h), one thread per row.
 template <typename scalar_t>
 __global__ void __launch_bounds__(kThreads)
     softmax_rows_kernel(const scalar_t* __restrict__ logits, acc_type<scalar_t>* __restrict__ probs, ConvDims d) {
-  for (int64_t row = global_thread_id(); row < d.B * d.T * d.H; row += global_thread_count()) {
-    const scalar_t* l = logits + row * d.K;
-    const SoftmaxStats<acc_type<scalar_t>> sm = softmax_stats(l, d.K);
-    for (int64_t k = 0; k < d.K; ++k) probs[row * d.K + k] = softmax_prob(sm, to_acc(l[k]));
-  }
+  for (int64_t row = global_thread_id(); row < d.B * d.T * d.H; row += global_thread_count())
+    softmax_probs_row(logits + row * d.K, d.K, probs + row * d.K);
 }
 
 // grad_logits[row*K + k] = p_k * (gp_k - sum_j p_j gp_j), one thread per row.
@@ -101,14 +66,8 @@ template <typename scalar_t>
 __global__ void __launch_bounds__(kThreads)
     softmax_grad_kernel(const acc_type<scalar_t>* __restrict__ probs, const acc_type<scalar_t>* __restrict__ gp,
                         scalar_t* __restrict__ grad_logits, ConvDims d) {
-  using acc_t = acc_type<scalar_t>;
-  for (int64_t row = global_thread_id(); row < d.B * d.T * d.H; row += global_thread_count()) {
-    const acc_t* p = probs + row * d.K;
-    const acc_t* g = gp + row * d.K;
-    acc_t dot = acc_t(0);
-    for (int64_t k = 0; k < d.K; ++k) dot += p[k] * g[k];
-    for (int64_t k = 0; k < d.K; ++k) grad_logits[row * d.K + k] = from_acc<scalar_t>(p[k] * (g[k] - dot));
-  }
+  for (int64_t row = global_thread_id(); row < d.B * d.T * d.H; row += global_thread_count())
+    softmax_grad_row(probs + row * d.K, gp + row * d.K, d.K, grad_logits + row * d.K);
 }
 
 __device__ __forceinline__ void store_acc(float* p, float v) { *p = v; }
@@ -118,37 +77,18 @@ __device__ __forceinline__ void store_acc(T* p, acc_type<T> v) {
   *p = from_acc<T>(v);
 }
 
-// grad_x[b, s, c] = sum_k weight[b, t, h, k] * grad_out[b, t, c] with t = s - k + P, over
-// k in [max(0, s + P - T + 1), min(K, s + P + 1)) (exactly the taps with 0 <= t < T); weight in the storage type,
-// or the softmax probabilities (accumulation type).
-// One thread per (b, s, c), n = (b*T + s)*C + c.
+// weight: the weights in the storage type, or the softmax probabilities (accumulation type).
 template <typename scalar_t, typename w_t>
 __global__ void __launch_bounds__(kThreads)
     dynamic_conv_bwd_input_kernel(const w_t* __restrict__ weight, const scalar_t* __restrict__ grad_out,
                                   scalar_t* __restrict__ grad_x, ConvDims d) {
-  using acc_t = acc_type<scalar_t>;
-  const int64_t total = d.B * d.T * d.C;
-  for (int64_t n = global_thread_id(); n < total; n += global_thread_count()) {
-    const int64_t bs = n / d.C;
-    const int64_t c = n - bs * d.C;
-    const int64_t b = bs / d.T;
-    const int64_t s = bs - b * d.T;
-    const int64_t h = c / d.R;
-    const int64_t k_begin = max64(0, s + d.P - d.T + 1);
-    const int64_t k_end = min64(d.K, s + d.P + 1);
-    acc_t acc = acc_t(0);
-    for (int64_t k = k_begin; k < k_end; ++k) {
-      const int64_t bt = b * d.T + (s - k + d.P);
-      acc += to_acc(weight[(bt * d.H + h) * d.K + k]) * to_acc(grad_out[bt * d.C + c]);
-    }
-    grad_x[n] = from_acc<scalar_t>(acc);
-  }
+  for (int64_t n = global_thread_id(); n < d.B * d.T * d.C; n += global_thread_count())
+    conv_grad_x_element(weight, grad_out, grad_x, d, n);
 }
 
-// grad_weight[b, t, h, k] = sum over the head's channels c of grad_out[b, t, c] * x[b, t + k - P, c]
-// (0 when t + k - P is outside [0, T)), stored in the storage type, or in the accumulation type (gp, for the
-// softmax gradient). Each group of G lanes owns one (b, t, h) (group id = (b*T + t)*H + h); the loops over groups
-// and over k are warp-uniform so that every lane reaches the shuffles.
+// grad_weight, stored in the storage type, or in the accumulation type (gp, for the softmax gradient). Each group
+// of G lanes owns one (b, t, h) (group id = (b*T + t)*H + h); the loops over groups and over k are warp-uniform so
+// that every lane reaches the shuffles.
 template <typename scalar_t, typename gw_t>
 __global__ void __launch_bounds__(kThreads)
     dynamic_conv_bwd_weight_kernel(const scalar_t* __restrict__ x, const scalar_t* __restrict__ grad_out,
@@ -164,18 +104,8 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t base = warp * groups_per_warp; base < n_groups; base += n_warps * groups_per_warp) {
     const int64_t bth = base + lane / group;
     const bool active = bth < n_groups;
-    const int64_t bt = bth / d.H;
-    const int64_t h = bth - bt * d.H;
-    const int64_t b = bt / d.T;
-    const int64_t t = bt - b * d.T;
-    const scalar_t* gcol = grad_out + bt * d.C + h * d.R;  // channel r of head h at gcol[r]
     for (int64_t k = 0; k < d.K; ++k) {
-      const int64_t s = t + k - d.P;
-      acc_t acc = acc_t(0);
-      if (active && s >= 0 && s < d.T) {
-        const scalar_t* xrow = x + (b * d.T + s) * d.C + h * d.R;
-        for (int64_t r = r0; r < d.R; r += group) acc += to_acc(gcol[r]) * to_acc(xrow[r]);
-      }
+      acc_t acc = active ? conv_grad_weight_partial(x, grad_out, d, bth, k, r0, group) : acc_t(0);
       acc = group_reduce_sum(acc, group);
       if (active && r0 == 0) store_acc(grad_weight + bth * d.K + k, acc);
     }

@@ -64,8 +64,6 @@ struct TalkArgs {
 };
 
 TALK_HD int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-TALK_HD int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
-TALK_HD int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 // ------------------------------------------------------------------------------------------------ window ends
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cuda/talk_conv_tiles.h"
+#include "dynamic_conv_math.h"
 #include "dynamic_conv_step.h"
 #include "talk_conv_step.h"
 
@@ -134,6 +135,44 @@ void conv_step(const ConvStepArgs<T>& a, bool reverse) {
   }
 }
 
+// The dynamic-convolution kernels of csrc/cuda/dynamic_conv.cu: every element (in either order), the weight
+// gradient's `group` lane partials summed as the shuffle reduction sums them, the softmax rows around them.
+template <typename T>
+void conv_fwd(const T* x, const T* w, T* out, const ConvDims& d, bool reverse) {
+  const int64_t n = d.B * d.T * d.C;
+  for (int64_t i = 0; i < n; ++i) conv_fwd_element(x, w, out, d, reverse ? n - 1 - i : i);
+}
+
+template <typename T>
+void conv_bwd(const T* g, const T* x, const T* w, T* gx, T* gw, const ConvDims& d, int group) {
+  using acc_t = acc_type<T>;
+  const int64_t rows = d.B * d.T * d.H, n = d.B * d.T * d.C;
+  std::vector<acc_t> probs(d.softmax ? rows * d.K : 0), gp(d.softmax ? rows * d.K : 0);
+  for (int64_t row = 0; d.softmax && row < rows; ++row) softmax_probs_row(w + row * d.K, d.K, probs.data() + row * d.K);
+  for (int64_t i = 0; i < n; ++i) {
+    if (d.softmax)
+      conv_grad_x_element(static_cast<const acc_t*>(probs.data()), g, gx, d, i);
+    else
+      conv_grad_x_element(w, g, gx, d, i);
+  }
+  for (int64_t bth = 0; bth < rows; ++bth) {
+    for (int64_t k = 0; k < d.K; ++k) {
+      acc_t sum = acc_t(0);
+      for (int r0 = 0; r0 < group; ++r0) sum += conv_grad_weight_partial(x, g, d, bth, k, r0, group);
+      if (d.softmax)
+        gp[bth * d.K + k] = sum;
+      else
+        gw[bth * d.K + k] = from_acc<T>(sum);
+    }
+  }
+  for (int64_t row = 0; d.softmax && row < rows; ++row)
+    softmax_grad_row(probs.data() + row * d.K, gp.data() + row * d.K, d.K, gw + row * d.K);
+}
+
+ConvDims conv_dims(int64_t B, int64_t L, int64_t C, int64_t H, int64_t K, int64_t P, int softmax) {
+  return ConvDims{B, L, C, H, C / H, K, P, softmax != 0};
+}
+
 }  // namespace
 
 #define TALK_EMULATE(SUFFIX, T)                                                                                     \
@@ -167,6 +206,17 @@ void conv_step(const ConvStepArgs<T>& a, bool reverse) {
                                                     int64_t B, int64_t L, int64_t C, int64_t H, int64_t K,         \
                                                     int softmax, int reverse) {                                    \
     conv_step(ConvStepArgs<T>{x, w, state, out, new_state, B, L, C, H, K, softmax != 0}, reverse != 0);            \
+    return 0;                                                                                                      \
+  }                                                                                                                \
+  extern "C" int dynamic_conv_fwd_emulate_##SUFFIX(const T* x, const T* w, T* out, int64_t B, int64_t L, int64_t C, \
+                                                   int64_t H, int64_t K, int64_t P, int softmax, int reverse) {    \
+    conv_fwd(x, w, out, conv_dims(B, L, C, H, K, P, softmax), reverse != 0);                                       \
+    return 0;                                                                                                      \
+  }                                                                                                                \
+  extern "C" int dynamic_conv_bwd_emulate_##SUFFIX(const T* g, const T* x, const T* w, T* gx, T* gw, int64_t B,     \
+                                                   int64_t L, int64_t C, int64_t H, int64_t K, int64_t P,          \
+                                                   int softmax, int group) {                                       \
+    conv_bwd(g, x, w, gx, gw, conv_dims(B, L, C, H, K, P, softmax), group);                                         \
     return 0;                                                                                                      \
   }
 

@@ -207,3 +207,50 @@ def test_dynamic_conv_step_column_program(emulator, dtype, T_new, K, H, softmax)
     want_out, want_state = _dynamic_conv_step_ref(x, w, state, softmax)
     assert_close(results[0][0], want_out, dtype)
     assert torch.equal(results[0][1], want_state)
+
+
+def group_size_for(R):  # common.cuh: the smallest power of two >= min(R, 32)
+    g = 1
+    while g < 32 and g < R:
+        g *= 2
+    return g
+
+
+CONV_CASES = [  # B, T, C, H, K, P
+    pytest.param(2, 11, 6, 3, 3, 1, id="K3-centred"),
+    pytest.param(1, 7, 4, 4, 9, 8, id="K>T-causal-H=C"),
+    pytest.param(2, 40, 96, 2, 31, 15, id="K31-R48"),
+    pytest.param(1, 9, 8, 2, 1, -3, id="K1-P<0"),
+]
+
+
+@pytest.mark.parametrize("softmax", [False, True], ids=["normalised", "logits"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+@pytest.mark.parametrize("B,T,C,H,K,P", CONV_CASES)
+def test_dynamic_conv_element_programs(emulator, B, T, C, H, K, P, dtype, softmax):
+    """dynamic_conv_math.h's element programs (the CUDA forward, grad x and weight-gradient lane partials) and
+    softmax_row.h's row programs, run by the emulator as dynamic_conv.cu launches them, against the reference."""
+    gen = torch.Generator().manual_seed(K * T + C)
+    x = torch.randn(B, T, C, generator=gen, dtype=torch.float64)
+    w = 3 * torch.randn(B, T, H, K, generator=gen, dtype=torch.float64)
+    w = w if softmax else w.softmax(-1)
+    g = torch.randn(B, T, C, generator=gen, dtype=torch.float64)
+    xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
+    want_out = ops.dynamic_conv_ref(xr, wr, P, softmax)
+    want_out.backward(g)
+    x, w, g = x.to(dtype), w.to(dtype), g.to(dtype)  # kept alive: the emulator reads them through raw pointers
+    ints = [ctypes.c_int64(v) for v in (B, T, C, H, K, P)]
+    outs = []
+    for reverse in (False, True):
+        out = torch.full_like(x, float("nan"))
+        getattr(emulator, f"dynamic_conv_fwd_emulate_{SUFFIX[dtype]}")(
+            ptr(x), ptr(w), ptr(out), *ints, ctypes.c_int(int(softmax)), ctypes.c_int(int(reverse)))
+        outs.append(out)
+    assert torch.equal(outs[0], outs[1])
+    assert_close(outs[0], want_out.detach(), dtype)
+    gx, gw = torch.full_like(x, float("nan")), torch.full_like(w, float("nan"))
+    getattr(emulator, f"dynamic_conv_bwd_emulate_{SUFFIX[dtype]}")(
+        ptr(g), ptr(x), ptr(w), ptr(gx), ptr(gw), *ints, ctypes.c_int(int(softmax)),
+        ctypes.c_int(group_size_for(C // H)))
+    assert_close(gx, xr.grad, dtype, name="grad x")
+    assert_close(gw, wr.grad, dtype, name="grad weight")

@@ -1,0 +1,84 @@
+// Element programs of the CUDA dynamic-convolution kernels (csrc/cuda/dynamic_conv.cu): one output element, one
+// lane's share of a weight-gradient reduction, one softmax row per call. The kernels are grid-stride loops around
+// them; tests/ops/cuda_tile_emulator.cpp runs the same functions on the CPU over every element (and sums the lane
+// partials as the shuffles do), against the reference. Specification: talk_hf/dynamic_conv.py.
+//
+// Layouts (all contiguous, batch-first, channels-last):
+//   x, out, grad_out, grad_x   (B, T, C)     at [(b*T + t)*C + c]
+//   weight, grad_weight        (B, T, H, K)  at [((b*T + t)*H + h)*K + k];   head of channel c: h = c / R, R = C / H
+//   out[b, t, c] = sum_k w[b, t, h, k] * x[b, t + k - P, c]   (x = 0 outside [0, T); w = softmax(weight) over k
+//   when softmax, else weight)
+#pragma once
+#include <stdint.h>
+
+#include "acc_cast.h"
+#include "softmax_row.h"
+
+namespace talk_hf {
+
+struct ConvDims {
+  int64_t B, T, C, H, R, K;
+  int64_t P;  // padding_left, clamped to [-(T + K), T + K] (same result: beyond that every tap is out of range)
+  bool softmax;
+};
+
+// out[n], n = (b*T + t)*C + c: the in-range taps k in [max(0, P - t), min(K, T + P - t)). With softmax the row's
+// probabilities come from its K logits (all K taps, in registers), so every tap is normalised over the full kernel.
+template <typename scalar_t>
+TALK_HD void conv_fwd_element(const scalar_t* x, const scalar_t* weight, scalar_t* out, const ConvDims& d,
+                              int64_t n) {
+  using acc_t = acc_type<scalar_t>;
+  const int64_t bt = n / d.C;
+  const int64_t c = n - bt * d.C;
+  const int64_t b = bt / d.T;
+  const int64_t t = bt - b * d.T;
+  const scalar_t* wrow = weight + (bt * d.H + c / d.R) * d.K;
+  const scalar_t* xcol = x + b * d.T * d.C + c;
+  const SoftmaxStats<acc_t> sm = d.softmax ? softmax_stats(wrow, d.K) : SoftmaxStats<acc_t>{acc_t(0), acc_t(1)};
+  acc_t acc = acc_t(0);
+  for (int64_t k = max64(0, d.P - t); k < min64(d.K, d.T + d.P - t); ++k) {
+    const acc_t w = d.softmax ? softmax_prob(sm, to_acc(wrow[k])) : to_acc(wrow[k]);
+    acc += w * to_acc(xcol[(t + k - d.P) * d.C]);
+  }
+  out[n] = from_acc<scalar_t>(acc);
+}
+
+// grad_x[n], n = (b*T + s)*C + c: sum_k w[b, t, h, k] * grad_out[b, t, c] with t = s - k + P, over
+// k in [max(0, s + P - T + 1), min(K, s + P + 1)) (exactly the taps with 0 <= t < T). w: the weights in the storage
+// type, or the softmax probabilities in the accumulation type.
+template <typename scalar_t, typename w_t>
+TALK_HD void conv_grad_x_element(const w_t* w, const scalar_t* grad_out, scalar_t* grad_x, const ConvDims& d,
+                                 int64_t n) {
+  using acc_t = acc_type<scalar_t>;
+  const int64_t bs = n / d.C;
+  const int64_t c = n - bs * d.C;
+  const int64_t b = bs / d.T;
+  const int64_t s = bs - b * d.T;
+  const int64_t h = c / d.R;
+  acc_t acc = acc_t(0);
+  for (int64_t k = max64(0, s + d.P - d.T + 1); k < min64(d.K, s + d.P + 1); ++k) {
+    const int64_t bt = b * d.T + (s - k + d.P);
+    acc += to_acc(w[(bt * d.H + h) * d.K + k]) * to_acc(grad_out[bt * d.C + c]);
+  }
+  grad_x[n] = from_acc<scalar_t>(acc);
+}
+
+// One lane's share of d out / d w[b, t, h, k] = sum over the head's channels of grad_out[b, t, c] * x[b, t+k-P, c]
+// (bth = (b*T + t)*H + h): the channels r_begin, r_begin + r_step, ... of the head (0 when t + k - P is outside).
+template <typename scalar_t>
+TALK_HD acc_type<scalar_t> conv_grad_weight_partial(const scalar_t* x, const scalar_t* grad_out, const ConvDims& d,
+                                                    int64_t bth, int64_t k, int64_t r_begin, int64_t r_step) {
+  using acc_t = acc_type<scalar_t>;
+  const int64_t bt = bth / d.H;
+  const int64_t h = bth - bt * d.H;
+  const int64_t b = bt / d.T;
+  const int64_t s = bt - b * d.T + k - d.P;
+  acc_t acc = acc_t(0);
+  if (s < 0 || s >= d.T) return acc;
+  const scalar_t* gcol = grad_out + bt * d.C + h * d.R;
+  const scalar_t* xrow = x + (b * d.T + s) * d.C + h * d.R;
+  for (int64_t r = r_begin; r < d.R; r += r_step) acc += to_acc(gcol[r]) * to_acc(xrow[r]);
+  return acc;
+}
+
+}  // namespace talk_hf
