@@ -22,16 +22,24 @@ struct ConvDims {
   bool softmax;
 };
 
+// Element n = (b*T + t)*C + c of a (B, T, C) tensor.
+struct ConvElement {
+  int64_t b, t, c, bt;
+};
+
+TALK_HD ConvElement conv_element(const ConvDims& d, int64_t n) {
+  const int64_t bt = n / d.C;
+  const int64_t b = bt / d.T;
+  return {b, bt - b * d.T, n - bt * d.C, bt};
+}
+
 // out[n], n = (b*T + t)*C + c: the in-range taps k in [max(0, P - t), min(K, T + P - t)). With softmax the row's
 // probabilities come from its K logits (all K taps, in registers), so every tap is normalised over the full kernel.
 template <typename scalar_t>
 TALK_HD void conv_fwd_element(const scalar_t* x, const scalar_t* weight, scalar_t* out, const ConvDims& d,
                               int64_t n) {
   using acc_t = acc_type<scalar_t>;
-  const int64_t bt = n / d.C;
-  const int64_t c = n - bt * d.C;
-  const int64_t b = bt / d.T;
-  const int64_t t = bt - b * d.T;
+  const auto [b, t, c, bt] = conv_element(d, n);
   const scalar_t* wrow = weight + (bt * d.H + c / d.R) * d.K;
   const scalar_t* xcol = x + b * d.T * d.C + c;
   const SoftmaxStats<acc_t> sm = d.softmax ? softmax_stats(wrow, d.K) : SoftmaxStats<acc_t>{acc_t(0), acc_t(1)};
@@ -50,10 +58,7 @@ template <typename scalar_t, typename w_t>
 TALK_HD void conv_grad_x_element(const w_t* w, const scalar_t* grad_out, scalar_t* grad_x, const ConvDims& d,
                                  int64_t n) {
   using acc_t = acc_type<scalar_t>;
-  const int64_t bs = n / d.C;
-  const int64_t c = n - bs * d.C;
-  const int64_t b = bs / d.T;
-  const int64_t s = bs - b * d.T;
+  const auto [b, s, c, bs] = conv_element(d, n);
   const int64_t h = c / d.R;
   acc_t acc = acc_t(0);
   for (int64_t k = max64(0, s + d.P - d.T + 1); k < min64(d.K, s + d.P + 1); ++k) {
