@@ -4,11 +4,19 @@
 // shared memory filled with NaN first so that reading a word no phase wrote shows up in the result.
 // Built by tests/ops/test_cuda_tile_programs.py with the host compiler alone (no torch, no CUDA) and called
 // through ctypes. Pass tile <= 0 to use the launch shapes of talk_conv.cu.
+// The RFA kernels' block programs (csrc/cuda/rfa_blocks.h), whose barriers sit inside loops, run on FiberBlock:
+// one fiber (ucontext) per thread, each run up to its next barrier in thread order (or reversed) before the next
+// one starts, so the same phase semantics hold for any program; fibers that reach different numbers of barriers
+// (a barrier only some threads reach) are reported.
+#include <ucontext.h>
+
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <vector>
 
+#include "cuda/rfa_blocks.h"
 #include "cuda/talk_conv_tiles.h"
 #include "dynamic_conv_math.h"
 #include "dynamic_conv_step.h"
@@ -173,6 +181,107 @@ ConvDims conv_dims(int64_t B, int64_t L, int64_t C, int64_t H, int64_t K, int64_
   return ConvDims{B, L, C, H, C / H, K, P, softmax != 0};
 }
 
+// A thread block of `n` fibers running one block program (see the top of this file).
+class FiberBlock {
+ public:
+  // The Block interface of the block programs, for one fiber.
+  struct Thread {
+    FiberBlock* block;
+    int id;
+    int64_t tid() const { return id; }
+    int64_t size() const { return block->n_; }
+    void sync() const { block->barrier(id); }
+    template <typename T>
+    T reduce_sum(T v) const {  // every thread gets the sum, in thread order; synchronises like CudaBlock's
+      block->scratch_[id] = static_cast<double>(v);
+      sync();
+      T total = 0;
+      for (int i = 0; i < block->n_; ++i) total += static_cast<T>(block->scratch_[i]);
+      sync();
+      return total;
+    }
+  };
+
+  FiberBlock(int n, bool reverse) : n_(n), reverse_(reverse), ctx_(n), stacks_(n), syncs_(n, 0), done_(n, false),
+                                    scratch_(n, std::numeric_limits<double>::quiet_NaN()) {}
+
+  // Runs body(thread) on every fiber; false if the fibers did not all reach the same barriers.
+  template <typename Body>
+  bool run(Body body) {
+    body_ = [&body](Thread& t) { body(t); };
+    for (int i = 0; i < n_; ++i) {
+      stacks_[i].resize(1 << 16);
+      getcontext(&ctx_[i]);
+      ctx_[i].uc_stack.ss_sp = stacks_[i].data();
+      ctx_[i].uc_stack.ss_size = stacks_[i].size();
+      ctx_[i].uc_link = &main_;
+      makecontext(&ctx_[i], &FiberBlock::entry, 0);
+    }
+    bool consistent = true;
+    for (int64_t round = 0; !std::all_of(done_.begin(), done_.end(), [](bool d) { return d; }); ++round) {
+      for (int i = 0; i < n_; ++i) {
+        const int id = reverse_ ? n_ - 1 - i : i;
+        if (done_[id]) continue;
+        current_ = id;
+        running_ = this;
+        swapcontext(&main_, &ctx_[id]);
+      }
+      const bool any_done = std::any_of(done_.begin(), done_.end(), [](bool d) { return d; });
+      for (int id = 0; id < n_; ++id) consistent &= done_[id] ? true : (!any_done && syncs_[id] == round + 1);
+      if (!consistent) return false;  // some threads left, others wait at a barrier: stop (they would never return)
+    }
+    return std::all_of(syncs_.begin(), syncs_.end(), [&](int64_t s) { return s == syncs_[0]; });
+  }
+
+ private:
+  static void entry() {
+    FiberBlock* self = running_;
+    const int id = self->current_;
+    Thread t{self, id};
+    self->body_(t);
+    self->done_[id] = true;  // returns to main_ through uc_link
+  }
+
+  void barrier(int id) {
+    ++syncs_[id];
+    swapcontext(&ctx_[id], &main_);
+  }
+
+  static inline thread_local FiberBlock* running_ = nullptr;
+  int n_;
+  bool reverse_;
+  std::vector<ucontext_t> ctx_;
+  std::vector<std::vector<char>> stacks_;
+  std::vector<int64_t> syncs_;
+  std::vector<bool> done_;
+  std::vector<double> scratch_;
+  ucontext_t main_{};
+  int current_ = 0;
+  std::function<void(Thread&)> body_;
+};
+
+// Every block of the grid in turn, each on fresh fibers and NaN-poisoned shared memory (as rfa.cu sizes it).
+// -> 0, or 1 if some block's threads reached different barriers.
+template <typename acc_t, typename Program>
+int run_rfa_grid(const rfa_blocks::RfaArgs<acc_t>& a, int64_t grid, int threads, bool reverse, Program program) {
+  std::vector<acc_t> smem(rfa_blocks::rfa_shared_elems(a.d));
+  for (int64_t block = 0; block < grid; ++block) {
+    smem.assign(smem.size(), std::numeric_limits<acc_t>::quiet_NaN());
+    FiberBlock fibers(threads, reverse);
+    if (!fibers.run([&](FiberBlock::Thread& t) { program(t, a, block, grid, smem.data()); })) return 1;
+  }
+  return 0;
+}
+
+template <typename acc_t>
+rfa_blocks::RfaArgs<acc_t> rfa_args(int64_t B, int64_t L, int64_t H, int64_t F, int64_t D, int64_t chunk,
+                                    double eps) {
+  rfa_blocks::RfaArgs<acc_t> a{};
+  a.d = rfa_blocks::RfaDims{B, L, H, F, D, D + 1, chunk, rfa_num_chunks(L, chunk)};
+  a.eps = static_cast<acc_t>(eps);
+  return a;
+}
+
 }  // namespace
 
 #define TALK_EMULATE(SUFFIX, T)                                                                                     \
@@ -218,6 +327,28 @@ ConvDims conv_dims(int64_t B, int64_t L, int64_t C, int64_t H, int64_t K, int64_
                                                    int softmax, int group) {                                       \
     conv_bwd(g, x, w, gx, gw, conv_dims(B, L, C, H, K, P, softmax), group);                                         \
     return 0;                                                                                                      \
+  }                                                                                                                \
+  extern "C" int rfa_fwd_emulate_##SUFFIX(const T* q, const T* k, const T* v, const T* decay, const T* init,        \
+                                          double eps, T* out, T* state, T* checkpoints, int64_t B, int64_t L,      \
+                                          int64_t H, int64_t F, int64_t D, int64_t chunk, int64_t grid,            \
+                                          int threads, int reverse) {                                              \
+    rfa_blocks::RfaArgs<T> a = rfa_args<T>(B, L, H, F, D, chunk, eps);                                             \
+    a.q = q, a.k = k, a.v = v, a.decay = decay, a.init = init, a.out = out, a.state = state;                       \
+    a.checkpoints = checkpoints;                                                                                   \
+    return run_rfa_grid(a, grid, threads, reverse != 0, [](auto& t, const auto& args, int64_t blk, int64_t g,      \
+                                                           T* smem) { rfa_blocks::rfa_fwd_block(t, args, blk, g, smem); }); \
+  }                                                                                                                \
+  extern "C" int rfa_bwd_emulate_##SUFFIX(const T* go, const T* gfinal, const T* q, const T* k, const T* v,         \
+                                          const T* decay, T* checkpoints, double eps, T* gq, T* gk, T* gv,         \
+                                          T* gdecay, T* ginit, T* workspace, int64_t B, int64_t L, int64_t H,      \
+                                          int64_t F, int64_t D, int64_t chunk, int64_t grid, int threads,          \
+                                          int reverse) {                                                           \
+    rfa_blocks::RfaArgs<T> a = rfa_args<T>(B, L, H, F, D, chunk, eps);                                             \
+    a.grad_out = go, a.grad_final = gfinal, a.q = q, a.k = k, a.v = v, a.decay = decay;                            \
+    a.checkpoints = checkpoints, a.grad_q = gq, a.grad_k = gk, a.grad_v = gv, a.grad_decay = gdecay;               \
+    a.grad_init = ginit, a.workspace = workspace;                                                                  \
+    return run_rfa_grid(a, grid, threads, reverse != 0, [](auto& t, const auto& args, int64_t blk, int64_t g,      \
+                                                           T* smem) { rfa_blocks::rfa_bwd_block(t, args, blk, g, smem); }); \
   }
 
 // Shared memory the launches of talk_conv.cu ask for (fwd: one block, grad x: one block of kGradXWarps units).

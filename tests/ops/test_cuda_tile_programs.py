@@ -254,3 +254,54 @@ def test_dynamic_conv_element_programs(emulator, B, T, C, H, K, P, dtype, softma
         ctypes.c_int(group_size_for(C // H)))
     assert_close(gx, xr.grad, dtype, name="grad x")
     assert_close(gw, wr.grad, dtype, name="grad weight")
+
+
+RFA_CASES = [  # B, T, H, F, D, chunk, grid (blocks; < B*H exercises the grid-stride loop), threads
+    pytest.param(2, 1, 2, 8, 4, 64, 4, 32, id="T1"),
+    pytest.param(1, 29, 3, 6, 5, 4, 2, 64, id="T29-chunk4-grid2"),
+    pytest.param(2, 13, 2, 16, 7, 13, 4, 256, id="chunk=T-256-threads"),
+    pytest.param(1, 10, 1, 70, 3, 3, 1, 32, id="F>threads"),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+@pytest.mark.parametrize("B,T,H,F,D,chunk,grid,threads", RFA_CASES)
+def test_rfa_block_programs(emulator, B, T, H, F, D, chunk, grid, threads, dtype):
+    """rfa_blocks.h's forward and backward block programs (the CUDA RFA kernels' bodies), one fiber per thread, both
+    thread orders, NaN-poisoned shared memory and workspace, against rfa_causal_ref with a decay gate and an initial
+    state: outputs, final state and every gradient."""
+    from tests.ops.test_rfa import features, gate
+
+    gen = torch.Generator().manual_seed(T + F)
+    q, k = features(B, T, H, F, gen), features(B, T, H, F, gen)
+    v = torch.randn(B, T, H, D, generator=gen, dtype=torch.float64)
+    decay = gate(B, T, H, gen)
+    init = 0.1 * torch.randn(B, H, F, D + 1, generator=gen, dtype=torch.float64)
+    go = torch.randn(B, T, H, D, generator=gen, dtype=torch.float64)
+    gfinal = torch.randn(B, H, F, D + 1, generator=gen, dtype=torch.float64)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v, decay, init)]
+    want_out, want_state = ops.rfa_causal_ref(*leaves, eps=0.1)
+    torch.autograd.backward([want_out, want_state], [go, gfinal])
+
+    q, k, v, decay, init, go, gfinal = (t.to(dtype) for t in (q, k, v, decay, init, go, gfinal))
+    N = -(-T // chunk)
+    ints = [ctypes.c_int64(n) for n in (B, T, H, F, D, chunk, grid)]
+    nan = lambda *shape: torch.full(shape, float("nan"), dtype=dtype)  # noqa: E731
+    sfx = SUFFIX[dtype]
+    runs = []
+    for reverse in (False, True):
+        out, state, checkpoints = nan(B, T, H, D), nan(B, H, F, D + 1), nan(B, H, N, F, D + 1)
+        assert getattr(emulator, f"rfa_fwd_emulate_{sfx}")(
+            ptr(q), ptr(k), ptr(v), ptr(decay), ptr(init), ctypes.c_double(0.1), ptr(out), ptr(state),
+            ptr(checkpoints), *ints, ctypes.c_int(threads), ctypes.c_int(int(reverse))) == 0
+        grads_ = [nan(*t.shape) for t in (q, k, v, decay, init)]
+        workspace = nan(B * H * (chunk + 2) * F * (D + 1))
+        assert getattr(emulator, f"rfa_bwd_emulate_{sfx}")(
+            ptr(go), ptr(gfinal), ptr(q), ptr(k), ptr(v), ptr(decay), ptr(checkpoints), ctypes.c_double(0.1),
+            *[ptr(t) for t in grads_], ptr(workspace), *ints, ctypes.c_int(threads), ctypes.c_int(int(reverse))) == 0
+        runs.append([out, state, *grads_])
+    assert all(torch.equal(a, b) for a, b in zip(*runs))  # no phase reads what another thread writes in it
+    names = ["out", "final state", "grad q", "grad k", "grad v", "grad decay", "grad initial state"]
+    wants = [want_out, want_state] + [t.grad for t in leaves]
+    for name, got, want in zip(names, runs[0], wants):
+        assert_close(got, want.detach(), dtype, name=name)
