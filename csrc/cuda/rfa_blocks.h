@@ -62,6 +62,16 @@ struct RfaArgs {
 // Shared memory of a block, in accumulators: q, k (F each), [v, 1], q^T P, g (E each).
 TALK_HD int64_t rfa_shared_elems(const RfaDims& d) { return 2 * d.F + 3 * d.E; }
 
+template <typename acc_t>
+struct RfaShared {
+  acc_t *q, *k, *vv, *num, *g;
+};
+
+template <typename acc_t>
+TALK_HD RfaShared<acc_t> shared_vectors(acc_t* smem, const RfaDims& d) {
+  return {smem, smem + d.F, smem + 2 * d.F, smem + 2 * d.F + d.E, smem + 2 * d.F + 2 * d.E};
+}
+
 // Offset of row (b, t, h) of a (B, T, H, width) tensor.
 TALK_HD int64_t bth(const RfaDims& d, int64_t b, int64_t t, int64_t h, int64_t width) {
   return ((b * d.T + t) * d.H + h) * width;
@@ -106,10 +116,7 @@ TALK_BLOCK void read_state(const Block& blk, const acc_t* P, const acc_t* sq, ac
 template <typename acc_t, typename Block>
 TALK_BLOCK void rfa_fwd_block(Block& blk, const RfaArgs<acc_t>& a, int64_t block, int64_t grid, acc_t* smem) {
   const RfaDims& d = a.d;
-  acc_t* sq = smem;
-  acc_t* sk = sq + d.F;
-  acc_t* svv = sk + d.F;
-  acc_t* num = svv + d.E;
+  [[maybe_unused]] const auto [sq, sk, svv, num, g] = shared_vectors(smem, d);
   const int64_t S = d.F * d.E;
   for (int64_t bh = block; bh < d.B * d.H; bh += grid) {
     const int64_t b = bh / d.H, h = bh % d.H;
@@ -141,11 +148,7 @@ TALK_BLOCK void rfa_fwd_block(Block& blk, const RfaArgs<acc_t>& a, int64_t block
 template <typename acc_t, typename Block>
 TALK_BLOCK void rfa_bwd_block(Block& blk, const RfaArgs<acc_t>& a, int64_t block, int64_t grid, acc_t* smem) {
   const RfaDims& d = a.d;
-  acc_t* sq = smem;
-  acc_t* sk = sq + d.F;
-  acc_t* svv = sk + d.F;
-  acc_t* num = svv + d.E;
-  acc_t* g = num + d.E;
+  const auto [sq, sk, svv, num, g] = shared_vectors(smem, d);
   const int64_t S = d.F * d.E;
   for (int64_t bh = block; bh < d.B * d.H; bh += grid) {
     const int64_t b = bh / d.H, h = bh % d.H;
