@@ -3,9 +3,10 @@ DynamicConv input ring, RFA (S, z)) instead of a growing key/value cache; hf_int
 
 Every tensor keeps its storage from the prefill to the last decoding step (states are written in place, the token
 counters are tensors), so a decoding step has static shapes and addresses: `generate(cache_implementation="static")`
-creates the cache before the first forward, which lets transformers compile the decoding step (and capture it in a
-CUDA graph with the default `CompileConfig`). Without it, `generate()` must not replace the cache: the models return
-False from `_supports_default_dynamic_cache`, and their forward creates a `RecurrentCache` when `use_cache` is set.
+creates the cache before the first forward, which lets transformers compile the decoding step (its default
+`CompileConfig` captures it in a CUDA graph on a GPU: the property this layout is for, tested there only). Without it,
+`generate()` must not replace the cache: the models return False from `_supports_default_dynamic_cache`, and their
+forward creates a `RecurrentCache` when `use_cache` is set.
 """
 
 import torch
