@@ -151,6 +151,8 @@ def talk_conv_step(x, offset_left, state, max_left):
 def _talk_conv_step_ref(x, offset_left, state, max_left):
     """`talk_conv_step` in PyTorch ops (differentiable); state in the accumulation dtype."""
     B, T, C = x.shape
+    if T == 0:  # no new token: the state as it is (as the compiled op returns it)
+        return x.new_empty(B, 0, C), state
     H = offset_left.shape[-1]
     rows = talk_conv_state_size(max_left)
     acc = state.dtype

@@ -231,10 +231,11 @@ def test_steps_from_empty_state_in_fp16_keep_fp32_state():
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("T_new,max_left,H", [(1, 0, 1), (1, 3, 2), (1, 31, 8), (5, 7, 4), (3, 2, 8)])
+@pytest.mark.parametrize("T_new,max_left,H", [(1, 0, 1), (1, 3, 2), (1, 31, 8), (5, 7, 4), (3, 2, 8), (0, 3, 2)])
 def test_compiled_step_matches_its_pytorch_form(dtype, T_new, max_left, H):
     """The fused decoding-step kernel against the same math in PyTorch ops (`_talk_conv_step_ref`, the autograd
-    path): outputs and new state from a random state, offsets outside [0, 1] included (clipped by both)."""
+    path): outputs and new state from a random state, offsets outside [0, 1] included (clipped by both); no new
+    tokens leave the state as it is."""
     from talk_hf.talk_conv import _talk_conv_step_ref
 
     g = torch.Generator().manual_seed(T_new * 10 + max_left)
