@@ -60,6 +60,20 @@ def test_static_cache_generation_compiles_one_graph_equal_to_eager(name, samplin
     assert torch.equal(compiled, eager)
 
 
+@pytest.mark.parametrize("name", ["talk", "rfa_doc", "dynamic_conv_lm"])
+def test_static_cache_beam_search_equals_eager(name):
+    """transformers compiles greedy/sampling steps only: beam search (with sequences returned per beam) runs its
+    steps eagerly on the static cache, reordering it, and gives the tokens of the default cache."""
+    model = make(name)
+    inputs = generation_inputs(name)
+    kwargs = dict(max_new_tokens=6, min_new_tokens=6, num_beams=3, num_return_sequences=2)
+    eager = model.generate(**inputs, **kwargs)
+    graphs, config = counting_compile_config()
+    torch._dynamo.reset()
+    assert torch.equal(model.generate(**inputs, cache_implementation="static", compile_config=config, **kwargs), eager)
+    assert graphs == []
+
+
 def test_without_static_cache_generation_stays_eager():
     """The default cache is created by the first forward, after generate() chose not to compile."""
     model = make("talk_lm")
