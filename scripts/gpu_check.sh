@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# Everything that needs a GPU, in one call on a CUDA machine (run from the repository root):
-#   1. build talk_hf._C with its CUDA kernels (TALK_HF_CUDA_ARCHS, default 90 for H100/H200),
-#   2. the CUDA kernels against the references (tests/ops/test_cuda_kernels.py) and CUDA-graph decoding
-#      (tests/models/test_compiled_generation.py),
-#   3. compute-sanitizer memcheck and racecheck over the small cases of those tests,
-#   4. the op benchmarks (the TaLK paper's Table 6 shapes, fp32 and bf16), the training-step benchmark (bf16) and the
-#      generation benchmark (eager and compiled decoding).
+# Everything that needs a GPU, on a CUDA machine (run from the repository root):
+#   build      talk_hf._C with its CUDA kernels (TALK_HF_CUDA_ARCHS, default 90 for H100/H200),
+#   tests      the CUDA kernels against the references (tests/ops/test_cuda_kernels.py) and CUDA-graph decoding
+#              (tests/models/test_compiled_generation.py),
+#   sanitizer  compute-sanitizer memcheck and racecheck over the small cases of the kernel tests,
+#   ops        the op benchmarks (the TaLK paper's Table 6 shapes, fp32 and bf16),
+#   generation the generation benchmark (eager and compiled decoding),
+#   training   the training-step benchmark (bf16).
+# `bash scripts/gpu_check.sh` runs all of them in this order; name steps to run only those (each later step needs
+# the build, which stays in the checkout): e.g. `bash scripts/gpu_check.sh build tests sanitizer` in one call and
+# `bash scripts/gpu_check.sh ops generation training` in the next, when one call has a time limit.
 # Logs and JSON go to $OUT (default runs/gpu). The machine needs torch with CUDA, nvcc, and this package's Python
 # dependencies (transformers >= 5.20 among them).
 set -euo pipefail
@@ -14,20 +18,46 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 PY="${PYTHON:-python3}"
 
-TALK_HF_CUDA_ARCHS="${TALK_HF_CUDA_ARCHS:-90}" "$PY" -m pip install -q --no-build-isolation --no-deps -e . \
-    2>&1 | tee "$OUT/build.log" | tail -5
-"$PY" -c "from talk_hf import ops; assert ops.backend('cuda') == 'compiled', ops.compiled_devices(); print('cuda kernels: ok')"
-"$PY" -m pytest -q -p no:cacheprovider tests/ops/test_cuda_kernels.py tests/models/test_compiled_generation.py 2>&1 \
-    | tee "$OUT/cuda_tests.log" | tail -15
-for tool in memcheck racecheck; do
-    compute-sanitizer --tool "$tool" --error-exitcode 9 "$PY" -m pytest -q -p no:cacheprovider \
-        tests/ops/test_cuda_kernels.py -k small 2>&1 | tee "$OUT/$tool.log" | tail -5
+build() {
+    TALK_HF_CUDA_ARCHS="${TALK_HF_CUDA_ARCHS:-90}" "$PY" -m pip install -q --no-build-isolation --no-deps -e . \
+        2>&1 | tee "$OUT/build.log" | tail -5
+    "$PY" -c "from talk_hf import ops; assert ops.backend('cuda') == 'compiled', ops.compiled_devices(); print('cuda kernels: ok')"
+}
+
+tests() {
+    "$PY" -m pytest -q -p no:cacheprovider tests/ops/test_cuda_kernels.py tests/models/test_compiled_generation.py 2>&1 \
+        | tee "$OUT/cuda_tests.log" | tail -15
+}
+
+sanitizer() {
+    for tool in memcheck racecheck; do
+        compute-sanitizer --tool "$tool" --error-exitcode 9 "$PY" -m pytest -q -p no:cacheprovider \
+            tests/ops/test_cuda_kernels.py -k small 2>&1 | tee "$OUT/$tool.log" | tail -5
+    done
+}
+
+ops() {
+    for dtype in float32 bfloat16; do
+        "$PY" scripts/benchmark_ops.py --device cuda --dtype "$dtype" --batch 10 --channels 1024 --heads 16 \
+            --lengths 10 100 1000 10000 --output "$OUT/bench_ops_$dtype.json" | tail -8
+    done
+}
+
+generation() {
+    "$PY" scripts/benchmark_generation.py --device cuda --lm_tokens 1024 8192 --windows 1 4 8 15 --compile \
+        --output "$OUT/bench_generation.json" | tail -10
+}
+
+training() {
+    "$PY" scripts/benchmark_training.py --device cuda --amp bf16 --d_model 512 --layers 6 --ffn 2048 --heads 8 \
+        --batch 32 --length 128 --lengths 512 2048 8192 --output "$OUT/bench_training.json" | tail -8
+}
+
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(build tests sanitizer ops generation training)
+for step in "${steps[@]}"; do
+    case "$step" in
+        build | tests | sanitizer | ops | generation | training) echo "== $step" && "$step" ;;
+        *) echo "unknown step: $step (build, tests, sanitizer, ops, generation, training)" >&2 && exit 2 ;;
+    esac
 done
-for dtype in float32 bfloat16; do
-    "$PY" scripts/benchmark_ops.py --device cuda --dtype "$dtype" --batch 10 --channels 1024 --heads 16 \
-        --lengths 10 100 1000 10000 --output "$OUT/bench_ops_$dtype.json" | tail -8
-done
-"$PY" scripts/benchmark_generation.py --device cuda --lm_tokens 1024 8192 --windows 1 4 8 15 --compile \
-    --output "$OUT/bench_generation.json" | tail -10
-"$PY" scripts/benchmark_training.py --device cuda --amp bf16 --d_model 512 --layers 6 --ffn 2048 --heads 8 \
-    --batch 32 --length 128 --lengths 512 2048 8192 --output "$OUT/bench_training.json" | tail -8
