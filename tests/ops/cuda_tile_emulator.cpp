@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <vector>
@@ -21,6 +22,35 @@
 #include "dynamic_conv_math.h"
 #include "dynamic_conv_step.h"
 #include "talk_conv_step.h"
+
+namespace talk_hf {
+
+// bf16 as the CUDA kernels store it (__nv_bfloat16: the upper half of an fp32, rounded to nearest even), so that
+// the programs' low-precision paths run here too. It converts only through to_acc / from_acc, as the CUDA types do
+// under torch's __CUDA_NO_*_CONVERSIONS__ flags (an implicit conversion in a program would not compile).
+struct HostBF16 {
+  uint16_t bits;
+};
+
+inline float to_acc(HostBF16 v) {
+  const uint32_t u = static_cast<uint32_t>(v.bits) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+}
+
+template <>
+struct StoreAs<HostBF16> {
+  static HostBF16 cast(float v) {
+    uint32_t u;
+    std::memcpy(&u, &v, sizeof(u));
+    if ((u & 0x7fffffffu) > 0x7f800000u) return {0x7fc0};  // NaN
+    u += 0x7fffu + ((u >> 16) & 1u);                        // round to nearest even
+    return {static_cast<uint16_t>(u >> 16)};
+  }
+};
+
+}  // namespace talk_hf
 
 namespace {
 
@@ -305,7 +335,8 @@ rfa_blocks::RfaArgs<acc_t> rfa_args(int64_t B, int64_t L, int64_t H, int64_t F, 
     backward(a, tile, reverse != 0);                                                                               \
     return 0;                                                                                                      \
   }                                                                                                                \
-  extern "C" int talk_conv_step_emulate_##SUFFIX(const T* x, const T* ol, const T* state, T* out, T* new_state,     \
+  extern "C" int talk_conv_step_emulate_##SUFFIX(const T* x, const T* ol, const acc_type<T>* state, T* out,          \
+                                                 acc_type<T>* new_state,                                           \
                                                  int64_t B, int64_t L, int64_t C, int64_t H, int64_t max_left,     \
                                                  int reverse) {                                                    \
     step(TalkStepArgs<T>{x, ol, state, out, new_state, nullptr, B, L, C, H, max_left}, reverse != 0);             \
@@ -327,7 +358,9 @@ rfa_blocks::RfaArgs<acc_t> rfa_args(int64_t B, int64_t L, int64_t H, int64_t F, 
                                                    int softmax, int group) {                                       \
     conv_bwd(g, x, w, gx, gw, conv_dims(B, L, C, H, K, P, softmax), group);                                         \
     return 0;                                                                                                      \
-  }                                                                                                                \
+  }
+
+#define RFA_EMULATE(SUFFIX, T)                                                                                      \
   extern "C" int rfa_fwd_emulate_##SUFFIX(const T* q, const T* k, const T* v, const T* decay, const T* init,        \
                                           double eps, T* out, T* state, T* checkpoints, int64_t B, int64_t L,      \
                                           int64_t H, int64_t F, int64_t D, int64_t chunk, int64_t grid,            \
@@ -366,3 +399,6 @@ extern "C" int64_t talk_conv_shared_bytes(int64_t acc_bytes, int64_t max_left, i
 
 TALK_EMULATE(f32, float)
 TALK_EMULATE(f64, double)
+TALK_EMULATE(bf16, HostBF16)
+RFA_EMULATE(f32, float)
+RFA_EMULATE(f64, double)

@@ -1,9 +1,10 @@
-"""The block programs of the fused CUDA TaLK kernels (csrc/cuda/talk_conv_tiles.h) and the column programs of the
-decoding-step kernels (csrc/talk_conv_step.h, csrc/dynamic_conv_step.h), run on the CPU by
-tests/ops/cuda_tile_emulator.cpp exactly as the .cu files launch them (every block, phase by phase, every thread,
-shared memory poisoned with NaN), against talk_conv_ref in fp64 and fp32: tile edges, halos, window ends outside
-the shared rows, channel chunks across heads, and thread order within a phase. No GPU needed; on a GPU,
-tests/ops/test_cuda_kernels.py runs the kernels themselves."""
+"""The programs of the CUDA kernels, run on the CPU by tests/ops/cuda_tile_emulator.cpp exactly as the .cu files
+launch them (every block, phase by phase, every thread, shared memory poisoned with NaN): the fused TaLK block
+programs (csrc/cuda/talk_conv_tiles.h: tile edges, halos, window ends outside the shared rows, channel chunks across
+heads, thread order within a phase), the RFA block programs (csrc/cuda/rfa_blocks.h, one fiber per thread), the
+DynamicConv element programs (csrc/dynamic_conv_math.h) and the decoding steps' column programs, against the
+references in fp64 and fp32, and in bf16 through a host bf16 type that converts only as the CUDA types do. No GPU
+needed; on a GPU, tests/ops/test_cuda_kernels.py runs the kernels themselves."""
 
 import ctypes
 import shutil
@@ -20,8 +21,8 @@ ROOT = Path(__file__).resolve().parents[2]
 CXX = shutil.which("c++") or shutil.which("g++")
 pytestmark = pytest.mark.skipif(CXX is None, reason="no C++ compiler")
 
-SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
-CTYPE = {torch.float32: ctypes.c_float, torch.float64: ctypes.c_double}
+SUFFIX = {torch.float32: "f32", torch.float64: "f64", torch.bfloat16: "bf16"}
+CTYPE = {torch.float32: ctypes.c_float, torch.float64: ctypes.c_double, torch.bfloat16: ctypes.c_uint16}
 
 
 @pytest.fixture(scope="module")
@@ -305,3 +306,55 @@ def test_rfa_block_programs(emulator, B, T, H, F, D, chunk, grid, threads, dtype
     wants = [want_out, want_state] + [t.grad for t in leaves]
     for name, got, want in zip(names, runs[0], wants):
         assert_close(got, want.detach(), dtype, name=name)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["encoder", "causal"])
+@pytest.mark.parametrize("B,T,C,H,max_left,max_right", [CASES[0], CASES[3], CASES[5]])
+def test_talk_programs_in_bf16(emulator, B, T, C, H, max_left, max_right, causal):
+    """bf16 inputs and outputs, fp32 accumulation (the kernels' low-precision path), against the fp64 reference
+    on the same rounded inputs."""
+    mr = 0 if causal else max_right
+    x, ol, orr = inputs(B, T, C, H, causal, seed=T + C, dtype=torch.bfloat16)
+    g = torch.randn(B, T, C, generator=torch.Generator().manual_seed(9), dtype=torch.float64).to(torch.bfloat16)
+    leaves = [t.double().requires_grad_() for t in (x, ol) + (() if orr is None else (orr,))]
+    out = ops.talk_conv_ref(*leaves, *([None] if orr is None else []), max_left, mr)
+    out.backward(g.double())
+    assert_close(emulate_fwd(emulator, x, ol, orr, max_left, mr), out.detach(), torch.bfloat16)
+    for name, got, leaf in zip(["x", "offset_left", "offset_right"], emulate_bwd(emulator, g, x, ol, orr, max_left, mr),
+                               leaves):
+        assert_close(got, leaf.grad, torch.bfloat16, name=f"grad {name}")
+
+
+@pytest.mark.parametrize("softmax", [False, True], ids=["normalised", "logits"])
+def test_dynamic_conv_programs_in_bf16(emulator, softmax):
+    """DynamicConv element programs and the decoding-step column program with bf16 storage."""
+    from talk_hf.dynamic_conv import _dynamic_conv_step_ref
+
+    B, T, C, H, K, P = 2, 40, 96, 2, 31, 15
+    gen = torch.Generator().manual_seed(11)
+    bf16 = torch.bfloat16
+    x = torch.randn(B, T, C, generator=gen, dtype=torch.float64).to(bf16)
+    w = 3 * torch.randn(B, T, H, K, generator=gen, dtype=torch.float64)
+    w = (w if softmax else w.softmax(-1)).to(bf16)
+    g = torch.randn(B, T, C, generator=gen, dtype=torch.float64).to(bf16)
+    xr, wr = x.double().requires_grad_(), w.double().requires_grad_()
+    want = ops.dynamic_conv_ref(xr, wr, P, softmax)
+    want.backward(g.double())
+    ints = [ctypes.c_int64(v) for v in (B, T, C, H, K, P)]
+    out, gx, gw = torch.empty_like(x), torch.empty_like(x), torch.empty_like(w)
+    emulator.dynamic_conv_fwd_emulate_bf16(ptr(x), ptr(w), ptr(out), *ints, ctypes.c_int(int(softmax)), ctypes.c_int(0))
+    emulator.dynamic_conv_bwd_emulate_bf16(ptr(g), ptr(x), ptr(w), ptr(gx), ptr(gw), *ints, ctypes.c_int(int(softmax)),
+                                           ctypes.c_int(group_size_for(C // H)))
+    assert_close(out, want.detach(), bf16)
+    assert_close(gx, xr.grad, bf16, name="grad x")
+    assert_close(gw, wr.grad, bf16, name="grad weight")
+
+    state = torch.randn(B, K - 1, C, generator=gen, dtype=torch.float64).to(bf16)
+    step_x, step_w = x[:, :1].contiguous(), w[:, :1].contiguous()  # kept alive: read through raw pointers
+    out, new_state = torch.empty_like(step_x), torch.empty_like(state)
+    emulator.dynamic_conv_step_emulate_bf16(ptr(step_x), ptr(step_w), ptr(state), ptr(out),
+                                            ptr(new_state), *[ctypes.c_int64(v) for v in (B, 1, C, H, K)],
+                                            ctypes.c_int(int(softmax)), ctypes.c_int(0))
+    want_out, want_state = _dynamic_conv_step_ref(step_x.double(), step_w.double(), state.double(), softmax)
+    assert_close(out, want_out, bf16)
+    assert torch.equal(new_state, want_state.to(bf16))
