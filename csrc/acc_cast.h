@@ -3,7 +3,10 @@
 //   - acc_type<scalar_t>: double for fp64, float for fp32 / fp16 / bf16
 //   - to_acc(v): storage -> accumulation type
 //   - from_acc<scalar_t>(v): accumulation -> storage type, round to nearest even (as torch's .to(dtype))
+//   - floor_acc(v), acc_exp(v): floor and exp in the accumulation type (float or double overloads)
 #pragma once
+#include <math.h>
+
 #include "host_device.h"
 
 #if defined(__CUDACC__)
@@ -26,6 +29,11 @@ using acc_type = typename AccTypeOf<scalar_t>::type;
 
 TALK_HD float to_acc(float v) { return v; }
 TALK_HD double to_acc(double v) { return v; }
+
+TALK_HD float floor_acc(float v) { return floorf(v); }
+TALK_HD double floor_acc(double v) { return floor(v); }
+TALK_HD float acc_exp(float v) { return expf(v); }
+TALK_HD double acc_exp(double v) { return exp(v); }
 
 template <typename scalar_t>
 struct StoreAs {

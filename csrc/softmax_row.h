@@ -1,18 +1,15 @@
 // Softmax of one row of K kernel logits, for the dynamic convolution kernels that normalise their own weights
 // (`softmax=True`): p_k = exp(l_k - max) / sum_j exp(l_j - max), in the accumulation type, without a buffer of K
 // probabilities (a CUDA thread cannot hold one for any K): `softmax_stats` reads the row twice (max, then the sum),
-// `softmax_prob` gives one p_k from its logit. Shared by the CPU kernels, the CUDA kernels and the emulator tests.
+// `softmax_prob` gives one p_k from its logit. Used by the CUDA kernels (and their programs in the emulator tests);
+// the CPU kernels normalise whole positions at once with a vectorised exp (csrc/cpu/softmax_rows_cpu.h).
 // Specification: `dynamic_conv_ref(..., softmax=True)` in talk_hf/dynamic_conv.py (torch.softmax in fp32/fp64).
 #pragma once
-#include <math.h>
 #include <stdint.h>
 
 #include "acc_cast.h"
 
 namespace talk_hf {
-
-TALK_HD float acc_exp(float v) { return expf(v); }
-TALK_HD double acc_exp(double v) { return exp(v); }
 
 template <typename acc_t>
 struct SoftmaxStats {

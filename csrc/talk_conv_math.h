@@ -1,15 +1,11 @@
 // Window-end arithmetic of the TaLK convolution, shared by the CPU and CUDA kernels (no torch headers).
 // Specification: talk_hf/talk_conv.py (`_window_end`, `talk_conv_ref`).
 #pragma once
-#include <math.h>
 #include <stdint.h>
 
-#include "host_device.h"
+#include "acc_cast.h"
 
 namespace talk_hf {
-
-TALK_HD float floor_acc(float v) { return floorf(v); }
-TALK_HD double floor_acc(double v) { return floor(v); }
 
 // The window end t + rel, clamped to [0, T-1], as two integer positions and a fraction:
 // S~(t + rel) = S[lo] + frac * (S[hi] - S[lo]), hi = lo + (frac > 0). The fraction comes from `rel` alone, so it
