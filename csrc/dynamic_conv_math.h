@@ -5,7 +5,9 @@
 //
 // Layouts (all contiguous, batch-first, channels-last):
 //   x, out, grad_out, grad_x   (B, T, C)     at [(b*T + t)*C + c]
-//   weight, grad_weight        (B, T, H, K)  at [((b*T + t)*H + h)*K + k];   head of channel c: h = c / R, R = C / H
+//   weight                     (B, T, H, K)  at [(b*T + t)*ws + h*K + k]; ws = H*K, or 0 for a LightConv kernel
+//                                            (H, K) that every position reads; head of channel c: h = c / R, R = C / H
+//   grad_weight                (B, T, H, K)  at [((b*T + t)*H + h)*K + k] (per position, also for LightConv)
 //   out[b, t, c] = sum_k w[b, t, h, k] * x[b, t + k - P, c]   (x = 0 outside [0, T); w = softmax(weight) over k
 //   when softmax, else weight)
 #pragma once
@@ -20,6 +22,7 @@ struct ConvDims {
   int64_t B, T, C, H, R, K;
   int64_t P;  // padding_left, clamped to [-(T + K), T + K] (same result: beyond that every tap is out of range)
   bool softmax;
+  int64_t ws;  // weight position stride (H*K or 0)
 };
 
 // Element n = (b*T + t)*C + c of a (B, T, C) tensor.
@@ -40,7 +43,7 @@ TALK_HD void conv_fwd_element(const scalar_t* x, const scalar_t* weight, scalar_
                               int64_t n) {
   using acc_t = acc_type<scalar_t>;
   const auto [b, t, c, bt] = conv_element(d, n);
-  const scalar_t* wrow = weight + (bt * d.H + c / d.R) * d.K;
+  const scalar_t* wrow = weight + bt * d.ws + (c / d.R) * d.K;
   const scalar_t* xcol = x + b * d.T * d.C + c;
   const SoftmaxStats<acc_t> sm = d.softmax ? softmax_stats(wrow, d.K) : SoftmaxStats<acc_t>{acc_t(0), acc_t(1)};
   acc_t acc = acc_t(0);
@@ -53,7 +56,7 @@ TALK_HD void conv_fwd_element(const scalar_t* x, const scalar_t* weight, scalar_
 
 // grad_x[n], n = (b*T + s)*C + c: sum_k w[b, t, h, k] * grad_out[b, t, c] with t = s - k + P, over
 // k in [max(0, s + P - T + 1), min(K, s + P + 1)) (exactly the taps with 0 <= t < T). w: the weights in the storage
-// type, or the softmax probabilities in the accumulation type.
+// type, or the softmax probabilities in the accumulation type (laid out as the weights).
 template <typename scalar_t, typename w_t>
 TALK_HD void conv_grad_x_element(const w_t* w, const scalar_t* grad_out, scalar_t* grad_x, const ConvDims& d,
                                  int64_t n) {
@@ -63,7 +66,7 @@ TALK_HD void conv_grad_x_element(const w_t* w, const scalar_t* grad_out, scalar_
   acc_t acc = acc_t(0);
   for (int64_t k = max64(0, s + d.P - d.T + 1); k < min64(d.K, s + d.P + 1); ++k) {
     const int64_t bt = b * d.T + (s - k + d.P);
-    acc += to_acc(w[(bt * d.H + h) * d.K + k]) * to_acc(grad_out[bt * d.C + c]);
+    acc += to_acc(w[bt * d.ws + h * d.K + k]) * to_acc(grad_out[bt * d.C + c]);
   }
   grad_x[n] = from_acc<scalar_t>(acc);
 }

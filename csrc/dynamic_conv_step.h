@@ -18,12 +18,13 @@ namespace talk_hf {
 template <typename scalar_t>
 struct ConvStepArgs {
   const scalar_t* x;       // (B, T, C) new tokens
-  const scalar_t* weight;  // (B, T, H, K): normalised, or logits with softmax
+  const scalar_t* weight;  // (B, T, H, K) (or (H, K), ws = 0): normalised, or logits with softmax
   const scalar_t* state;   // (B, K - 1, C)
   scalar_t* out;           // (B, T, C)
   scalar_t* new_state;     // (B, K - 1, C)
   int64_t B, T, C, H, K;
   bool softmax;
+  int64_t ws;  // weight position stride: H*K, or 0 for a LightConv kernel read by every position
 };
 
 // Row i of the extended input of batch row b, as a pointer to its C channels.
@@ -37,7 +38,7 @@ TALK_HD void conv_step_column(const ConvStepArgs<scalar_t>& a, int64_t b, int64_
   using acc_t = acc_type<scalar_t>;
   const int64_t h = c / (a.C / a.H);
   for (int64_t t = 0; t < a.T; ++t) {
-    const scalar_t* w = a.weight + ((b * a.T + t) * a.H + h) * a.K;
+    const scalar_t* w = a.weight + (b * a.T + t) * a.ws + h * a.K;
     const SoftmaxStats<acc_t> s = a.softmax ? softmax_stats(w, a.K) : SoftmaxStats<acc_t>{acc_t(0), acc_t(1)};
     acc_t sum = acc_t(0);
     for (int64_t k = 0; k < a.K; ++k) {

@@ -8,6 +8,7 @@
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <torch/library.h>
 
@@ -24,6 +25,7 @@ namespace {
 
 struct Dims {
   int64_t B, T, C, H, R, K, P;
+  int64_t ws;  // weight position stride: H*K, or 0 for a LightConv kernel read by every position
 };
 
 // Positions are processed in chunks of (b, t) pairs: enough work per task, no false sharing on outputs.
@@ -65,7 +67,7 @@ TALK_HF_VECTOR_CLONES void grad_x_position(const scalar_t* g, const w_t* w, scal
     for (int64_t k = 0; k < d.K; ++k) {
       const int64_t t = s - k + d.P;
       if (t < 0 || t >= d.T) continue;
-      axpy(static_cast<acc_t>(w[((b * d.T + t) * d.H + h) * d.K + k]), g + (b * d.T + t) * d.C + h * d.R,
+      axpy(static_cast<acc_t>(w[(b * d.T + t) * d.ws + h * d.K + k]), g + (b * d.T + t) * d.C + h * d.R,
            acc + h * d.R, d.R);
     }
   }
@@ -107,22 +109,23 @@ void forward_kernel(const scalar_t* x, const scalar_t* w, bool softmax, scalar_t
   at::parallel_for(0, d.B * d.T, kGrain, [&](int64_t begin, int64_t end) {
     std::vector<acc_t> acc(d.C), probs(softmax ? d.H * d.K : 0);
     for (int64_t bt = begin; bt < end; ++bt) {
-      const scalar_t* wpos = w + bt * d.H * d.K;
+      const scalar_t* wpos = w + bt * d.ws;
       if (!softmax) {
         forward_position(x, wpos, out, d, bt, acc.data());
         continue;
       }
-      softmax_rows(wpos, d.H, d.K, probs.data());
+      if (d.ws != 0 || bt == begin) softmax_rows(wpos, d.H, d.K, probs.data());  // a LightConv kernel: once
       forward_position(x, static_cast<const acc_t*>(probs.data()), out, d, bt, acc.data());
     }
   });
 }
 
-// probs (B*T*H*K, accumulation type) = the softmax of every row of logits.
+// probs (laid out as the logits: B*T*H*K, or H*K for a LightConv kernel; accumulation type) = the softmax of
+// every row of logits.
 template <typename scalar_t, typename acc_t>
 void softmax_kernel(const scalar_t* logits, acc_t* probs, const Dims& d) {
-  at::parallel_for(0, d.B * d.T, kGrain, [&](int64_t begin, int64_t end) {
-    softmax_rows(logits + begin * d.H * d.K, (end - begin) * d.H, d.K, probs + begin * d.H * d.K);
+  at::parallel_for(0, d.ws != 0 ? d.B * d.T : 1, kGrain, [&](int64_t begin, int64_t end) {
+    softmax_rows(logits + begin * d.ws, (end - begin) * d.H, d.K, probs + begin * d.ws);
   });
 }
 
@@ -139,22 +142,26 @@ void grad_weight_kernel(const scalar_t* g, const scalar_t* x, const acc_t* probs
   at::parallel_for(0, d.B * d.T, kGrain, [&](int64_t begin, int64_t end) {
     std::vector<acc_t> gp(d.H * d.K);
     for (int64_t bt = begin; bt < end; ++bt) {
-      const acc_t* p = probs != nullptr ? probs + bt * d.H * d.K : nullptr;
+      const acc_t* p = probs != nullptr ? probs + bt * d.ws : nullptr;
       grad_weight_position<scalar_t, acc_t>(g, x, p, gw, d, bt, gp.data());
     }
   });
 }
 
-Dims make_dims(const at::Tensor& x, const at::Tensor& w, int64_t padding_left) {
-  return {x.size(0), x.size(1), x.size(2), w.size(2), x.size(2) / w.size(2), w.size(3), padding_left};
+// x (B, T, C), w (B, T, H, K) as given (sizes), cw: how the kernels read w.
+Dims make_dims(const at::Tensor& x, const at::Tensor& w, const ConvWeight& cw, int64_t padding_left) {
+  return {x.size(0), x.size(1), x.size(2), w.size(2), x.size(2) / w.size(2), w.size(3), padding_left,
+          cw.position_stride};
 }
 
 at::Tensor dynamic_conv_fwd_cpu(const at::Tensor& x_, const at::Tensor& w_, int64_t padding_left, bool softmax) {
   check_dynamic_conv_inputs(x_, w_);
-  const at::Tensor x = x_.contiguous(), w = w_.contiguous();
+  const at::Tensor x = x_.contiguous();
   at::Tensor out = at::empty_like(x);
   if (x.numel() == 0) return out;
-  const Dims d = make_dims(x, w, padding_left);
+  const ConvWeight cw = conv_weight(w_);
+  const at::Tensor& w = cw.data;
+  const Dims d = make_dims(x, w_, cw, padding_left);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "dynamic_conv_fwd_cpu", [&] {
     forward_kernel<scalar_t, at::opmath_type<scalar_t>>(x.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(), softmax,
                                                         out.data_ptr<scalar_t>(), d);
@@ -167,10 +174,12 @@ std::tuple<at::Tensor, at::Tensor> dynamic_conv_bwd_cpu(const at::Tensor& g_, co
   check_dynamic_conv_inputs(x_, w_);
   TORCH_CHECK(g_.sizes() == x_.sizes() && g_.scalar_type() == x_.scalar_type(),
               "dynamic_conv backward: grad_out must match x");
-  const at::Tensor g = g_.contiguous(), x = x_.contiguous(), w = w_.contiguous();
-  at::Tensor gx = at::empty_like(x), gw = at::empty_like(w);
+  const at::Tensor g = g_.contiguous(), x = x_.contiguous();
+  at::Tensor gx = at::empty_like(x), gw = at::empty(w_.sizes(), w_.options());  // per position, also for LightConv
   if (x.numel() == 0) return {gx, gw.zero_()};
-  const Dims d = make_dims(x, w, padding_left);
+  const ConvWeight cw = conv_weight(w_);
+  const at::Tensor& w = cw.data;
+  const Dims d = make_dims(x, w_, cw, padding_left);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "dynamic_conv_bwd_cpu", [&] {
     using acc_t = at::opmath_type<scalar_t>;
     const scalar_t *gp = g.data_ptr<scalar_t>(), *xp = x.data_ptr<scalar_t>(), *wp = w.data_ptr<scalar_t>();
@@ -179,7 +188,7 @@ std::tuple<at::Tensor, at::Tensor> dynamic_conv_bwd_cpu(const at::Tensor& g_, co
       grad_weight_kernel<scalar_t, acc_t>(gp, xp, nullptr, gw.data_ptr<scalar_t>(), d);
       return;
     }
-    std::vector<acc_t> probs(w.numel());
+    std::vector<acc_t> probs(w.numel());  // laid out as w
     softmax_kernel(wp, probs.data(), d);
     grad_x_kernel<scalar_t, acc_t>(gp, static_cast<const acc_t*>(probs.data()), gx.data_ptr<scalar_t>(), d);
     grad_weight_kernel<scalar_t, acc_t>(gp, xp, probs.data(), gw.data_ptr<scalar_t>(), d);
@@ -195,7 +204,7 @@ TALK_HF_VECTOR_CLONES void conv_step_batch_row(const ConvStepArgs<scalar_t>& a, 
   using acc_t = acc_type<scalar_t>;
   const int64_t R = a.C / a.H;
   for (int64_t t = 0; t < a.T; ++t) {
-    const scalar_t* wpos = a.weight + (b * a.T + t) * a.H * a.K;
+    const scalar_t* wpos = a.weight + (b * a.T + t) * a.ws;
     if (a.softmax) softmax_rows(wpos, a.H, a.K, probs);
     std::fill(acc, acc + a.C, acc_t(0));
     for (int64_t k = 0; k < a.K; ++k) {
@@ -220,17 +229,19 @@ TALK_HF_VECTOR_CLONES void conv_step_batch_row(const ConvStepArgs<scalar_t>& a, 
 std::tuple<at::Tensor, at::Tensor> dynamic_conv_step_cpu(const at::Tensor& x_, const at::Tensor& w_,
                                                          const at::Tensor& state_, bool softmax) {
   check_dynamic_conv_step_inputs(x_, w_, state_);
-  const at::Tensor x = x_.contiguous(), w = w_.contiguous(), state = state_.contiguous();
-  const int64_t B = x.size(0), T = x.size(1), C = x.size(2), K = w.size(3);
+  const at::Tensor x = x_.contiguous(), state = state_.contiguous();
+  const ConvWeight cw = conv_weight(w_);
+  const at::Tensor& w = cw.data;
+  const int64_t B = x.size(0), T = x.size(1), C = x.size(2), H = w_.size(2), K = w_.size(3);
   at::Tensor out = at::empty_like(x), new_state = at::empty_like(state);
   if (T == 0 || B == 0 || C == 0) return {out, new_state.copy_(state)};
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "dynamic_conv_step_cpu", [&] {
     const ConvStepArgs<scalar_t> a{x.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(), state.data_ptr<scalar_t>(),
-                                   out.data_ptr<scalar_t>(), new_state.data_ptr<scalar_t>(), B, T, C, w.size(2), K,
-                                   softmax};
+                                   out.data_ptr<scalar_t>(), new_state.data_ptr<scalar_t>(), B, T, C, H, K,
+                                   softmax, cw.position_stride};
     const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 18) / ((K + T) * C));  // >= 256K elements per task
     at::parallel_for(0, B, grain, [&](int64_t begin, int64_t end) {
-      std::vector<acc_type<scalar_t>> acc(C), probs(softmax ? w.size(2) * K : 0);
+      std::vector<acc_type<scalar_t>> acc(C), probs(softmax ? H * K : 0);
       for (int64_t b = begin; b < end; ++b) conv_step_batch_row(a, b, acc.data(), probs.data());
     });
   });

@@ -113,7 +113,9 @@ std::tuple<at::Tensor, at::Tensor> talk_conv_step_cuda_op(const at::Tensor& x_, 
   return {out, new_state};
 }
 
-DynamicConvParams conv_params(const at::Tensor& x, const at::Tensor& w, int64_t padding_left, bool softmax) {
+// x contiguous; w: the (B, T, H, K) weight as given (sizes); cw: how the kernels read it (kept alive by the caller).
+DynamicConvParams conv_params(const at::Tensor& x, const at::Tensor& w, const ConvWeight& cw, int64_t padding_left,
+                              bool softmax) {
   DynamicConvParams p{};
   p.softmax = softmax;
   p.batch = x.size(0);
@@ -124,7 +126,8 @@ DynamicConvParams conv_params(const at::Tensor& x, const at::Tensor& w, int64_t 
   p.padding_left = padding_left;
   p.dtype = to_dtype(x.scalar_type());
   p.x = x.data_ptr();
-  p.weight = w.data_ptr();
+  p.weight = cw.data.data_ptr();
+  p.weight_position_stride = cw.position_stride;
   return p;
 }
 
@@ -132,10 +135,11 @@ at::Tensor dynamic_conv_fwd_cuda_op(const at::Tensor& x_, const at::Tensor& w_, 
                                     bool softmax) {
   check_dynamic_conv_inputs(x_, w_);
   const c10::cuda::CUDAGuard guard(x_.device());
-  const at::Tensor x = x_.contiguous(), w = w_.contiguous();
+  const at::Tensor x = x_.contiguous();
   at::Tensor out = at::empty_like(x);
   if (x.numel() == 0) return out;
-  DynamicConvParams p = conv_params(x, w, padding_left, softmax);
+  const ConvWeight cw = conv_weight(w_);
+  DynamicConvParams p = conv_params(x, w_, cw, padding_left, softmax);
   p.out = out.data_ptr();
   check_launch(dynamic_conv_fwd_cuda(p, c10::cuda::getCurrentCUDAStream()), "dynamic_conv_fwd");
   return out;
@@ -145,18 +149,20 @@ std::tuple<at::Tensor, at::Tensor> dynamic_conv_step_cuda_op(const at::Tensor& x
                                                              const at::Tensor& state_, bool softmax) {
   check_dynamic_conv_step_inputs(x_, w_, state_);
   const c10::cuda::CUDAGuard guard(x_.device());
-  const at::Tensor x = x_.contiguous(), w = w_.contiguous(), state = state_.contiguous();
+  const at::Tensor x = x_.contiguous(), state = state_.contiguous();
   at::Tensor out = at::empty_like(x), new_state = at::empty_like(state);
   if (x.numel() == 0) return {out, new_state.copy_(state)};
+  const ConvWeight cw = conv_weight(w_);
   ConvStepParams p{};
   p.batch = x.size(0);
   p.seqlen = x.size(1);
   p.channels = x.size(2);
-  p.heads = w.size(2);
-  p.kernel_size = w.size(3);
+  p.heads = w_.size(2);
+  p.kernel_size = w_.size(3);
   p.dtype = to_dtype(x.scalar_type());
   p.x = x.data_ptr();
-  p.weight = w.data_ptr();
+  p.weight = cw.data.data_ptr();
+  p.weight_position_stride = cw.position_stride;
   p.softmax = softmax;
   p.state = state.numel() ? state.data_ptr() : nullptr;
   p.out = out.data_ptr();
@@ -172,10 +178,11 @@ std::tuple<at::Tensor, at::Tensor> dynamic_conv_bwd_cuda_op(const at::Tensor& g_
   TORCH_CHECK(g_.sizes() == x_.sizes() && g_.scalar_type() == x_.scalar_type(),
               "dynamic_conv backward: grad_out must match x");
   const c10::cuda::CUDAGuard guard(x_.device());
-  const at::Tensor g = g_.contiguous(), x = x_.contiguous(), w = w_.contiguous();
-  at::Tensor gx = at::empty_like(x), gw = at::empty_like(w);
+  const at::Tensor g = g_.contiguous(), x = x_.contiguous();
+  at::Tensor gx = at::empty_like(x), gw = at::empty(w_.sizes(), w_.options());  // per position, also for LightConv
   if (x.numel() == 0) return {gx, gw.zero_()};
-  DynamicConvParams p = conv_params(x, w, padding_left, softmax);
+  const ConvWeight cw = conv_weight(w_);
+  DynamicConvParams p = conv_params(x, w_, cw, padding_left, softmax);
   p.grad_out = g.data_ptr();
   p.grad_x = gx.data_ptr();
   p.grad_weight = gw.data_ptr();

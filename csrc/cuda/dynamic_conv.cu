@@ -33,6 +33,7 @@ inline ConvDims make_dims(const DynamicConvParams& p) {
   const int64_t bound = p.seqlen + p.kernel_size;  // keeps t + k - P and s + P free of int64 overflow
   d.P = p.padding_left < -bound ? -bound : (p.padding_left > bound ? bound : p.padding_left);
   d.softmax = p.softmax;
+  d.ws = p.weight_position_stride;
   return d;
 }
 
@@ -53,11 +54,13 @@ __global__ void __launch_bounds__(kThreads)
     conv_fwd_element(x, weight, out, d, n);
 }
 
-// probs[row*K + k] = softmax of the row's logits (row = (b*T + t)*H + h), one thread per row.
+// probs[row*K + k] = softmax of the row's logits, one thread per row: the B*T*H rows of the weights, or the H rows
+// of a LightConv kernel (ws = 0); probs is laid out as the weights.
 template <typename scalar_t>
 __global__ void __launch_bounds__(kThreads)
     softmax_rows_kernel(const scalar_t* __restrict__ logits, acc_type<scalar_t>* __restrict__ probs, ConvDims d) {
-  for (int64_t row = global_thread_id(); row < d.B * d.T * d.H; row += global_thread_count())
+  const int64_t rows = (d.ws != 0 ? d.B * d.T : 1) * d.H;
+  for (int64_t row = global_thread_id(); row < rows; row += global_thread_count())
     softmax_probs_row(logits + row * d.K, d.K, probs + row * d.K);
 }
 
@@ -66,8 +69,11 @@ template <typename scalar_t>
 __global__ void __launch_bounds__(kThreads)
     softmax_grad_kernel(const acc_type<scalar_t>* __restrict__ probs, const acc_type<scalar_t>* __restrict__ gp,
                         scalar_t* __restrict__ grad_logits, ConvDims d) {
-  for (int64_t row = global_thread_id(); row < d.B * d.T * d.H; row += global_thread_count())
-    softmax_grad_row(probs + row * d.K, gp + row * d.K, d.K, grad_logits + row * d.K);
+  for (int64_t row = global_thread_id(); row < d.B * d.T * d.H; row += global_thread_count()) {
+    const int64_t bt = row / d.H;
+    const acc_type<scalar_t>* p = probs + bt * d.ws + (row - bt * d.H) * d.K;
+    softmax_grad_row(p, gp + row * d.K, d.K, grad_logits + row * d.K);
+  }
 }
 
 __device__ __forceinline__ void store_acc(float* p, float v) { *p = v; }
@@ -202,7 +208,7 @@ cudaError_t dynamic_conv_step_cuda(const ConvStepParams& p, cudaStream_t stream)
                      static_cast<const scalar_t*>(p.x), static_cast<const scalar_t*>(p.weight),
                      static_cast<const scalar_t*>(p.state), static_cast<scalar_t*>(p.out),
                      static_cast<scalar_t*>(p.new_state), p.batch, p.seqlen, p.channels, p.heads, p.kernel_size,
-                     p.softmax}));
+                     p.softmax, p.weight_position_stride}));
   return cudaGetLastError();
 }
 

@@ -185,8 +185,10 @@ template <typename T>
 void conv_bwd(const T* g, const T* x, const T* w, T* gx, T* gw, const ConvDims& d, int group) {
   using acc_t = acc_type<T>;
   const int64_t rows = d.B * d.T * d.H, n = d.B * d.T * d.C;
-  std::vector<acc_t> probs(d.softmax ? rows * d.K : 0), gp(d.softmax ? rows * d.K : 0);
-  for (int64_t row = 0; d.softmax && row < rows; ++row) softmax_probs_row(w + row * d.K, d.K, probs.data() + row * d.K);
+  const int64_t weight_rows = d.ws != 0 ? rows : d.H;  // probs laid out as the weights, as in dynamic_conv.cu
+  std::vector<acc_t> probs(d.softmax ? weight_rows * d.K : 0), gp(d.softmax ? rows * d.K : 0);
+  for (int64_t row = 0; d.softmax && row < weight_rows; ++row)
+    softmax_probs_row(w + row * d.K, d.K, probs.data() + row * d.K);
   for (int64_t i = 0; i < n; ++i) {
     if (d.softmax)
       conv_grad_x_element(static_cast<const acc_t*>(probs.data()), g, gx, d, i);
@@ -203,12 +205,15 @@ void conv_bwd(const T* g, const T* x, const T* w, T* gx, T* gw, const ConvDims& 
         gw[bth * d.K + k] = from_acc<T>(sum);
     }
   }
-  for (int64_t row = 0; d.softmax && row < rows; ++row)
-    softmax_grad_row(probs.data() + row * d.K, gp.data() + row * d.K, d.K, gw + row * d.K);
+  for (int64_t row = 0; d.softmax && row < rows; ++row) {
+    const int64_t bt = row / d.H;
+    softmax_grad_row(probs.data() + bt * d.ws + (row - bt * d.H) * d.K, gp.data() + row * d.K, d.K, gw + row * d.K);
+  }
 }
 
-ConvDims conv_dims(int64_t B, int64_t L, int64_t C, int64_t H, int64_t K, int64_t P, int softmax) {
-  return ConvDims{B, L, C, H, C / H, K, P, softmax != 0};
+// light: the weights are one (H, K) LightConv kernel for every position (position stride 0).
+ConvDims conv_dims(int64_t B, int64_t L, int64_t C, int64_t H, int64_t K, int64_t P, int softmax, int light) {
+  return ConvDims{B, L, C, H, C / H, K, P, softmax != 0, light ? 0 : H * K};
 }
 
 // A thread block of `n` fibers running one block program (see the top of this file).
@@ -345,18 +350,19 @@ rfa_blocks::RfaArgs<acc_t> rfa_args(int64_t B, int64_t L, int64_t H, int64_t F, 
   extern "C" int dynamic_conv_step_emulate_##SUFFIX(const T* x, const T* w, const T* state, T* out, T* new_state,  \
                                                     int64_t B, int64_t L, int64_t C, int64_t H, int64_t K,         \
                                                     int softmax, int reverse) {                                    \
-    conv_step(ConvStepArgs<T>{x, w, state, out, new_state, B, L, C, H, K, softmax != 0}, reverse != 0);            \
+    conv_step(ConvStepArgs<T>{x, w, state, out, new_state, B, L, C, H, K, softmax != 0, H * K}, reverse != 0);     \
     return 0;                                                                                                      \
   }                                                                                                                \
   extern "C" int dynamic_conv_fwd_emulate_##SUFFIX(const T* x, const T* w, T* out, int64_t B, int64_t L, int64_t C, \
-                                                   int64_t H, int64_t K, int64_t P, int softmax, int reverse) {    \
-    conv_fwd(x, w, out, conv_dims(B, L, C, H, K, P, softmax), reverse != 0);                                       \
+                                                   int64_t H, int64_t K, int64_t P, int softmax, int light,        \
+                                                   int reverse) {                                                  \
+    conv_fwd(x, w, out, conv_dims(B, L, C, H, K, P, softmax, light), reverse != 0);                                \
     return 0;                                                                                                      \
   }                                                                                                                \
   extern "C" int dynamic_conv_bwd_emulate_##SUFFIX(const T* g, const T* x, const T* w, T* gx, T* gw, int64_t B,     \
                                                    int64_t L, int64_t C, int64_t H, int64_t K, int64_t P,          \
-                                                   int softmax, int group) {                                       \
-    conv_bwd(g, x, w, gx, gw, conv_dims(B, L, C, H, K, P, softmax), group);                                         \
+                                                   int softmax, int light, int group) {                            \
+    conv_bwd(g, x, w, gx, gw, conv_dims(B, L, C, H, K, P, softmax, light), group);                                  \
     return 0;                                                                                                      \
   }
 

@@ -225,18 +225,20 @@ CONV_CASES = [  # B, T, C, H, K, P
 ]
 
 
+@pytest.mark.parametrize("light", [False, True], ids=["dynamic", "light"])
 @pytest.mark.parametrize("softmax", [False, True], ids=["normalised", "logits"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
 @pytest.mark.parametrize("B,T,C,H,K,P", CONV_CASES)
-def test_dynamic_conv_element_programs(emulator, B, T, C, H, K, P, dtype, softmax):
+def test_dynamic_conv_element_programs(emulator, B, T, C, H, K, P, dtype, softmax, light):
     """dynamic_conv_math.h's element programs (the CUDA forward, grad x and weight-gradient lane partials) and
-    softmax_row.h's row programs, run by the emulator as dynamic_conv.cu launches them, against the reference."""
+    softmax_row.h's row programs, run by the emulator as dynamic_conv.cu launches them, against the reference;
+    LightConv: one (H, K) kernel read by every position (the weight gradient stays per position)."""
     gen = torch.Generator().manual_seed(K * T + C)
     x = torch.randn(B, T, C, generator=gen, dtype=torch.float64)
-    w = 3 * torch.randn(B, T, H, K, generator=gen, dtype=torch.float64)
+    w = 3 * torch.randn(*((H, K) if light else (B, T, H, K)), generator=gen, dtype=torch.float64)
     w = w if softmax else w.softmax(-1)
     g = torch.randn(B, T, C, generator=gen, dtype=torch.float64)
-    xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
+    xr, wr = x.clone().requires_grad_(), w.expand(B, T, H, K).clone().requires_grad_()
     want_out = ops.dynamic_conv_ref(xr, wr, P, softmax)
     want_out.backward(g)
     x, w, g = x.to(dtype), w.to(dtype), g.to(dtype)  # kept alive: the emulator reads them through raw pointers
@@ -245,13 +247,14 @@ def test_dynamic_conv_element_programs(emulator, B, T, C, H, K, P, dtype, softma
     for reverse in (False, True):
         out = torch.full_like(x, float("nan"))
         getattr(emulator, f"dynamic_conv_fwd_emulate_{SUFFIX[dtype]}")(
-            ptr(x), ptr(w), ptr(out), *ints, ctypes.c_int(int(softmax)), ctypes.c_int(int(reverse)))
+            ptr(x), ptr(w), ptr(out), *ints, ctypes.c_int(int(softmax)), ctypes.c_int(int(light)),
+            ctypes.c_int(int(reverse)))
         outs.append(out)
     assert torch.equal(outs[0], outs[1])
     assert_close(outs[0], want_out.detach(), dtype)
-    gx, gw = torch.full_like(x, float("nan")), torch.full_like(w, float("nan"))
+    gx, gw = torch.full_like(x, float("nan")), torch.full((B, T, H, K), float("nan"), dtype=dtype)
     getattr(emulator, f"dynamic_conv_bwd_emulate_{SUFFIX[dtype]}")(
-        ptr(g), ptr(x), ptr(w), ptr(gx), ptr(gw), *ints, ctypes.c_int(int(softmax)),
+        ptr(g), ptr(x), ptr(w), ptr(gx), ptr(gw), *ints, ctypes.c_int(int(softmax)), ctypes.c_int(int(light)),
         ctypes.c_int(group_size_for(C // H)))
     assert_close(gx, xr.grad, dtype, name="grad x")
     assert_close(gw, wr.grad, dtype, name="grad weight")
@@ -342,9 +345,10 @@ def test_dynamic_conv_programs_in_bf16(emulator, softmax):
     want.backward(g.double())
     ints = [ctypes.c_int64(v) for v in (B, T, C, H, K, P)]
     out, gx, gw = torch.empty_like(x), torch.empty_like(x), torch.empty_like(w)
-    emulator.dynamic_conv_fwd_emulate_bf16(ptr(x), ptr(w), ptr(out), *ints, ctypes.c_int(int(softmax)), ctypes.c_int(0))
+    emulator.dynamic_conv_fwd_emulate_bf16(ptr(x), ptr(w), ptr(out), *ints, ctypes.c_int(int(softmax)), ctypes.c_int(0),
+                                           ctypes.c_int(0))
     emulator.dynamic_conv_bwd_emulate_bf16(ptr(g), ptr(x), ptr(w), ptr(gx), ptr(gw), *ints, ctypes.c_int(int(softmax)),
-                                           ctypes.c_int(group_size_for(C // H)))
+                                           ctypes.c_int(0), ctypes.c_int(group_size_for(C // H)))
     assert_close(out, want.detach(), bf16)
     assert_close(gx, xr.grad, bf16, name="grad x")
     assert_close(gw, wr.grad, bf16, name="grad weight")
