@@ -60,18 +60,18 @@ inline void check_dynamic_conv_inputs(const at::Tensor& x, const at::Tensor& wei
   TORCH_CHECK(weight.device() == x.device(), "dynamic_conv: weight must be on x's device");
 }
 
-// The dynamic-convolution weight as the kernels read it: `data` holds (H, K) rows at a position stride of H*K
-// ((B, T, H, K), contiguous) or 0 (a LightConv kernel broadcast over (B, T) by expand(): read in place instead of
-// being copied out B*T times).
+// The dynamic-convolution weight as the kernels read it: `data` is the (B, T, H, K) weight made contiguous, or,
+// when `broadcast`, the one (H, K) LightConv kernel that expand() spread over (B, T) (read in place by every
+// position instead of being copied out B*T times).
 struct ConvWeight {
   at::Tensor data;
-  int64_t position_stride;
+  bool broadcast;
 };
 
 inline ConvWeight conv_weight(const at::Tensor& weight) {
   if (weight.size(0) > 0 && weight.size(1) > 0 && weight.stride(0) == 0 && weight.stride(1) == 0)
-    return {weight.select(0, 0).select(0, 0).contiguous(), 0};
-  return {weight.contiguous(), weight.size(2) * weight.size(3)};
+    return {weight.select(0, 0).select(0, 0).contiguous(), true};
+  return {weight.contiguous(), false};
 }
 
 // x (B, T, C) and weight (B, T, H, K) as for dynamic_conv; state (B, K - 1, C) in x's dtype.

@@ -48,7 +48,7 @@ struct DynamicConvParams {
   DType dtype;
   const void* x;            // (B, T, C)
   const void* weight;       // (B, T, H, K): normalised by the caller, or logits when softmax
-  int64_t weight_position_stride;  // H*K, or 0: an (H, K) LightConv kernel that every position reads
+  bool weight_broadcast;    // weight is one (H, K) LightConv kernel that every position reads (false: per position)
   bool softmax;             // normalise each (b, t, h) row of weight over K (softmax) inside the kernels
   void* out;                // (B, T, C)     forward only
   const void* grad_out;     // (B, T, C)     backward only
@@ -61,7 +61,7 @@ struct ConvStepParams {
   DType dtype;                                          // dtype of every tensor below
   const void* x;                                        // (B, T, C)
   const void* weight;                                   // (B, T, H, K): normalised, or logits when softmax
-  int64_t weight_position_stride;                       // H*K, or 0: an (H, K) LightConv kernel for every position
+  bool weight_broadcast;                                // weight is one (H, K) kernel for every position
   bool softmax;                                         // normalise each row of weight over K (softmax)
   const void* state;                                    // (B, K - 1, C): the last K - 1 inputs
   void* out;                                            // (B, T, C)

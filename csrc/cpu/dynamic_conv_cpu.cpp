@@ -151,7 +151,7 @@ void grad_weight_kernel(const scalar_t* g, const scalar_t* x, const acc_t* probs
 // x (B, T, C), w (B, T, H, K) as given (sizes), cw: how the kernels read w.
 Dims make_dims(const at::Tensor& x, const at::Tensor& w, const ConvWeight& cw, int64_t padding_left) {
   return {x.size(0), x.size(1), x.size(2), w.size(2), x.size(2) / w.size(2), w.size(3), padding_left,
-          cw.position_stride};
+          cw.broadcast ? 0 : w.size(2) * w.size(3)};
 }
 
 at::Tensor dynamic_conv_fwd_cpu(const at::Tensor& x_, const at::Tensor& w_, int64_t padding_left, bool softmax) {
@@ -238,7 +238,7 @@ std::tuple<at::Tensor, at::Tensor> dynamic_conv_step_cpu(const at::Tensor& x_, c
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "dynamic_conv_step_cpu", [&] {
     const ConvStepArgs<scalar_t> a{x.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(), state.data_ptr<scalar_t>(),
                                    out.data_ptr<scalar_t>(), new_state.data_ptr<scalar_t>(), B, T, C, H, K,
-                                   softmax, cw.position_stride};
+                                   softmax, cw.broadcast ? 0 : H * K};
     const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 18) / ((K + T) * C));  // >= 256K elements per task
     at::parallel_for(0, B, grain, [&](int64_t begin, int64_t end) {
       std::vector<acc_type<scalar_t>> acc(C), probs(softmax ? H * K : 0);

@@ -127,7 +127,7 @@ DynamicConvParams conv_params(const at::Tensor& x, const at::Tensor& w, const Co
   p.dtype = to_dtype(x.scalar_type());
   p.x = x.data_ptr();
   p.weight = cw.data.data_ptr();
-  p.weight_position_stride = cw.position_stride;
+  p.weight_broadcast = cw.broadcast;
   return p;
 }
 
@@ -162,7 +162,7 @@ std::tuple<at::Tensor, at::Tensor> dynamic_conv_step_cuda_op(const at::Tensor& x
   p.dtype = to_dtype(x.scalar_type());
   p.x = x.data_ptr();
   p.weight = cw.data.data_ptr();
-  p.weight_position_stride = cw.position_stride;
+  p.weight_broadcast = cw.broadcast;
   p.softmax = softmax;
   p.state = state.numel() ? state.data_ptr() : nullptr;
   p.out = out.data_ptr();

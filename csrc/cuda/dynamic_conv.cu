@@ -33,7 +33,7 @@ inline ConvDims make_dims(const DynamicConvParams& p) {
   const int64_t bound = p.seqlen + p.kernel_size;  // keeps t + k - P and s + P free of int64 overflow
   d.P = p.padding_left < -bound ? -bound : (p.padding_left > bound ? bound : p.padding_left);
   d.softmax = p.softmax;
-  d.ws = p.weight_position_stride;
+  d.ws = p.weight_broadcast ? 0 : p.heads * p.kernel_size;
   return d;
 }
 
@@ -208,7 +208,7 @@ cudaError_t dynamic_conv_step_cuda(const ConvStepParams& p, cudaStream_t stream)
                      static_cast<const scalar_t*>(p.x), static_cast<const scalar_t*>(p.weight),
                      static_cast<const scalar_t*>(p.state), static_cast<scalar_t*>(p.out),
                      static_cast<scalar_t*>(p.new_state), p.batch, p.seqlen, p.channels, p.heads, p.kernel_size,
-                     p.softmax, p.weight_position_stride}));
+                     p.softmax, p.weight_broadcast ? 0 : p.heads * p.kernel_size}));
   return cudaGetLastError();
 }
 
