@@ -21,8 +21,6 @@ Writes --output (JSON) and prints a markdown table.
 """
 
 import argparse
-import json
-import platform
 import statistics
 import time
 
@@ -40,6 +38,7 @@ from talk_hf import (
     TalkLMConfig,
 )
 from talk_hf.training.plot import pyplot, save_figure
+from talk_hf.training.timing import environment, save_results
 
 VOCAB, D, LAYERS, HEADS = 8000, 256, 3, 4
 IDS = dict(vocab_size=VOCAB, pad_token_id=1, bos_token_id=0, eos_token_id=2)
@@ -188,6 +187,7 @@ def plot(rows, path):
     ax.legend()
     save_figure(fig, path)
 
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
@@ -205,10 +205,7 @@ def main(argv=None):
     if args.plot:
         plot(rows, args.plot)
     if args.output:
-        meta = {"device": args.device if args.device != "cpu" else f"{platform.machine()} CPU, "
-                f"{torch.get_num_threads()} threads", "torch": torch.__version__, "args": vars(args)}
-        with open(args.output, "w") as f:
-            json.dump({"meta": meta, "rows": rows}, f, indent=2)
+        save_results(args.output, environment(args.device, args), rows)
     return rows
 
 

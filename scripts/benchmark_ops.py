@@ -19,8 +19,6 @@ Writes --output (JSON) and prints a markdown table.
 
 import argparse
 import json
-import os
-import platform
 import statistics
 
 import torch
@@ -28,7 +26,7 @@ import torch.nn.functional as F
 
 from talk_hf import ops
 from talk_hf.training.plot import pyplot, save_figure
-from talk_hf.training.timing import median_seconds
+from talk_hf.training.timing import environment, median_seconds, save_results
 
 
 def interleaved_ratio(fn, baseline, device, pairs):
@@ -141,6 +139,7 @@ def plot(rows, path):
     ax.legend()
     save_figure(fig, path)
 
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
@@ -159,18 +158,14 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if ops.backend(args.device) != "compiled":
         raise SystemExit(f"no compiled kernels for {args.device}: build the extension first")
-    env = {"device": args.device, "torch": torch.__version__, "threads": torch.get_num_threads(),
-           "cpu": platform.processor() or platform.machine(),
-           "gpu": torch.cuda.get_device_name() if args.device == "cuda" else None,
-           "glibc_tunables": os.environ.get("GLIBC_TUNABLES"), **vars(args)}
+    env = environment(args.device, args)
     rows = [measure(args, T) for T in args.lengths]
     print(json.dumps(env))
     print(table(rows))
     if args.plot:
         plot(rows, args.plot)
     if args.output:
-        with open(args.output, "w") as f:
-            json.dump({"environment": env, "rows": rows}, f, indent=2)
+        save_results(args.output, env, rows)
     return rows
 
 

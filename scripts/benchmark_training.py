@@ -16,14 +16,12 @@ CPU rows are fp32.
 
 import argparse
 import contextlib
-import json
-import platform
 
 import torch
 
 from talk_hf.training.models import build_model_for_ids, count_parameters
 from talk_hf.training.plot import pyplot, save_figure
-from talk_hf.training.timing import median_seconds
+from talk_hf.training.timing import environment, median_seconds, save_results
 
 VOCAB = 8000
 IDS = dict(vocab_size=VOCAB, pad_token_id=1, bos_token_id=0, eos_token_id=2)
@@ -143,6 +141,7 @@ def plot(rows, path):
     ax.legend()
     save_figure(fig, path)
 
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
@@ -168,11 +167,7 @@ def main(argv=None):
     if args.plot:
         plot(rows, args.plot)
     if args.output:
-        env = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else
-               f"{platform.machine()} CPU, {torch.get_num_threads()} threads", "torch": torch.__version__,
-               "args": vars(args)}
-        with open(args.output, "w") as f:
-            json.dump({"environment": env, "rows": rows}, f, indent=2)
+        save_results(args.output, environment(device, args), rows)
     return rows
 
 

@@ -1,5 +1,9 @@
-"""Timing for the benchmark scripts: the median of timed calls after warm-up, with CUDA events on a GPU."""
+"""Timing for the benchmark scripts (the median of timed calls after warm-up, with CUDA events on a GPU) and the
+one format their result files share."""
 
+import json
+import os
+import platform
 import statistics
 import time
 
@@ -27,3 +31,19 @@ def median_seconds(fn, device, warmup=2, iters=20, budget_s=None):
             fn()
             times.append(time.perf_counter() - t)
     return statistics.median(times)
+
+
+def environment(device, args):
+    """What a benchmark ran on: the device (GPU name, or CPU and its threads), torch, the allocator setting
+    (GLIBC_TUNABLES) and the script's arguments (an argparse namespace)."""
+    device = torch.device(device)
+    name = (torch.cuda.get_device_name(device) if device.type == "cuda"
+            else f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} threads")
+    return {"device": name, "torch": torch.__version__, "glibc_tunables": os.environ.get("GLIBC_TUNABLES"),
+            "args": vars(args)}
+
+
+def save_results(path, env, rows):
+    """Write {"environment": env, "rows": rows} as JSON to `path`."""
+    with open(path, "w") as f:
+        json.dump({"environment": env, "rows": rows}, f, indent=2)
