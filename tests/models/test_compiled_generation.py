@@ -116,8 +116,7 @@ def test_positions_count_real_tokens_only():
 
 @pytest.mark.parametrize("name", ["talk_lm", "dynamic_conv_lm", "rfa_doc"])
 def test_backpropagation_through_a_cache_gives_the_full_forward_gradients(name):
-    """Training through the cache (truncated backpropagation) gets the gradients of one full forward: under autograd
-    the states are stored, not overwritten in place."""
+    """Training through the cache (truncated backpropagation) gets the gradients of one full forward."""
     overrides = dict(resample_random_features=False) if name == "rfa_doc" else {}  # same features in every call
     model = make(name, **overrides).train()
     inputs = inputs_for(name)
