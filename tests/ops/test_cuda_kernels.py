@@ -1,6 +1,6 @@
 """The CUDA kernels against the references, on a GPU (scripts/gpu_check.sh runs this file, then compute-sanitizer
 over its `small` tests). Without a CUDA device there is nothing to run these kernels on and the module is skipped;
-with one, the extension must have been built with its CUDA kernels (otherwise the first test fails).
+with one, the extension must have been built with its CUDA kernels (otherwise every test fails).
 
 Each case runs the op on CUDA in float64 (and fp32/bf16 where noted) and compares outputs and gradients with the
 pure-PyTorch reference on the CPU by relative error (tests/utils.py tolerances)."""
@@ -21,7 +21,10 @@ def on(device, *tensors):
     return [None if t is None else t.to(device) for t in tensors]
 
 
-def test_extension_has_cuda_kernels():
+@pytest.fixture(autouse=True)
+def cuda_kernels_built():
+    """Every test here fails without the CUDA kernels: the ops would fall back to the reference on CUDA tensors,
+    and comparing the reference with itself checks nothing."""
     assert "cuda" in ops.compiled_devices(), "talk_hf._C was built without CUDA kernels (needs nvcc and CUDA torch)"
     assert ops.backend("cuda") == "compiled"
 
