@@ -4,7 +4,7 @@
 // exact for any offsets); the tests run the same programs on the CPU (tests/ops/test_cuda_tile_programs.py).
 // Forward: one fused kernel, block = (b, tile of steps, 32 channels) x 8 warps: x read once plus an L2-resident
 //          halo, the output written once, prefix sums in shared memory (fp32 for fp16/bf16/fp32, fp64 for fp64).
-// Backward: reach (per (b, h), atomicMax of integers into a 16-byte-per-(b, h) workspace), offset gradients
+// Backward: reach (per (b, h), atomicMax of per-thread maxima into a 16-byte-per-(b, h) workspace), offset gradients
 //          (per (b, t, h), a deterministic group reduction of g * x over the head's channels), grad x (tile-local
 //          scatter and suffix sums in shared memory, one warp per (b, tile, 32 channels), no atomics).
 // Decoding step: one thread per column (b, c) runs talk_conv_step.h's column program (the CPU kernel runs it too).
@@ -80,14 +80,17 @@ __global__ void __launch_bounds__(kFwdWarps * kWarpSize) talk_fwd_kernel(const T
   }
 }
 
-// reach[b, h] = max over t of the rows before / after t read by the window of (b, t, h). One thread per (b, t, h).
+// reach[b, h] = max over t of the rows before / after t read by the window of (b, t, h). One thread per (b, chunk
+// of kReachSteps steps, h), h fastest (coalesced offset reads), one atomicMax pair per thread.
 template <typename scalar_t>
 __global__ void __launch_bounds__(kThreads) talk_reach_kernel(const TalkArgs<scalar_t> a) {
-  const int64_t total = a.B * a.T * a.H;
+  const int64_t chunks = tiles::cdiv(a.T, tiles::kReachSteps);
+  const int64_t total = a.B * chunks * a.H;
   for (int64_t n = global_thread_id(); n < total; n += global_thread_count()) {
-    const int64_t h = n % a.H, t = n / a.H % a.T, b = n / (a.H * a.T);
+    const int64_t h = n % a.H, chunk = n / a.H % chunks, b = n / (a.H * chunks);
+    const int64_t t0 = chunk * tiles::kReachSteps;
     int64_t before, after;
-    tiles::reach_of(a, b, t, h, &before, &after);
+    tiles::reach_of_steps(a, b, h, t0, min64(a.T, t0 + tiles::kReachSteps), &before, &after);
     unsigned long long* r = a.reach + (b * a.H + h) * 2;
     atomicMax(r, static_cast<unsigned long long>(before));
     atomicMax(r + 1, static_cast<unsigned long long>(after));
@@ -110,8 +113,8 @@ __global__ void __launch_bounds__(kThreads) talk_offset_grad_kernel(const TalkAr
     const int64_t bth = first + lane / group;
     acc_t left = acc_t(0), right = acc_t(0);
     if (bth < n_groups) {
-      const int64_t h = bth % a.H, t = bth / a.H % a.T, b = bth / (a.H * a.T);
-      tiles::offset_grad_partial(a, b, t, h, r0, group, &left, &right);
+      const int64_t bt = div_nonneg(bth, a.H), b = div_nonneg(bt, a.T);
+      tiles::offset_grad_partial(a, b, bt - b * a.T, bth - bt * a.H, r0, group, &left, &right);
     }
     left = group_reduce_sum(left, group);
     right = group_reduce_sum(right, group);
@@ -158,8 +161,8 @@ cudaError_t launch_bwd(const TalkConvParams& p, void* workspace, cudaStream_t st
   a.reach = static_cast<unsigned long long*>(workspace);
   cudaError_t err = cudaMemsetAsync(a.reach, 0, talk_conv_bwd_workspace_bytes(p), stream);
   if (err != cudaSuccess) return err;
-  const unsigned threads_blocks = grid_blocks(ceil_div(a.B * a.T * a.H, kThreads));
-  talk_reach_kernel<scalar_t><<<threads_blocks, kThreads, 0, stream>>>(a);
+  const int64_t reach_threads = a.B * tiles::cdiv(a.T, tiles::kReachSteps) * a.H;
+  talk_reach_kernel<scalar_t><<<grid_blocks(ceil_div(reach_threads, kThreads)), kThreads, 0, stream>>>(a);
 
   const int group = group_size_for(a.R);
   const unsigned group_blocks = grid_blocks(ceil_div(a.B * a.T * a.H, kThreads / group));

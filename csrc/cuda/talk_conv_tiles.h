@@ -20,8 +20,9 @@
 //                     outside [0, 1], or a window too wide for shared memory) is summed from x in global memory.
 //   x is read once plus the halo (from L2), the output written once; no atomics.
 // Backward, three kernels:
-//   - reach: per (b, h), how far before / after t any window end row lies (atomicMax of non-negative integers,
-//     deterministic) - bounds which outputs a tile of grad x must look at, for any offsets;
+//   - reach: per (b, h), how far before / after t any window end row lies (a thread's maximum over kReachSteps
+//     steps, then atomicMax of non-negative integers: deterministic) - bounds which outputs a tile of grad x must
+//     look at, for any offsets;
 //   - offset gradients: per (b, t, h), d out / d offset = max_left (max_right) * sum_c g_c / norm * slope_c, where
 //     the slope S[hi] - S[lo] of an interpolated end is the one element x[lo] between its two rows (0 when clamped
 //     or integral): no prefix sums needed;
@@ -44,6 +45,8 @@ constexpr int kLanes = 32;                     // channels per forward block / g
 constexpr int64_t kSharedBudget = 48 * 1024;   // bytes of shared memory per block without an opt-in
 constexpr int kFwdWarps = 8;                   // warps per forward block
 constexpr int kGradXWarps = 4;                 // grad-x units (one warp each) per block
+constexpr int kScanBatch = 8;                  // forward: rows a thread loads before it adds the first of them
+constexpr int kGatherBatch = 4;                // forward: steps whose offsets a thread loads before the first output
 
 template <typename scalar_t>
 struct TalkArgs {
@@ -138,6 +141,8 @@ TALK_HD Segment fwd_segment(const TalkArgs<scalar_t>& a, const FwdBlock& k, int 
 }
 
 // Phase 1: table[i] = x[base] + ... + x[base + i - 1] within the segment (relative to the segment's start).
+// The loads of kScanBatch rows are issued before the first of them is added: a thread keeps that many loads in
+// flight instead of waiting for each row in turn.
 template <typename scalar_t>
 TALK_HD void fwd_scan(const TalkArgs<scalar_t>& a, const FwdBlock& k, acc_type<scalar_t>* table, int w, int lane) {
   using acc_t = acc_type<scalar_t>;
@@ -147,9 +152,17 @@ TALK_HD void fwd_scan(const TalkArgs<scalar_t>& a, const FwdBlock& k, acc_type<s
   const Segment s = fwd_segment(a, k, w);
   const scalar_t* xc = a.x + (k.b * a.T + k.base - 1) * a.C + c;  // row i reads x[base + i - 1]
   acc_t sum = acc_t(0);
-  for (int64_t i = s.first; i < s.last; ++i) {
-    if (active) sum += to_acc(xc[i * a.C]);
-    table[i * kLanes + lane] = sum;
+  for (int64_t i0 = s.first; i0 < s.last; i0 += kScanBatch) {
+    acc_t v[kScanBatch];
+    TALK_UNROLL
+    for (int u = 0; u < kScanBatch; ++u) v[u] = active && i0 + u < s.last ? to_acc(xc[(i0 + u) * a.C]) : acc_t(0);
+    TALK_UNROLL
+    for (int u = 0; u < kScanBatch; ++u) {
+      if (i0 + u < s.last) {
+        sum += v[u];
+        table[(i0 + u) * kLanes + lane] = sum;
+      }
+    }
   }
 }
 
@@ -202,7 +215,8 @@ TALK_HD acc_type<scalar_t> interpolate(const TalkArgs<scalar_t>& a, const FwdBlo
   return at_lo + e.frac * (table_at(a, k, table, lane, e.hi) - at_lo);
 }
 
-// Phase 4: warp w writes the steps t0 + w, t0 + w + warps, ... of its lane's channel.
+// Phase 4: warp w writes the steps t0 + w, t0 + w + warps, ... of its lane's channel, kGatherBatch steps at a time:
+// the offsets of all kGatherBatch steps are loaded before the first output is computed.
 template <typename scalar_t>
 TALK_HD void fwd_gather(const TalkArgs<scalar_t>& a, const FwdBlock& k, const acc_type<scalar_t>* table, int w,
                         int lane) {
@@ -210,12 +224,25 @@ TALK_HD void fwd_gather(const TalkArgs<scalar_t>& a, const FwdBlock& k, const ac
   const int64_t c = k.c0 + lane;
   if (c >= a.C) return;
   const int64_t h = c / a.R;
-  const acc_t norm = static_cast<acc_t>(norm_of(a));
-  for (int64_t t = k.t0 + w; t < k.t1; t += a.warps) {
-    const int64_t bt = k.b * a.T + t;
-    const acc_t left = interpolate(a, k, table, lane, left_end<acc_t>(a, bt, t, h));
-    const acc_t right = interpolate(a, k, table, lane, right_end<acc_t>(a, bt, t, h));
-    a.out[bt * a.C + c] = from_acc<scalar_t>((right - left) / norm);
+  const acc_t inv_norm = acc_t(1) / static_cast<acc_t>(norm_of(a));
+  for (int64_t t0 = k.t0 + w; t0 < k.t1; t0 += kGatherBatch * a.warps) {
+    acc_t offset_left[kGatherBatch], offset_right[kGatherBatch];
+    TALK_UNROLL
+    for (int u = 0; u < kGatherBatch; ++u) {
+      const int64_t bth = (k.b * a.T + min64(t0 + u * a.warps, k.t1 - 1)) * a.H + h;  // past the tile: not stored
+      offset_left[u] = to_acc(a.offset_left[bth]);
+      offset_right[u] = a.has_right ? to_acc(a.offset_right[bth]) : acc_t(0);
+    }
+    TALK_UNROLL
+    for (int u = 0; u < kGatherBatch; ++u) {
+      const int64_t t = t0 + u * a.warps;
+      if (t < k.t1) {
+        const acc_t left = interpolate(a, k, table, lane, left_window_end(offset_left[u], a.max_left, t, a.T));
+        const acc_t right = interpolate(
+            a, k, table, lane, right_window_end(a.has_right, offset_right[u], a.max_right, t, a.T));
+        a.out[(k.b * a.T + t) * a.C + c] = from_acc<scalar_t>((right - left) * inv_norm);
+      }
+    }
   }
 }
 
@@ -230,6 +257,22 @@ TALK_HD void reach_of(const TalkArgs<scalar_t>& a, int64_t b, int64_t t, int64_t
   const WindowEnd<acc_t> l = left_end<acc_t>(a, bt, t, h), r = right_end<acc_t>(a, bt, t, h);
   *before = rows_before(t, l, r);
   *after = rows_after(t, l, r);
+}
+
+constexpr int64_t kReachSteps = 64;  // steps per thread of the reach kernel (one atomicMax pair per thread)
+
+// The largest rows_before / rows_after over the steps [t_begin, t_end) of (b, h).
+template <typename scalar_t>
+TALK_HD void reach_of_steps(const TalkArgs<scalar_t>& a, int64_t b, int64_t h, int64_t t_begin, int64_t t_end,
+                            int64_t* before, int64_t* after) {
+  *before = 0;
+  *after = 0;
+  for (int64_t t = t_begin; t < t_end; ++t) {
+    int64_t bf, af;
+    reach_of(a, b, t, h, &bf, &af);
+    *before = max64(*before, bf);
+    *after = max64(*after, af);
+  }
 }
 
 // d interpolate / d frac of a window end, times g / norm: x[lo] (the element between rows lo and lo + 1), or 0.
@@ -247,11 +290,11 @@ TALK_HD void offset_grad_partial(const TalkArgs<scalar_t>& a, int64_t b, int64_t
   const int64_t bt = b * a.T + t;
   const WindowEnd<acc_t> l = left_end<acc_t>(a, bt, t, h), r = right_end<acc_t>(a, bt, t, h);
   const scalar_t* xb = a.x + b * a.T * a.C;
-  const acc_t norm = static_cast<acc_t>(norm_of(a));
+  const acc_t inv_norm = acc_t(1) / static_cast<acc_t>(norm_of(a));
   acc_t sl = acc_t(0), sr = acc_t(0);
   for (int64_t rr = r_begin; rr < a.R; rr += r_step) {
     const int64_t c = h * a.R + rr;
-    const acc_t gn = to_acc(a.grad_out[bt * a.C + c]) / norm;
+    const acc_t gn = to_acc(a.grad_out[bt * a.C + c]) * inv_norm;
     sl += slope_term(xb, a.C, c, l, gn);
     sr += slope_term(xb, a.C, c, r, gn);
   }
@@ -290,19 +333,31 @@ TALK_HD void gx_lane(const TalkArgs<scalar_t>& a, const Tile& u, acc_type<scalar
   const int64_t h = c / a.R;
   const int64_t before = static_cast<int64_t>(a.reach[(u.b * a.H + h) * 2]);
   const int64_t after = static_cast<int64_t>(a.reach[(u.b * a.H + h) * 2 + 1]);
-  const acc_t norm = static_cast<acc_t>(norm_of(a));
+  const acc_t inv_norm = acc_t(1) / static_cast<acc_t>(norm_of(a));
   for (int64_t i = 0; i < u.t1 - u.t0; ++i) q[i * kLanes + lane] = acc_t(0);
 
   acc_t carry = acc_t(0);
   const int64_t first = max64(0, u.t0 + 1 - after), last = min64(a.T - 1, u.t1 - 1 + before);
-  for (int64_t t = first; t <= last; ++t) {
-    const int64_t bt = u.b * a.T + t;
-    const WindowEnd<acc_t> l = left_end<acc_t>(a, bt, t, h), r = right_end<acc_t>(a, bt, t, h);
-    const acc_t gn = to_acc(a.grad_out[bt * a.C + c]) / norm;
-    scatter_end(u, q, lane, l.lo, -(acc_t(1) - l.frac), gn, &carry);  // the left end enters with a minus sign
-    scatter_end(u, q, lane, l.hi, -l.frac, gn, &carry);
-    scatter_end(u, q, lane, r.lo, acc_t(1) - r.frac, gn, &carry);
-    scatter_end(u, q, lane, r.hi, r.frac, gn, &carry);
+  for (int64_t t0 = first; t0 <= last; t0 += kGatherBatch) {  // the loads of kGatherBatch steps, then their use
+    acc_t gn[kGatherBatch], offset_left[kGatherBatch], offset_right[kGatherBatch];
+    TALK_UNROLL
+    for (int v = 0; v < kGatherBatch; ++v) {
+      const int64_t bt = u.b * a.T + min64(t0 + v, last);  // past `last`: a repeat, not used
+      gn[v] = to_acc(a.grad_out[bt * a.C + c]) * inv_norm;
+      offset_left[v] = to_acc(a.offset_left[bt * a.H + h]);
+      offset_right[v] = a.has_right ? to_acc(a.offset_right[bt * a.H + h]) : acc_t(0);
+    }
+    TALK_UNROLL
+    for (int v = 0; v < kGatherBatch; ++v) {
+      const int64_t t = t0 + v;
+      if (t > last) break;
+      const WindowEnd<acc_t> l = left_window_end(offset_left[v], a.max_left, t, a.T);
+      const WindowEnd<acc_t> r = right_window_end(a.has_right, offset_right[v], a.max_right, t, a.T);
+      scatter_end(u, q, lane, l.lo, -(acc_t(1) - l.frac), gn[v], &carry);  // the left end enters with a minus
+      scatter_end(u, q, lane, l.hi, -l.frac, gn[v], &carry);
+      scatter_end(u, q, lane, r.lo, acc_t(1) - r.frac, gn[v], &carry);
+      scatter_end(u, q, lane, r.hi, r.frac, gn[v], &carry);
+    }
   }
   acc_t sum = carry;  // grad x_j = sum of the table gradient over rows >= j + 1
   for (int64_t j = u.t1 - 1; j >= u.t0; --j) {
