@@ -31,19 +31,19 @@ struct ConvElement {
 };
 
 TALK_HD ConvElement conv_element(const ConvDims& d, int64_t n) {
-  const int64_t bt = n / d.C;
-  const int64_t b = bt / d.T;
+  const int64_t bt = div_nonneg(n, d.C);
+  const int64_t b = div_nonneg(bt, d.T);
   return {b, bt - b * d.T, n - bt * d.C, bt};
 }
 
 // out[n], n = (b*T + t)*C + c: the in-range taps k in [max(0, P - t), min(K, T + P - t)). With softmax the row's
 // probabilities come from its K logits (all K taps, in registers), so every tap is normalised over the full kernel.
-template <typename scalar_t>
-TALK_HD void conv_fwd_element(const scalar_t* x, const scalar_t* weight, scalar_t* out, const ConvDims& d,
-                              int64_t n) {
+// weight: in the storage type, or probabilities in the accumulation type (laid out as the weights, softmax false).
+template <typename scalar_t, typename w_t>
+TALK_HD void conv_fwd_element(const scalar_t* x, const w_t* weight, scalar_t* out, const ConvDims& d, int64_t n) {
   using acc_t = acc_type<scalar_t>;
   const auto [b, t, c, bt] = conv_element(d, n);
-  const scalar_t* wrow = weight + bt * d.ws + (c / d.R) * d.K;
+  const w_t* wrow = weight + bt * d.ws + div_nonneg(c, d.R) * d.K;
   const scalar_t* xcol = x + b * d.T * d.C + c;
   const SoftmaxStats<acc_t> sm = d.softmax ? softmax_stats(wrow, d.K) : SoftmaxStats<acc_t>{acc_t(0), acc_t(1)};
   acc_t acc = acc_t(0);
@@ -62,7 +62,7 @@ TALK_HD void conv_grad_x_element(const w_t* w, const scalar_t* grad_out, scalar_
                                  int64_t n) {
   using acc_t = acc_type<scalar_t>;
   const auto [b, s, c, bs] = conv_element(d, n);
-  const int64_t h = c / d.R;
+  const int64_t h = div_nonneg(c, d.R);
   acc_t acc = acc_t(0);
   for (int64_t k = max64(0, s + d.P - d.T + 1); k < min64(d.K, s + d.P + 1); ++k) {
     const int64_t bt = b * d.T + (s - k + d.P);
@@ -71,22 +71,34 @@ TALK_HD void conv_grad_x_element(const w_t* w, const scalar_t* grad_out, scalar_
   grad_x[n] = from_acc<scalar_t>(acc);
 }
 
+constexpr int kTapBatch = 8;  // taps whose weight-gradient partials one lane accumulates at a time
+
 // One lane's share of d out / d w[b, t, h, k] = sum over the head's channels of grad_out[b, t, c] * x[b, t+k-P, c]
-// (bth = (b*T + t)*H + h): the channels r_begin, r_begin + r_step, ... of the head (0 when t + k - P is outside).
+// (bth = (b*T + t)*H + h) for the kTapBatch taps k0, k0 + 1, ...: the channels r_begin, r_begin + r_step, ... of
+// the head, each grad_out read once for all the taps (partials of taps >= K or with t + k - P outside are 0).
 template <typename scalar_t>
-TALK_HD acc_type<scalar_t> conv_grad_weight_partial(const scalar_t* x, const scalar_t* grad_out, const ConvDims& d,
-                                                    int64_t bth, int64_t k, int64_t r_begin, int64_t r_step) {
+TALK_HD void conv_grad_weight_partials(const scalar_t* x, const scalar_t* grad_out, const ConvDims& d, int64_t bth,
+                                       int64_t k0, int64_t r_begin, int64_t r_step,
+                                       acc_type<scalar_t> (&partial)[kTapBatch]) {
   using acc_t = acc_type<scalar_t>;
-  const int64_t bt = bth / d.H;
+  const int64_t bt = div_nonneg(bth, d.H);
   const int64_t h = bth - bt * d.H;
-  const int64_t b = bt / d.T;
-  const int64_t s = bt - b * d.T + k - d.P;
-  acc_t acc = acc_t(0);
-  if (s < 0 || s >= d.T) return acc;
+  const int64_t b = div_nonneg(bt, d.T);
+  const int64_t s0 = bt - b * d.T + k0 - d.P;  // the row of tap k0
   const scalar_t* gcol = grad_out + bt * d.C + h * d.R;
-  const scalar_t* xrow = x + (b * d.T + s) * d.C + h * d.R;
-  for (int64_t r = r_begin; r < d.R; r += r_step) acc += to_acc(gcol[r]) * to_acc(xrow[r]);
-  return acc;
+  const scalar_t* xrow = x + b * d.T * d.C + h * d.R;
+  bool in_range[kTapBatch];
+  TALK_UNROLL
+  for (int j = 0; j < kTapBatch; ++j) {
+    partial[j] = acc_t(0);
+    in_range[j] = k0 + j < d.K && s0 + j >= 0 && s0 + j < d.T;
+  }
+  for (int64_t r = r_begin; r < d.R; r += r_step) {
+    const acc_t g = to_acc(gcol[r]);
+    TALK_UNROLL
+    for (int j = 0; j < kTapBatch; ++j)
+      if (in_range[j]) partial[j] += g * to_acc(xrow[(s0 + j) * d.C + r]);
+  }
 }
 
 }  // namespace talk_hf

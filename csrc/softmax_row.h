@@ -1,8 +1,9 @@
 // Softmax of one row of K kernel logits, for the dynamic convolution kernels that normalise their own weights
 // (`softmax=True`): p_k = exp(l_k - max) / sum_j exp(l_j - max), in the accumulation type, without a buffer of K
 // probabilities (a CUDA thread cannot hold one for any K): `softmax_stats` reads the row twice (max, then the sum),
-// `softmax_prob` gives one p_k from its logit. Used by the CUDA kernels (and their programs in the emulator tests);
-// the CPU kernels normalise whole positions at once with a vectorised exp (csrc/cpu/softmax_rows_cpu.h).
+// `softmax_prob` gives one p_k from its logit (the CUDA decoding step); the lane programs below split a row over
+// a group of lanes (the CUDA forward and backward). Used by the CUDA kernels (and their programs in the emulator
+// tests); the CPU kernels normalise whole positions at once with a vectorised exp (csrc/cpu/softmax_rows_cpu.h).
 // Specification: `dynamic_conv_ref(..., softmax=True)` in talk_hf/dynamic_conv.py (torch.softmax in fp32/fp64).
 #pragma once
 #include <stdint.h>
@@ -36,20 +37,46 @@ TALK_HD acc_t softmax_prob(const SoftmaxStats<acc_t>& s, acc_t logit) {
   return acc_exp(logit - s.max) * s.inv_sum;
 }
 
-// probs[0 .. K) = softmax(logits[0 .. K)) in the accumulation type.
+// Lane programs of a group of G lanes sharing one row (the CUDA softmax kernels: a group per row, lane j takes the
+// taps j, j + G, ...; the group's reductions combine the lanes' partials, so every tap is read by one lane only):
+//   m = max over lanes of softmax_lane_max, s = sum over lanes of softmax_lane_sum(m), then each lane writes its
+//   probabilities with softmax_lane_probs({m, 1 / s}); for the gradient, dot = sum over lanes of
+//   softmax_grad_lane_dot, then each lane writes its taps with softmax_grad_lane_write(dot).
 template <typename T>
-TALK_HD void softmax_probs_row(const T* logits, int64_t K, acc_type<T>* probs) {
-  const SoftmaxStats<acc_type<T>> s = softmax_stats(logits, K);
-  for (int64_t k = 0; k < K; ++k) probs[k] = softmax_prob(s, to_acc(logits[k]));
+TALK_HD acc_type<T> softmax_lane_max(const T* row, int64_t K, int lane, int group) {
+  acc_type<T> m = to_acc(row[0]);  // a lower bound of the row's max for every lane, even one with no tap
+  for (int64_t k = lane; k < K; k += group) {
+    const acc_type<T> v = to_acc(row[k]);
+    m = v > m ? v : m;
+  }
+  return m;
 }
 
-// The gradient of a row's logits from its probabilities p and the gradient gp of the probabilities:
-// grad[k] = p_k * (gp_k - sum_j p_j gp_j), stored as scalar_t.
+template <typename T>
+TALK_HD acc_type<T> softmax_lane_sum(const T* row, int64_t K, acc_type<T> max, int lane, int group) {
+  acc_type<T> sum = 0;
+  for (int64_t k = lane; k < K; k += group) sum += acc_exp(to_acc(row[k]) - max);
+  return sum;
+}
+
+template <typename T>
+TALK_HD void softmax_lane_probs(const T* row, int64_t K, const SoftmaxStats<acc_type<T>>& s, acc_type<T>* probs,
+                                int lane, int group) {
+  for (int64_t k = lane; k < K; k += group) probs[k] = softmax_prob(s, to_acc(row[k]));
+}
+
+// grad[k] = p_k * (gp_k - sum_j p_j gp_j), stored as scalar_t: the lane's share of the dot product, then its taps.
+template <typename acc_t>
+TALK_HD acc_t softmax_grad_lane_dot(const acc_t* p, const acc_t* gp, int64_t K, int lane, int group) {
+  acc_t dot = 0;
+  for (int64_t k = lane; k < K; k += group) dot += p[k] * gp[k];
+  return dot;
+}
+
 template <typename scalar_t>
-TALK_HD void softmax_grad_row(const acc_type<scalar_t>* p, const acc_type<scalar_t>* gp, int64_t K, scalar_t* grad) {
-  acc_type<scalar_t> dot = 0;
-  for (int64_t k = 0; k < K; ++k) dot += p[k] * gp[k];
-  for (int64_t k = 0; k < K; ++k) grad[k] = from_acc<scalar_t>(p[k] * (gp[k] - dot));
+TALK_HD void softmax_grad_lane_write(const acc_type<scalar_t>* p, const acc_type<scalar_t>* gp, int64_t K,
+                                     acc_type<scalar_t> dot, scalar_t* grad, int lane, int group) {
+  for (int64_t k = lane; k < K; k += group) grad[k] = from_acc<scalar_t>(p[k] * (gp[k] - dot));
 }
 
 }  // namespace talk_hf

@@ -100,8 +100,9 @@ cudaError_t talk_conv_bwd_cuda(const TalkConvParams& p, void* workspace, cudaStr
 size_t talk_conv_step_workspace_bytes(const TalkStepParams& p);
 cudaError_t talk_conv_step_cuda(const TalkStepParams& p, void* workspace, cudaStream_t stream);
 
+size_t dynamic_conv_fwd_workspace_bytes(const DynamicConvParams& p);
 size_t dynamic_conv_bwd_workspace_bytes(const DynamicConvParams& p);
-cudaError_t dynamic_conv_fwd_cuda(const DynamicConvParams& p, cudaStream_t stream);
+cudaError_t dynamic_conv_fwd_cuda(const DynamicConvParams& p, void* workspace, cudaStream_t stream);
 cudaError_t dynamic_conv_bwd_cuda(const DynamicConvParams& p, void* workspace, cudaStream_t stream);
 cudaError_t dynamic_conv_step_cuda(const ConvStepParams& p, cudaStream_t stream);
 

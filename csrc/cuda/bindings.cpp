@@ -141,7 +141,9 @@ at::Tensor dynamic_conv_fwd_cuda_op(const at::Tensor& x_, const at::Tensor& w_, 
   const ConvWeight cw = conv_weight(w_);
   DynamicConvParams p = conv_params(x, w_, cw, padding_left, softmax);
   p.out = out.data_ptr();
-  check_launch(dynamic_conv_fwd_cuda(p, c10::cuda::getCurrentCUDAStream()), "dynamic_conv_fwd");
+  at::Tensor ws = workspace(dynamic_conv_fwd_workspace_bytes(p), x);
+  check_launch(dynamic_conv_fwd_cuda(p, ws.numel() ? ws.data_ptr() : nullptr, c10::cuda::getCurrentCUDAStream()),
+               "dynamic_conv_fwd");
   return out;
 }
 

@@ -1,6 +1,6 @@
 // Small device helpers shared by the CUDA kernels of talk_hf (no torch headers).
 //   - acc_type, to_acc, from_acc: accumulation types and conversions (acc_cast.h, shared with host code)
-//   - group_reduce_sum: sum over aligned power-of-two groups of lanes inside a warp
+//   - group_reduce_sum, group_allreduce_sum / _max: over aligned power-of-two groups of lanes inside a warp
 //   - ceil_div, align_up, grid sizing and grid-stride indices in int64
 //   - DISPATCH_DTYPE(dtype, scalar_t, ...): runs `...` with `scalar_t` bound to the storage type of `dtype`
 #pragma once
@@ -40,6 +40,22 @@ inline bool valid_dtype(DType dtype) {
 template <typename T>
 __device__ __forceinline__ T group_reduce_sum(T v, int group) {
   for (int offset = group / 2; offset > 0; offset /= 2) v += __shfl_down_sync(kFullMask, v, offset, group);
+  return v;
+}
+
+// Sum / max of v over each aligned group of `group` lanes (a power of two, 1..32), in every lane of the group.
+template <typename T>
+__device__ __forceinline__ T group_allreduce_sum(T v, int group) {
+  for (int mask = group / 2; mask > 0; mask /= 2) v += __shfl_xor_sync(kFullMask, v, mask, group);
+  return v;
+}
+
+template <typename T>
+__device__ __forceinline__ T group_allreduce_max(T v, int group) {
+  for (int mask = group / 2; mask > 0; mask /= 2) {
+    const T other = __shfl_xor_sync(kFullMask, v, mask, group);
+    v = other > v ? other : v;
+  }
   return v;
 }
 

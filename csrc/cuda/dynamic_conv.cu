@@ -3,12 +3,14 @@
 //
 // Forward:  one thread per (b, t, c) (conv_fwd_element: a gather over the in-range taps).
 // Backward: grad_x: one thread per (b, s, c) (conv_grad_x_element: a gather, no atomics).
-//           grad_weight: one group of G lanes per (b, t, h) (G = power of two >= min(R, 32)); for each k the lanes
-//           stride over the head's R channels (conv_grad_weight_partial) and a group shuffle reduction gives the
-//           sum (deterministic).
+//           grad_weight: one group of G lanes per (b, t, h) (G = power of two >= min(R, 32)); for kTapBatch taps at
+//           a time the lanes stride over the head's R channels (conv_grad_weight_partials: each grad_out read once
+//           per batch of taps, the taps' loads independent) and group shuffle reductions give the sums
+//           (deterministic).
 // Decoding step: one thread per column (b, c) runs dynamic_conv_step.h's column program.
-// softmax=true (weight holds logits, softmax_row.h): the forward and the step normalise the row of their (b, t, h)
-// in registers (each thread reads the K logits of its row, a broadcast within the head); the backward writes the
+// softmax=true (weight holds logits, softmax_row.h): the forward writes each row's probabilities to a workspace
+// (one thread per row) and convolves with them; the step normalises the row of its (b, t, h) in registers (each
+// thread reads the K logits of its row, a broadcast within the head); the backward writes the
 // probabilities and the raw tap gradients gp to a workspace (2 x B*T*H*K accumulators), runs grad_x on the
 // probabilities, then one thread per row turns gp into the logits' gradient p * (gp - sum p gp).
 #include "common.cuh"
@@ -46,34 +48,75 @@ inline bool valid_common(const DynamicConvParams& p) {
 
 // ------------------------------------------------------------------------------------------------ kernels
 
-template <typename scalar_t>
+// weight: the weights in the storage type, or the softmax probabilities (accumulation type).
+template <typename scalar_t, typename w_t>
 __global__ void __launch_bounds__(kThreads)
-    dynamic_conv_fwd_kernel(const scalar_t* __restrict__ x, const scalar_t* __restrict__ weight,
+    dynamic_conv_fwd_kernel(const scalar_t* __restrict__ x, const w_t* __restrict__ weight,
                             scalar_t* __restrict__ out, ConvDims d) {
   for (int64_t n = global_thread_id(); n < d.B * d.T * d.C; n += global_thread_count())
     conv_fwd_element(x, weight, out, d, n);
 }
 
-// probs[row*K + k] = softmax of the row's logits, one thread per row: the B*T*H rows of the weights, or the H rows
-// of a LightConv kernel (ws = 0); probs is laid out as the weights.
-template <typename scalar_t>
-__global__ void __launch_bounds__(kThreads)
-    softmax_rows_kernel(const scalar_t* __restrict__ logits, acc_type<scalar_t>* __restrict__ probs, ConvDims d) {
-  const int64_t rows = (d.ws != 0 ? d.B * d.T : 1) * d.H;
-  for (int64_t row = global_thread_id(); row < rows; row += global_thread_count())
-    softmax_probs_row(logits + row * d.K, d.K, probs + row * d.K);
+// Rows of softmax logits: one per (b, t, h), or the H rows of a LightConv kernel.
+__host__ __device__ inline int64_t softmax_rows(const ConvDims& d) { return (d.ws != 0 ? d.B * d.T : 1) * d.H; }
+
+// A group of `group` lanes per softmax row (group = power of two >= min(K, 32); lanes take the taps j, j + group,
+// ... : coalesced reads of each row, every logit read once per pass). The loop over rows is warp-uniform so every
+// lane reaches the shuffles; a lane past the last row works on the last row and writes nothing.
+struct RowGroup {
+  int64_t row;  // this lane's row
+  int lane;     // lane within the group
+  bool active;  // row < rows
+};
+
+__device__ __forceinline__ int64_t row_groups_per_warp(int group) { return kWarpSize / group; }
+
+__device__ __forceinline__ RowGroup row_group(int64_t first_row, int64_t rows, int group) {
+  const int lane = static_cast<int>(threadIdx.x % kWarpSize);
+  const int64_t row = first_row + lane / group;
+  return {row < rows ? row : rows - 1, lane % group, row < rows};
 }
 
-// grad_logits[row*K + k] = p_k * (gp_k - sum_j p_j gp_j), one thread per row.
+// probs[row*K + k] = softmax of the row's logits: the B*T*H rows of the weights, or the H rows of a LightConv
+// kernel (ws = 0); probs is laid out as the weights.
+template <typename scalar_t>
+__global__ void __launch_bounds__(kThreads) softmax_rows_kernel(const scalar_t* __restrict__ logits,
+                                                                acc_type<scalar_t>* __restrict__ probs, ConvDims d,
+                                                                int group) {
+  using acc_t = acc_type<scalar_t>;
+  const int64_t rows = softmax_rows(d), per_warp = row_groups_per_warp(group);
+  const int64_t warp = global_thread_id() / kWarpSize, n_warps = global_thread_count() / kWarpSize;
+  for (int64_t first = warp * per_warp; first < rows; first += n_warps * per_warp) {
+    const RowGroup g = row_group(first, rows, group);
+    const scalar_t* row = logits + g.row * d.K;
+    const acc_t m = group_allreduce_max(softmax_lane_max(row, d.K, g.lane, group), group);
+    const acc_t sum = group_allreduce_sum(softmax_lane_sum(row, d.K, m, g.lane, group), group);
+    if (g.active) softmax_lane_probs(row, d.K, SoftmaxStats<acc_t>{m, acc_t(1) / sum}, probs + g.row * d.K, g.lane,
+                                     group);
+  }
+}
+
+// grad_logits[row*K + k] = p_k * (gp_k - sum_j p_j gp_j), a group of lanes per row as above.
 template <typename scalar_t>
 __global__ void __launch_bounds__(kThreads)
     softmax_grad_kernel(const acc_type<scalar_t>* __restrict__ probs, const acc_type<scalar_t>* __restrict__ gp,
-                        scalar_t* __restrict__ grad_logits, ConvDims d) {
-  for (int64_t row = global_thread_id(); row < d.B * d.T * d.H; row += global_thread_count()) {
-    const int64_t bt = row / d.H;
-    const acc_type<scalar_t>* p = probs + bt * d.ws + (row - bt * d.H) * d.K;
-    softmax_grad_row(p, gp + row * d.K, d.K, grad_logits + row * d.K);
+                        scalar_t* __restrict__ grad_logits, ConvDims d, int group) {
+  using acc_t = acc_type<scalar_t>;
+  const int64_t rows = d.B * d.T * d.H, per_warp = row_groups_per_warp(group);
+  const int64_t warp = global_thread_id() / kWarpSize, n_warps = global_thread_count() / kWarpSize;
+  for (int64_t first = warp * per_warp; first < rows; first += n_warps * per_warp) {
+    const RowGroup g = row_group(first, rows, group);
+    const int64_t bt = div_nonneg(g.row, d.H);
+    const acc_t* p = probs + bt * d.ws + (g.row - bt * d.H) * d.K;
+    const acc_t* gpr = gp + g.row * d.K;
+    const acc_t dot = group_allreduce_sum(softmax_grad_lane_dot(p, gpr, d.K, g.lane, group), group);
+    if (g.active) softmax_grad_lane_write(p, gpr, d.K, dot, grad_logits + g.row * d.K, g.lane, group);
   }
+}
+
+// Blocks for a group of `group` lanes per row.
+inline unsigned row_group_blocks(int64_t rows, int group) {
+  return grid_blocks(ceil_div(rows, kThreads / group));
 }
 
 __device__ __forceinline__ void store_acc(float* p, float v) { *p = v; }
@@ -93,8 +136,8 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // grad_weight, stored in the storage type, or in the accumulation type (gp, for the softmax gradient). Each group
-// of G lanes owns one (b, t, h) (group id = (b*T + t)*H + h); the loops over groups and over k are warp-uniform so
-// that every lane reaches the shuffles.
+// of G lanes owns one (b, t, h) (group id = (b*T + t)*H + h) and kTapBatch taps at a time; the loops over groups
+// and over taps are warp-uniform so that every lane reaches the shuffles.
 template <typename scalar_t, typename gw_t>
 __global__ void __launch_bounds__(kThreads)
     dynamic_conv_bwd_weight_kernel(const scalar_t* __restrict__ x, const scalar_t* __restrict__ grad_out,
@@ -110,10 +153,14 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t base = warp * groups_per_warp; base < n_groups; base += n_warps * groups_per_warp) {
     const int64_t bth = base + lane / group;
     const bool active = bth < n_groups;
-    for (int64_t k = 0; k < d.K; ++k) {
-      acc_t acc = active ? conv_grad_weight_partial(x, grad_out, d, bth, k, r0, group) : acc_t(0);
-      acc = group_reduce_sum(acc, group);
-      if (active && r0 == 0) store_acc(grad_weight + bth * d.K + k, acc);
+    for (int64_t k0 = 0; k0 < d.K; k0 += kTapBatch) {
+      acc_t partial[kTapBatch];
+      conv_grad_weight_partials(x, grad_out, d, active ? bth : n_groups - 1, k0, r0, group, partial);
+#pragma unroll
+      for (int j = 0; j < kTapBatch; ++j) {
+        const acc_t sum = group_reduce_sum(partial[j], group);
+        if (active && r0 == 0 && k0 + j < d.K) store_acc(grad_weight + bth * d.K + k0 + j, sum);
+      }
     }
   }
 }
@@ -121,11 +168,25 @@ __global__ void __launch_bounds__(kThreads)
 // ------------------------------------------------------------------------------------------------ launchers
 
 template <typename scalar_t>
-cudaError_t launch_fwd(const DynamicConvParams& p, cudaStream_t stream) {
+cudaError_t launch_fwd(const DynamicConvParams& p, void* workspace, cudaStream_t stream) {
+  using acc_t = acc_type<scalar_t>;
   const ConvDims d = make_dims(p);
   const unsigned blocks = grid_blocks(ceil_div(d.B * d.T * d.C, kThreads));
-  dynamic_conv_fwd_kernel<scalar_t><<<blocks, kThreads, 0, stream>>>(
-      static_cast<const scalar_t*>(p.x), static_cast<const scalar_t*>(p.weight), static_cast<scalar_t*>(p.out), d);
+  const auto* x = static_cast<const scalar_t*>(p.x);
+  auto* out = static_cast<scalar_t*>(p.out);
+  if (!d.softmax) {
+    dynamic_conv_fwd_kernel<<<blocks, kThreads, 0, stream>>>(x, static_cast<const scalar_t*>(p.weight), out, d);
+    return cudaGetLastError();
+  }
+  // Each row's probabilities once (a thread per row), then the convolution with them: normalising in every
+  // output thread would take the K exponentials R times per row (R = 64 channels per head: 64x the work).
+  acc_t* probs = static_cast<acc_t*>(workspace);
+  const int group = group_size_for(d.K);
+  softmax_rows_kernel<<<row_group_blocks(softmax_rows(d), group), kThreads, 0, stream>>>(
+      static_cast<const scalar_t*>(p.weight), probs, d, group);
+  ConvDims on_probs = d;
+  on_probs.softmax = false;
+  dynamic_conv_fwd_kernel<<<blocks, kThreads, 0, stream>>>(x, static_cast<const acc_t*>(probs), out, on_probs);
   return cudaGetLastError();
 }
 
@@ -134,7 +195,6 @@ cudaError_t launch_bwd(const DynamicConvParams& p, void* workspace, cudaStream_t
   using acc_t = acc_type<scalar_t>;
   const ConvDims d = make_dims(p);
   const unsigned blocks = grid_blocks(ceil_div(d.B * d.T * d.C, kThreads));
-  const unsigned row_blocks = grid_blocks(ceil_div(d.B * d.T * d.H, kThreads));
   const int group = group_size_for(d.R);
   const unsigned w_blocks = grid_blocks(ceil_div(d.B * d.T * d.H, kThreads / group));
   const auto* x = static_cast<const scalar_t*>(p.x);
@@ -149,12 +209,14 @@ cudaError_t launch_bwd(const DynamicConvParams& p, void* workspace, cudaStream_t
   }
   acc_t* probs = static_cast<acc_t*>(workspace);
   acc_t* gp = probs + d.B * d.T * d.H * d.K;
-  softmax_rows_kernel<<<row_blocks, kThreads, 0, stream>>>(weight, probs, d);
+  const int k_group = group_size_for(d.K);
+  softmax_rows_kernel<<<row_group_blocks(softmax_rows(d), k_group), kThreads, 0, stream>>>(weight, probs, d,
+                                                                                          k_group);
   dynamic_conv_bwd_input_kernel<<<blocks, kThreads, 0, stream>>>(static_cast<const acc_t*>(probs), grad_out,
                                                                  grad_x, d);
   dynamic_conv_bwd_weight_kernel<<<w_blocks, kThreads, 0, stream>>>(x, grad_out, gp, d, group);
-  softmax_grad_kernel<<<row_blocks, kThreads, 0, stream>>>(static_cast<const acc_t*>(probs),
-                                                           static_cast<const acc_t*>(gp), grad_weight, d);
+  softmax_grad_kernel<<<row_group_blocks(d.B * d.T * d.H, k_group), kThreads, 0, stream>>>(
+      static_cast<const acc_t*>(probs), static_cast<const acc_t*>(gp), grad_weight, d, k_group);
   return cudaGetLastError();
 }
 
@@ -173,11 +235,16 @@ size_t dynamic_conv_bwd_workspace_bytes(const DynamicConvParams& p) {  // softma
   return align_up(static_cast<size_t>(2 * p.batch * p.seqlen * p.heads * p.kernel_size) * acc_bytes(p.dtype));
 }
 
-cudaError_t dynamic_conv_fwd_cuda(const DynamicConvParams& p, cudaStream_t stream) {
+size_t dynamic_conv_fwd_workspace_bytes(const DynamicConvParams& p) {  // softmax: the probabilities
+  if (!p.softmax || is_empty(p)) return 0;
+  return align_up(static_cast<size_t>(softmax_rows(make_dims(p)) * p.kernel_size) * acc_bytes(p.dtype));
+}
+
+cudaError_t dynamic_conv_fwd_cuda(const DynamicConvParams& p, void* workspace, cudaStream_t stream) {
   if (is_empty(p)) return cudaSuccess;
-  if (!valid_common(p) || p.out == nullptr) return cudaErrorInvalidValue;
+  if (!valid_common(p) || p.out == nullptr || (p.softmax && workspace == nullptr)) return cudaErrorInvalidValue;
   cudaError_t err = cudaErrorInvalidValue;
-  DISPATCH_DTYPE(p.dtype, scalar_t, err = launch_fwd<scalar_t>(p, stream));
+  DISPATCH_DTYPE(p.dtype, scalar_t, err = launch_fwd<scalar_t>(p, workspace, stream));
   return err;
 }
 

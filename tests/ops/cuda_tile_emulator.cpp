@@ -118,11 +118,11 @@ void backward(TalkArgs<T> a, int64_t tile, bool reverse) {
   using acc_t = acc_type<T>;
   std::vector<unsigned long long> reach(a.B * a.H * 2, 0);
   a.reach = reach.data();
-  for (int64_t b = 0; b < a.B; ++b)  // reach kernel: atomicMax per (b, t, h)
-    for (int64_t t = 0; t < a.T; ++t)
+  for (int64_t b = 0; b < a.B; ++b)  // reach kernel: atomicMax per (b, chunk of kReachSteps steps, h)
+    for (int64_t t0 = 0; t0 < a.T; t0 += kReachSteps)
       for (int64_t h = 0; h < a.H; ++h) {
         int64_t before, after;
-        reach_of(a, b, t, h, &before, &after);
+        reach_of_steps(a, b, h, t0, std::min(a.T, t0 + kReachSteps), &before, &after);
         unsigned long long* r = reach.data() + (b * a.H + h) * 2;
         r[0] = std::max<unsigned long long>(r[0], static_cast<unsigned long long>(before));
         r[1] = std::max<unsigned long long>(r[1], static_cast<unsigned long long>(after));
@@ -175,10 +175,44 @@ void conv_step(const ConvStepArgs<T>& a, bool reverse) {
 
 // The dynamic-convolution kernels of csrc/cuda/dynamic_conv.cu: every element (in either order), the weight
 // gradient's `group` lane partials summed as the shuffle reduction sums them, the softmax rows around them.
+
+// Lanes of a softmax row group: the smallest power of two >= min(K, 32) (group_size_for in common.cuh).
+inline int row_group_lanes(int64_t K) {
+  int g = 1;
+  while (g < 32 && g < K) g *= 2;
+  return g;
+}
+
+// softmax_rows_kernel: per row, the lanes' partial maxima and sums combined (as the all-reduce shuffles combine
+// them), then every lane writes its taps.
+template <typename T>
+void softmax_rows(const T* logits, int64_t rows, int64_t K, acc_type<T>* probs) {
+  using acc_t = acc_type<T>;
+  const int group = row_group_lanes(K);
+  for (int64_t row = 0; row < rows; ++row) {
+    const T* l = logits + row * K;
+    acc_t m = softmax_lane_max(l, K, 0, group), sum = 0;
+    for (int lane = 1; lane < group; ++lane) m = std::max(m, softmax_lane_max(l, K, lane, group));
+    for (int lane = 0; lane < group; ++lane) sum += softmax_lane_sum(l, K, m, lane, group);
+    for (int lane = 0; lane < group; ++lane)
+      softmax_lane_probs(l, K, SoftmaxStats<acc_t>{m, acc_t(1) / sum}, probs + row * K, lane, group);
+  }
+}
+
 template <typename T>
 void conv_fwd(const T* x, const T* w, T* out, const ConvDims& d, bool reverse) {
   const int64_t n = d.B * d.T * d.C;
-  for (int64_t i = 0; i < n; ++i) conv_fwd_element(x, w, out, d, reverse ? n - 1 - i : i);
+  if (!d.softmax) {
+    for (int64_t i = 0; i < n; ++i) conv_fwd_element(x, w, out, d, reverse ? n - 1 - i : i);
+    return;
+  }
+  std::vector<acc_type<T>> probs((d.ws != 0 ? d.B * d.T : 1) * d.H * d.K,
+                                 std::numeric_limits<acc_type<T>>::quiet_NaN());
+  softmax_rows(w, static_cast<int64_t>(probs.size()) / d.K, d.K, probs.data());
+  ConvDims on_probs = d;
+  on_probs.softmax = false;
+  const acc_type<T>* p = probs.data();
+  for (int64_t i = 0; i < n; ++i) conv_fwd_element(x, p, out, on_probs, reverse ? n - 1 - i : i);
 }
 
 template <typename T>
@@ -187,8 +221,7 @@ void conv_bwd(const T* g, const T* x, const T* w, T* gx, T* gw, const ConvDims& 
   const int64_t rows = d.B * d.T * d.H, n = d.B * d.T * d.C;
   const int64_t weight_rows = d.ws != 0 ? rows : d.H;  // probs laid out as the weights, as in dynamic_conv.cu
   std::vector<acc_t> probs(d.softmax ? weight_rows * d.K : 0), gp(d.softmax ? rows * d.K : 0);
-  for (int64_t row = 0; d.softmax && row < weight_rows; ++row)
-    softmax_probs_row(w + row * d.K, d.K, probs.data() + row * d.K);
+  if (d.softmax) softmax_rows(w, weight_rows, d.K, probs.data());
   for (int64_t i = 0; i < n; ++i) {
     if (d.softmax)
       conv_grad_x_element(static_cast<const acc_t*>(probs.data()), g, gx, d, i);
@@ -196,18 +229,28 @@ void conv_bwd(const T* g, const T* x, const T* w, T* gx, T* gw, const ConvDims& 
       conv_grad_x_element(w, g, gx, d, i);
   }
   for (int64_t bth = 0; bth < rows; ++bth) {
-    for (int64_t k = 0; k < d.K; ++k) {
-      acc_t sum = acc_t(0);
-      for (int r0 = 0; r0 < group; ++r0) sum += conv_grad_weight_partial(x, g, d, bth, k, r0, group);
-      if (d.softmax)
-        gp[bth * d.K + k] = sum;
-      else
-        gw[bth * d.K + k] = from_acc<T>(sum);
+    for (int64_t k0 = 0; k0 < d.K; k0 += kTapBatch) {
+      acc_t sum[kTapBatch] = {}, partial[kTapBatch];
+      for (int r0 = 0; r0 < group; ++r0) {
+        conv_grad_weight_partials(x, g, d, bth, k0, r0, group, partial);
+        for (int j = 0; j < kTapBatch; ++j) sum[j] += partial[j];
+      }
+      for (int64_t k = k0; k < std::min(d.K, k0 + kTapBatch); ++k) {
+        if (d.softmax)
+          gp[bth * d.K + k] = sum[k - k0];
+        else
+          gw[bth * d.K + k] = from_acc<T>(sum[k - k0]);
+      }
     }
   }
-  for (int64_t row = 0; d.softmax && row < rows; ++row) {
+  const int k_group = row_group_lanes(d.K);
+  for (int64_t row = 0; d.softmax && row < rows; ++row) {  // softmax_grad_kernel: the lanes' dot, then their taps
     const int64_t bt = row / d.H;
-    softmax_grad_row(probs.data() + bt * d.ws + (row - bt * d.H) * d.K, gp.data() + row * d.K, d.K, gw + row * d.K);
+    const acc_t* p = probs.data() + bt * d.ws + (row - bt * d.H) * d.K;
+    const acc_t* gpr = gp.data() + row * d.K;
+    acc_t dot = 0;
+    for (int lane = 0; lane < k_group; ++lane) dot += softmax_grad_lane_dot(p, gpr, d.K, lane, k_group);
+    for (int lane = 0; lane < k_group; ++lane) softmax_grad_lane_write(p, gpr, d.K, dot, gw + row * d.K, lane, k_group);
   }
 }
 
