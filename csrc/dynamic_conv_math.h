@@ -31,8 +31,8 @@ struct ConvElement {
 };
 
 TALK_HD ConvElement conv_element(const ConvDims& d, int64_t n) {
-  const int64_t bt = div_nonneg(n, d.C);
-  const int64_t b = div_nonneg(bt, d.T);
+  const int64_t bt = n / d.C;
+  const int64_t b = bt / d.T;
   return {b, bt - b * d.T, n - bt * d.C, bt};
 }
 
@@ -43,7 +43,7 @@ template <typename scalar_t, typename w_t>
 TALK_HD void conv_fwd_element(const scalar_t* x, const w_t* weight, scalar_t* out, const ConvDims& d, int64_t n) {
   using acc_t = acc_type<scalar_t>;
   const auto [b, t, c, bt] = conv_element(d, n);
-  const w_t* wrow = weight + bt * d.ws + div_nonneg(c, d.R) * d.K;
+  const w_t* wrow = weight + bt * d.ws + c / d.R * d.K;
   const scalar_t* xcol = x + b * d.T * d.C + c;
   const SoftmaxStats<acc_t> sm = d.softmax ? softmax_stats(wrow, d.K) : SoftmaxStats<acc_t>{acc_t(0), acc_t(1)};
   acc_t acc = acc_t(0);
@@ -62,7 +62,7 @@ TALK_HD void conv_grad_x_element(const w_t* w, const scalar_t* grad_out, scalar_
                                  int64_t n) {
   using acc_t = acc_type<scalar_t>;
   const auto [b, s, c, bs] = conv_element(d, n);
-  const int64_t h = div_nonneg(c, d.R);
+  const int64_t h = c / d.R;
   acc_t acc = acc_t(0);
   for (int64_t k = max64(0, s + d.P - d.T + 1); k < min64(d.K, s + d.P + 1); ++k) {
     const int64_t bt = b * d.T + (s - k + d.P);
@@ -81,9 +81,9 @@ TALK_HD void conv_grad_weight_partials(const scalar_t* x, const scalar_t* grad_o
                                        int64_t k0, int64_t r_begin, int64_t r_step,
                                        acc_type<scalar_t> (&partial)[kTapBatch]) {
   using acc_t = acc_type<scalar_t>;
-  const int64_t bt = div_nonneg(bth, d.H);
+  const int64_t bt = bth / d.H;
   const int64_t h = bth - bt * d.H;
-  const int64_t b = div_nonneg(bt, d.T);
+  const int64_t b = bt / d.T;
   const int64_t s0 = bt - b * d.T + k0 - d.P;  // the row of tap k0
   const scalar_t* gcol = grad_out + bt * d.C + h * d.R;
   const scalar_t* xrow = x + b * d.T * d.C + h * d.R;

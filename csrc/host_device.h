@@ -1,5 +1,5 @@
 // TALK_HD marks small math helpers shared by the CPU kernels (plain C++) and the CUDA kernels (nvcc); max64 / min64
-// and div_nonneg are three of them (int64 index arithmetic). TALK_UNROLL asks nvcc to unroll the loop that follows (device code only;
+// are two of them (int64 index arithmetic). TALK_UNROLL asks nvcc to unroll the loop that follows (device code only;
 // host compilers warn about the pragma).
 #pragma once
 
@@ -21,11 +21,5 @@ namespace talk_hf {
 
 TALK_HD int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 TALK_HD int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
-
-// n / d for n >= 0, d > 0: a 32-bit division when both fit in 32 bits (a GPU has no divide instruction: the 64-bit
-// routine costs several times the 32-bit one, and index arithmetic runs it for every element).
-TALK_HD int64_t div_nonneg(int64_t n, int64_t d) {
-  return ((n | d) >> 32) == 0 ? static_cast<int64_t>(static_cast<uint32_t>(n) / static_cast<uint32_t>(d)) : n / d;
-}
 
 }  // namespace talk_hf

@@ -106,7 +106,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t warp = global_thread_id() / kWarpSize, n_warps = global_thread_count() / kWarpSize;
   for (int64_t first = warp * per_warp; first < rows; first += n_warps * per_warp) {
     const RowGroup g = row_group(first, rows, group);
-    const int64_t bt = div_nonneg(g.row, d.H);
+    const int64_t bt = g.row / d.H;
     const acc_t* p = probs + bt * d.ws + (g.row - bt * d.H) * d.K;
     const acc_t* gpr = gp + g.row * d.K;
     const acc_t dot = group_allreduce_sum(softmax_grad_lane_dot(p, gpr, d.K, g.lane, group), group);

@@ -113,7 +113,7 @@ __global__ void __launch_bounds__(kThreads) talk_offset_grad_kernel(const TalkAr
     const int64_t bth = first + lane / group;
     acc_t left = acc_t(0), right = acc_t(0);
     if (bth < n_groups) {
-      const int64_t bt = div_nonneg(bth, a.H), b = div_nonneg(bt, a.T);
+      const int64_t bt = bth / a.H, b = bt / a.T;
       tiles::offset_grad_partial(a, b, bt - b * a.T, bth - bt * a.H, r0, group, &left, &right);
     }
     left = group_reduce_sum(left, group);

@@ -45,8 +45,7 @@ constexpr int kLanes = 32;                     // channels per forward block / g
 constexpr int64_t kSharedBudget = 48 * 1024;   // bytes of shared memory per block without an opt-in
 constexpr int kFwdWarps = 8;                   // warps per forward block
 constexpr int kGradXWarps = 4;                 // grad-x units (one warp each) per block
-constexpr int kScanBatch = 8;                  // forward: rows a thread loads before it adds the first of them
-constexpr int kGatherBatch = 4;                // forward: steps whose offsets a thread loads before the first output
+constexpr int kGatherBatch = 4;                // grad x: steps whose inputs a thread loads before it uses the first
 
 template <typename scalar_t>
 struct TalkArgs {
@@ -141,8 +140,6 @@ TALK_HD Segment fwd_segment(const TalkArgs<scalar_t>& a, const FwdBlock& k, int 
 }
 
 // Phase 1: table[i] = x[base] + ... + x[base + i - 1] within the segment (relative to the segment's start).
-// The loads of kScanBatch rows are issued before the first of them is added: a thread keeps that many loads in
-// flight instead of waiting for each row in turn.
 template <typename scalar_t>
 TALK_HD void fwd_scan(const TalkArgs<scalar_t>& a, const FwdBlock& k, acc_type<scalar_t>* table, int w, int lane) {
   using acc_t = acc_type<scalar_t>;
@@ -152,17 +149,9 @@ TALK_HD void fwd_scan(const TalkArgs<scalar_t>& a, const FwdBlock& k, acc_type<s
   const Segment s = fwd_segment(a, k, w);
   const scalar_t* xc = a.x + (k.b * a.T + k.base - 1) * a.C + c;  // row i reads x[base + i - 1]
   acc_t sum = acc_t(0);
-  for (int64_t i0 = s.first; i0 < s.last; i0 += kScanBatch) {
-    acc_t v[kScanBatch];
-    TALK_UNROLL
-    for (int u = 0; u < kScanBatch; ++u) v[u] = active && i0 + u < s.last ? to_acc(xc[(i0 + u) * a.C]) : acc_t(0);
-    TALK_UNROLL
-    for (int u = 0; u < kScanBatch; ++u) {
-      if (i0 + u < s.last) {
-        sum += v[u];
-        table[(i0 + u) * kLanes + lane] = sum;
-      }
-    }
+  for (int64_t i = s.first; i < s.last; ++i) {
+    if (active) sum += to_acc(xc[i * a.C]);
+    table[i * kLanes + lane] = sum;
   }
 }
 
@@ -215,8 +204,7 @@ TALK_HD acc_type<scalar_t> interpolate(const TalkArgs<scalar_t>& a, const FwdBlo
   return at_lo + e.frac * (table_at(a, k, table, lane, e.hi) - at_lo);
 }
 
-// Phase 4: warp w writes the steps t0 + w, t0 + w + warps, ... of its lane's channel, kGatherBatch steps at a time:
-// the offsets of all kGatherBatch steps are loaded before the first output is computed.
+// Phase 4: warp w writes the steps t0 + w, t0 + w + warps, ... of its lane's channel.
 template <typename scalar_t>
 TALK_HD void fwd_gather(const TalkArgs<scalar_t>& a, const FwdBlock& k, const acc_type<scalar_t>* table, int w,
                         int lane) {
@@ -224,25 +212,12 @@ TALK_HD void fwd_gather(const TalkArgs<scalar_t>& a, const FwdBlock& k, const ac
   const int64_t c = k.c0 + lane;
   if (c >= a.C) return;
   const int64_t h = c / a.R;
-  const acc_t inv_norm = acc_t(1) / static_cast<acc_t>(norm_of(a));
-  for (int64_t t0 = k.t0 + w; t0 < k.t1; t0 += kGatherBatch * a.warps) {
-    acc_t offset_left[kGatherBatch], offset_right[kGatherBatch];
-    TALK_UNROLL
-    for (int u = 0; u < kGatherBatch; ++u) {
-      const int64_t bth = (k.b * a.T + min64(t0 + u * a.warps, k.t1 - 1)) * a.H + h;  // past the tile: not stored
-      offset_left[u] = to_acc(a.offset_left[bth]);
-      offset_right[u] = a.has_right ? to_acc(a.offset_right[bth]) : acc_t(0);
-    }
-    TALK_UNROLL
-    for (int u = 0; u < kGatherBatch; ++u) {
-      const int64_t t = t0 + u * a.warps;
-      if (t < k.t1) {
-        const acc_t left = interpolate(a, k, table, lane, left_window_end(offset_left[u], a.max_left, t, a.T));
-        const acc_t right = interpolate(
-            a, k, table, lane, right_window_end(a.has_right, offset_right[u], a.max_right, t, a.T));
-        a.out[(k.b * a.T + t) * a.C + c] = from_acc<scalar_t>((right - left) * inv_norm);
-      }
-    }
+  const acc_t norm = static_cast<acc_t>(norm_of(a));
+  for (int64_t t = k.t0 + w; t < k.t1; t += a.warps) {
+    const int64_t bt = k.b * a.T + t;
+    const acc_t left = interpolate(a, k, table, lane, left_end<acc_t>(a, bt, t, h));
+    const acc_t right = interpolate(a, k, table, lane, right_end<acc_t>(a, bt, t, h));
+    a.out[bt * a.C + c] = from_acc<scalar_t>((right - left) / norm);
   }
 }
 
