@@ -9,8 +9,9 @@
 #   training   the training-step benchmark (bf16),
 #   profile    each op's kernels at n = 10,000 (torch.profiler; which launch of an op takes the time).
 # `bash scripts/gpu_check.sh` runs all of them in this order; name steps to run only those (each later step needs
-# the build, which stays in the checkout): e.g. `bash scripts/gpu_check.sh build tests sanitizer` in one call and
-# `bash scripts/gpu_check.sh ops generation training` in the next, when one call has a time limit.
+# the build, which stays in the checkout): e.g. `bash scripts/gpu_check.sh build tests sanitizer` in one call,
+# `bash scripts/gpu_check.sh ops profile training` in the next and `generation` (over 5 minutes) in a third, when one
+# call has a time limit.
 # Logs and JSON go to $OUT (default runs/gpu). The machine needs torch with CUDA, nvcc, and this package's Python
 # dependencies (transformers >= 5.20 among them); nothing is installed, the package is imported from the checkout.
 set -euo pipefail
@@ -24,7 +25,7 @@ build() {
     # In place, not `pip install -e`: an older pip hands an editable install to setuptools' develop command, which
     # calls pip again with build isolation (it then fetches setuptools, and the GPU machine has no network).
     TALK_HF_CUDA_ARCHS="${TALK_HF_CUDA_ARCHS:-90}" "$PY" setup.py -q build_ext --inplace 2>&1 \
-        | tee "$OUT/build.log" | grep -v Warning | tail -5
+        | tee "$OUT/build.log" | tail -5
     "$PY" -c "from talk_hf import ops; assert ops.backend('cuda') == 'compiled', ops.compiled_devices(); print('cuda kernels: ok')"
 }
 

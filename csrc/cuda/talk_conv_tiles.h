@@ -45,7 +45,7 @@ constexpr int kLanes = 32;                     // channels per forward block / g
 constexpr int64_t kSharedBudget = 48 * 1024;   // bytes of shared memory per block without an opt-in
 constexpr int kFwdWarps = 8;                   // warps per forward block
 constexpr int kGradXWarps = 4;                 // grad-x units (one warp each) per block
-constexpr int kGatherBatch = 4;                // grad x: steps whose inputs a thread loads before it uses the first
+constexpr int kGradXBatch = 4;                 // grad x: steps whose inputs a thread loads before it uses the first
 
 template <typename scalar_t>
 struct TalkArgs {
@@ -313,17 +313,17 @@ TALK_HD void gx_lane(const TalkArgs<scalar_t>& a, const Tile& u, acc_type<scalar
 
   acc_t carry = acc_t(0);
   const int64_t first = max64(0, u.t0 + 1 - after), last = min64(a.T - 1, u.t1 - 1 + before);
-  for (int64_t t0 = first; t0 <= last; t0 += kGatherBatch) {  // the loads of kGatherBatch steps, then their use
-    acc_t gn[kGatherBatch], offset_left[kGatherBatch], offset_right[kGatherBatch];
+  for (int64_t t0 = first; t0 <= last; t0 += kGradXBatch) {  // the loads of kGradXBatch steps, then their use
+    acc_t gn[kGradXBatch], offset_left[kGradXBatch], offset_right[kGradXBatch];
     TALK_UNROLL
-    for (int v = 0; v < kGatherBatch; ++v) {
+    for (int v = 0; v < kGradXBatch; ++v) {
       const int64_t bt = u.b * a.T + min64(t0 + v, last);  // past `last`: a repeat, not used
       gn[v] = to_acc(a.grad_out[bt * a.C + c]) * inv_norm;
       offset_left[v] = to_acc(a.offset_left[bt * a.H + h]);
       offset_right[v] = a.has_right ? to_acc(a.offset_right[bt * a.H + h]) : acc_t(0);
     }
     TALK_UNROLL
-    for (int v = 0; v < kGatherBatch; ++v) {
+    for (int v = 0; v < kGradXBatch; ++v) {
       const int64_t t = t0 + v;
       if (t > last) break;
       const WindowEnd<acc_t> l = left_window_end(offset_left[v], a.max_left, t, a.T);
