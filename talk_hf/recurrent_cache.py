@@ -26,6 +26,20 @@ def _owned_copy(tensor):
     return tensor if tensor.requires_grad else _fixed(tensor.clone(memory_format=torch.contiguous_format))
 
 
+# The batch rearrangements of beam search and contrastive search: new tensors rather than in place (one copy, not
+# two; transformers runs those searches uncompiled), their addresses marked fixed again.
+def _reordered(tensor, beam_idx):
+    return _fixed(tensor.index_select(0, beam_idx.to(tensor.device)))
+
+
+def _repeated(tensor, repeats):
+    return _fixed(tensor.repeat_interleave(repeats, dim=0))
+
+
+def _selected(tensor, indices):
+    return _fixed(tensor[indices])
+
+
 def _write(current, new):
     """Write `new` into the cache slot holding `current`: in place when the layout matches and no gradient flows
     (the address stays), else a new owned buffer. -> the tensor the slot holds afterwards."""
@@ -66,17 +80,13 @@ class LayerState:
         self.tensors[name] = _write(self.tensors.get(name), tensor)
 
     def reorder_cache(self, beam_idx):
-        # New tensors rather than in place (one copy, not two): transformers runs beam search uncompiled.
-        for name, t in self.tensors.items():
-            self.tensors[name] = _fixed(t.index_select(0, beam_idx.to(t.device)))
+        self.tensors = {name: _reordered(t, beam_idx) for name, t in self.tensors.items()}
 
     def batch_repeat_interleave(self, repeats):
-        for name, t in self.tensors.items():
-            self.tensors[name] = _fixed(t.repeat_interleave(repeats, dim=0))
+        self.tensors = {name: _repeated(t, repeats) for name, t in self.tensors.items()}
 
     def batch_select_indices(self, indices):
-        for name, t in self.tensors.items():
-            self.tensors[name] = _fixed(t[indices])
+        self.tensors = {name: _selected(t, indices) for name, t in self.tensors.items()}
 
     def reset(self):
         self.tensors = {}
@@ -132,17 +142,17 @@ class RecurrentCache(Cache):
     def reorder_cache(self, beam_idx):
         super().reorder_cache(beam_idx)
         if self.real_tokens is not None:
-            self.real_tokens = _fixed(self.real_tokens.index_select(0, beam_idx.to(self.real_tokens.device)))
+            self.real_tokens = _reordered(self.real_tokens, beam_idx)
 
     def batch_repeat_interleave(self, repeats):
         super().batch_repeat_interleave(repeats)
         if self.real_tokens is not None:
-            self.real_tokens = _fixed(self.real_tokens.repeat_interleave(repeats, dim=0))
+            self.real_tokens = _repeated(self.real_tokens, repeats)
 
     def batch_select_indices(self, indices):
         super().batch_select_indices(indices)
         if self.real_tokens is not None:
-            self.real_tokens = _fixed(self.real_tokens[indices])
+            self.real_tokens = _selected(self.real_tokens, indices)
 
     def reset(self):
         super().reset()
