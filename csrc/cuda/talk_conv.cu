@@ -3,7 +3,8 @@
 // The kernels run the block programs of talk_conv_tiles.h (which also says what each phase does and why it is
 // exact for any offsets); the tests run the same programs on the CPU (tests/ops/test_cuda_tile_programs.py).
 // Forward: one fused kernel, block = (b, tile of steps, 32 channels) x 8 warps: x read once plus an L2-resident
-//          halo, the output written once, prefix sums in shared memory (fp32 for fp16/bf16/fp32, fp64 for fp64).
+//          halo, the output written once, prefix sums in shared memory (fp32 for fp16/bf16/fp32, fp64 for fp64),
+//          each (step, head)'s window rows worked out once per block.
 // Backward: reach (per (b, h), atomicMax of per-thread maxima into a 16-byte-per-(b, h) workspace), offset gradients
 //          (per (b, t, h), a deterministic group reduction of g * x over the head's channels), grad x (tile-local
 //          scatter and suffix sums in shared memory, one warp per (b, tile, 32 channels), no atomics).
@@ -66,17 +67,20 @@ __global__ void __launch_bounds__(kFwdWarps * kWarpSize) talk_fwd_kernel(const T
   using acc_t = acc_type<scalar_t>;
   acc_t* table = static_cast<acc_t*>(shared_buffer());
   acc_t* carry = table + a.rows * tiles::kLanes;
+  auto* windows = reinterpret_cast<tiles::WindowRows<acc_t>*>(
+      static_cast<unsigned char*>(shared_buffer()) + tiles::fwd_accumulators_bytes(a.rows, a.warps, sizeof(acc_t)));
   const int w = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   for (int64_t block = blockIdx.x; block < tiles::num_tiles(a); block += gridDim.x) {
     const tiles::FwdBlock k = tiles::fwd_block(a, block);
     tiles::fwd_scan(a, k, table, w, lane);
+    tiles::fwd_windows(a, k, windows, w, lane);
     __syncthreads();
     tiles::fwd_carry(a, k, table, carry, w, lane);
     __syncthreads();
     tiles::fwd_add_carry(a, k, table, carry, w, lane);
     __syncthreads();
-    tiles::fwd_gather(a, k, table, w, lane);
-    __syncthreads();  // the next block's scan overwrites the table
+    tiles::fwd_gather(a, k, table, windows, w, lane);
+    __syncthreads();  // the next block's scan overwrites the table and the windows
   }
 }
 

@@ -13,11 +13,15 @@
 //
 // Forward, block = (b, tile of `tile` steps, 32 consecutive channels; lane = channel), `warps` warps:
 //   1. fwd_scan:      each warp sums its segment of the rows [base, top] the tile's windows read (for offsets in
-//                     [0, 1]: t0 - max_left .. t1 + max_right) into shared memory, relative to row `base`
+//                     [0, 1]: t0 - max_left .. t1 + max_right) into shared memory, relative to row `base`;
+//      fwd_windows:   meanwhile the block's threads work out the window ends of every (step, head) of the tile
+//                     once, as rows relative to `base` (the lanes of a head share them instead of each redoing
+//                     the offset load and the window arithmetic for every step)
 //   2. fwd_carry:     each thread adds up the totals of the segments before its own
 //   3. fwd_add_carry: ... and adds that to its segment: table[i] = S_{base+i-1} - S_{base-1}
-//   4. fwd_gather:    out = (S~(r) - S~(l - 1)) / norm from the table; a window end outside [base, top] (offsets
-//                     outside [0, 1], or a window too wide for shared memory) is summed from x in global memory.
+//   4. fwd_gather:    out = (S~(r) - S~(l - 1)) / norm from the table at the rows of fwd_windows; a window with
+//                     an end outside [base, top] (offsets outside [0, 1], or a window too wide for shared memory)
+//                     is worked out again and summed from x in global memory.
 //   x is read once plus the halo (from L2), the output written once; no atomics.
 // Backward, three kernels:
 //   - reach: per (b, h), how far before / after t any window end row lies (a thread's maximum over kReachSteps
@@ -62,6 +66,7 @@ struct TalkArgs {
   bool has_right;
   int64_t tile;                      // time steps per forward block / grad-x unit
   int64_t rows;                      // forward: table rows kept in shared memory (>= 1)
+  int64_t heads_max;                 // forward: most heads 32 consecutive channels can span
   int warps;                         // forward: warps per block
 };
 
@@ -110,12 +115,34 @@ TALK_HD int64_t num_tiles(const TalkArgs<scalar_t>& a) {
 }
 
 struct FwdBlock : Tile {
-  int64_t base, top;  // table rows [base, top] kept in shared memory
+  int64_t base, top;      // table rows [base, top] kept in shared memory
+  int64_t h_first, heads; // the heads of the block's channels: h_first .. h_first + heads - 1
 };
 
-// Accumulators of shared memory per forward block: the table (rows x 32) and the segment carries (warps x 32).
+// The window of one (step, head) as table rows relative to the block's `base`, when all four rows lie in
+// [base, top] (`inside`); otherwise the gather works the window out again from the offsets.
+template <typename acc_t>
+struct alignas(16) WindowRows {  // 32 bytes for fp32 accumulators: two 16-byte shared loads
+  int32_t l_lo, l_hi, r_lo, r_hi;  // S~(l - 1) interpolates rows l_lo, l_hi; S~(r) rows r_lo, r_hi
+  acc_t l_frac, r_frac;
+  int32_t inside;
+};
+
+// Shared memory of a forward block: the table (rows x 32 accumulators), the segment carries (warps x 32), then
+// the windows (tile x heads_max). `acc_bytes` picks the accumulator type (4: fp32, 8: fp64).
+TALK_HD int64_t fwd_accumulators_bytes(int64_t rows, int64_t warps, int64_t acc_bytes) {
+  return (rows + warps) * kLanes * acc_bytes;
+}
+
+TALK_HD int64_t window_rows_bytes(int64_t acc_bytes) {
+  return acc_bytes == 8 ? static_cast<int64_t>(sizeof(WindowRows<double>))
+                        : static_cast<int64_t>(sizeof(WindowRows<float>));
+}
+
 template <typename scalar_t>
-TALK_HD int64_t fwd_shared_elems(const TalkArgs<scalar_t>& a) { return (a.rows + a.warps) * kLanes; }
+TALK_HD int64_t fwd_shared_bytes(const TalkArgs<scalar_t>& a, int64_t acc_bytes) {
+  return fwd_accumulators_bytes(a.rows, a.warps, acc_bytes) + a.tile * a.heads_max * window_rows_bytes(acc_bytes);
+}
 
 template <typename scalar_t>
 TALK_HD FwdBlock fwd_block(const TalkArgs<scalar_t>& a, int64_t block) {
@@ -124,6 +151,8 @@ TALK_HD FwdBlock fwd_block(const TalkArgs<scalar_t>& a, int64_t block) {
   k.base = max64(0, k.t0 - a.max_left);
   const int64_t top = min64(a.T, k.t1 + (a.has_right ? a.max_right : 0));
   k.top = min64(top, k.base + a.rows - 1);
+  k.h_first = k.c0 / a.R;
+  k.heads = (min64(a.C, k.c0 + kLanes) - 1) / a.R - k.h_first + 1;
   return k;
 }
 
@@ -176,6 +205,25 @@ TALK_HD void fwd_add_carry(const TalkArgs<scalar_t>& a, const FwdBlock& k, acc_t
   for (int64_t i = s.first; i < s.last; ++i) table[i * kLanes + lane] += add;
 }
 
+// Phase 1 too (no thread reads what another writes here before the gather): the windows of the steps [t0, t1)
+// and the block's heads, entry (t - t0) * heads + (h - h_first), spread over the block's threads.
+template <typename scalar_t>
+TALK_HD void fwd_windows(const TalkArgs<scalar_t>& a, const FwdBlock& k, WindowRows<acc_type<scalar_t>>* windows,
+                         int w, int lane) {
+  using acc_t = acc_type<scalar_t>;
+  const int64_t n = (k.t1 - k.t0) * k.heads;
+  for (int64_t i = static_cast<int64_t>(w) * kLanes + lane; i < n; i += static_cast<int64_t>(a.warps) * kLanes) {
+    const int64_t t = k.t0 + i / k.heads, h = k.h_first + i % k.heads, bt = k.b * a.T + t;
+    const WindowEnd<acc_t> l = left_end<acc_t>(a, bt, t, h), r = right_end<acc_t>(a, bt, t, h);
+    WindowRows<acc_t> e{0, 0, 0, 0, acc_t(0), acc_t(0), 0};
+    if (min64(l.lo, r.lo) >= k.base && max64(l.hi, r.hi) <= k.top) {
+      e = {static_cast<int32_t>(l.lo - k.base), static_cast<int32_t>(l.hi - k.base),
+           static_cast<int32_t>(r.lo - k.base), static_cast<int32_t>(r.hi - k.base), l.frac, r.frac, 1};
+    }
+    windows[i] = e;
+  }
+}
+
 // Table row `row` of channel c relative to row `base`, from shared memory, or summed from x outside [base, top].
 template <typename scalar_t>
 TALK_HD acc_type<scalar_t> table_at(const TalkArgs<scalar_t>& a, const FwdBlock& k, const acc_type<scalar_t>* table,
@@ -204,20 +252,34 @@ TALK_HD acc_type<scalar_t> interpolate(const TalkArgs<scalar_t>& a, const FwdBlo
   return at_lo + e.frac * (table_at(a, k, table, lane, e.hi) - at_lo);
 }
 
+// A window end at shared rows lo, hi (relative to base).
+template <typename acc_t>
+TALK_HD acc_t shared_end(const acc_t* table, int lane, int32_t lo, int32_t hi, acc_t frac) {
+  const acc_t at_lo = table[lo * kLanes + lane];
+  if (hi == lo) return at_lo;
+  return at_lo + frac * (table[hi * kLanes + lane] - at_lo);
+}
+
 // Phase 4: warp w writes the steps t0 + w, t0 + w + warps, ... of its lane's channel.
 template <typename scalar_t>
-TALK_HD void fwd_gather(const TalkArgs<scalar_t>& a, const FwdBlock& k, const acc_type<scalar_t>* table, int w,
-                        int lane) {
+TALK_HD void fwd_gather(const TalkArgs<scalar_t>& a, const FwdBlock& k, const acc_type<scalar_t>* table,
+                        const WindowRows<acc_type<scalar_t>>* windows, int w, int lane) {
   using acc_t = acc_type<scalar_t>;
   const int64_t c = k.c0 + lane;
   if (c >= a.C) return;
   const int64_t h = c / a.R;
-  const acc_t norm = static_cast<acc_t>(norm_of(a));
+  const acc_t inv_norm = acc_t(1) / static_cast<acc_t>(norm_of(a));
   for (int64_t t = k.t0 + w; t < k.t1; t += a.warps) {
     const int64_t bt = k.b * a.T + t;
-    const acc_t left = interpolate(a, k, table, lane, left_end<acc_t>(a, bt, t, h));
-    const acc_t right = interpolate(a, k, table, lane, right_end<acc_t>(a, bt, t, h));
-    a.out[bt * a.C + c] = from_acc<scalar_t>((right - left) / norm);
+    const WindowRows<acc_t>& e = windows[(t - k.t0) * k.heads + (h - k.h_first)];
+    acc_t sum;
+    if (e.inside) {
+      sum = shared_end(table, lane, e.r_lo, e.r_hi, e.r_frac) - shared_end(table, lane, e.l_lo, e.l_hi, e.l_frac);
+    } else {
+      sum = interpolate(a, k, table, lane, right_end<acc_t>(a, bt, t, h)) -
+            interpolate(a, k, table, lane, left_end<acc_t>(a, bt, t, h));
+    }
+    a.out[bt * a.C + c] = from_acc<scalar_t>(sum * inv_norm);
   }
 }
 
@@ -343,20 +405,19 @@ TALK_HD void gx_lane(const TalkArgs<scalar_t>& a, const Tile& u, acc_type<scalar
 
 // ------------------------------------------------------------------------------------------------ sizes
 
-// Forward launch shape for accumulators of `acc_bytes` bytes: kFwdWarps warps, tiles of 128 steps (32 for fp64)
-// with the whole halo in shared memory when it fits the 48 KiB budget (else fewer rows, and the window ends past
-// them are summed from x in global memory).
+// Forward launch shape for accumulators of `acc_bytes` bytes: kFwdWarps warps, tiles of 128 steps (32 for fp64),
+// fewer when the windows of many heads per block (small R) would take more than a quarter of the 48 KiB budget,
+// with the whole halo in shared memory when it fits the rest (else fewer rows, and the window ends past them are
+// summed from x in global memory).
 template <typename scalar_t>
 void set_fwd_shape(TalkArgs<scalar_t>& a, int64_t acc_bytes) {
   a.warps = kFwdWarps;
+  a.heads_max = min64(min64(a.H, kLanes), (kLanes - 1) / a.R + 2);
   a.tile = acc_bytes == 8 ? 32 : 128;
-  const int64_t budget_rows = kSharedBudget / (kLanes * acc_bytes) - kFwdWarps;
+  while (a.tile > 1 && a.tile * a.heads_max * window_rows_bytes(acc_bytes) > kSharedBudget / 4) a.tile /= 2;
+  const int64_t windows = a.tile * a.heads_max * window_rows_bytes(acc_bytes);
+  const int64_t budget_rows = (kSharedBudget - windows) / (kLanes * acc_bytes) - kFwdWarps;
   a.rows = min64(a.tile + a.max_left + a.max_right + 1, budget_rows);
-}
-
-template <typename scalar_t>
-int64_t fwd_shared_bytes(const TalkArgs<scalar_t>& a, int64_t acc_bytes) {
-  return fwd_shared_elems(a) * acc_bytes;
 }
 
 // Grad-x launch shape: 8 KiB of shared memory per warp, 64 steps (fp32 accumulators) or 32 (fp64).

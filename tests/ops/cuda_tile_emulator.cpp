@@ -88,16 +88,22 @@ void forward(TalkArgs<T> a, int64_t tile, int64_t rows, int warps, bool reverse)
     a.rows = rows;
     a.warps = warps;
   }
-  std::vector<acc_t> smem(fwd_shared_elems(a));
-  acc_t* table = smem.data();
+  // Poisoned (all bytes 0xff): accumulators NaN, window rows -1 with NaN fractions; one more NaN row before the
+  // table, so that a window read before it was written reads NaN.
+  const int64_t guard = kLanes * static_cast<int64_t>(sizeof(acc_t));
+  std::vector<double> smem(cdiv(guard + fwd_shared_bytes(a, sizeof(acc_t)), sizeof(double)));
+  unsigned char* shared = reinterpret_cast<unsigned char*>(smem.data()) + guard;
+  acc_t* table = reinterpret_cast<acc_t*>(shared);
   acc_t* carry = table + a.rows * kLanes;
+  auto* windows = reinterpret_cast<WindowRows<acc_t>*>(shared + fwd_accumulators_bytes(a.rows, a.warps, sizeof(acc_t)));
   const int n = a.warps * kLanes;
   for (int64_t block = 0; block < num_tiles(a); ++block) {
     const FwdBlock k = fwd_block(a, block);
-    smem.assign(smem.size(), std::numeric_limits<acc_t>::quiet_NaN());
+    std::memset(smem.data(), 0xff, smem.size() * sizeof(double));
     for (int i = 0; i < n; ++i) {
       const int tid = thread_at(i, n, reverse);
       fwd_scan(a, k, table, tid / kLanes, tid % kLanes);
+      fwd_windows(a, k, windows, tid / kLanes, tid % kLanes);
     }
     for (int i = 0; i < n; ++i) {
       const int tid = thread_at(i, n, reverse);
@@ -109,7 +115,7 @@ void forward(TalkArgs<T> a, int64_t tile, int64_t rows, int warps, bool reverse)
     }
     for (int i = 0; i < n; ++i) {
       const int tid = thread_at(i, n, reverse);
-      fwd_gather(a, k, table, tid / kLanes, tid % kLanes);
+      fwd_gather(a, k, table, windows, tid / kLanes, tid % kLanes);
     }
   }
 }
@@ -437,8 +443,11 @@ rfa_blocks::RfaArgs<acc_t> rfa_args(int64_t B, int64_t L, int64_t H, int64_t F, 
   }
 
 // Shared memory the launches of talk_conv.cu ask for (fwd: one block, grad x: one block of kGradXWarps units).
-extern "C" int64_t talk_conv_shared_bytes(int64_t acc_bytes, int64_t max_left, int64_t max_right, int backward) {
+extern "C" int64_t talk_conv_shared_bytes(int64_t acc_bytes, int64_t max_left, int64_t max_right, int64_t H,
+                                          int64_t R, int backward) {
   TalkArgs<float> a{};
+  a.H = H;
+  a.R = R;
   a.max_left = max_left;
   a.max_right = max_right;
   if (backward) {

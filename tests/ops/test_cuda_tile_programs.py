@@ -130,14 +130,20 @@ def test_thread_order_within_a_phase_does_not_matter(emulator):
 
 @pytest.mark.parametrize("acc_bytes", [4, 8], ids=["fp32-acc", "fp64-acc"])
 def test_launch_shapes_fit_the_default_shared_memory(emulator, acc_bytes):
-    """Every launch asks for at most 48 KiB of shared memory (no opt-in attribute needed) whatever the window reach;
-    windows the shared rows cannot hold are summed from x (test_small_tiles_few_rows_and_wild_offsets)."""
+    """Every launch asks for at most 48 KiB of shared memory (no opt-in attribute needed) whatever the window reach
+    and however many heads a block's channels span; windows the shared rows cannot hold are summed from x
+    (test_small_tiles_few_rows_and_wild_offsets)."""
     emulator.talk_conv_shared_bytes.restype = ctypes.c_int64
-    args = lambda *v: [ctypes.c_int64(acc_bytes), ctypes.c_int64(v[0]), ctypes.c_int64(v[1]), ctypes.c_int(v[2])]  # noqa: E731
+
+    def shared(max_left, max_right, H, R, backward):
+        return emulator.talk_conv_shared_bytes(*(ctypes.c_int64(v) for v in (acc_bytes, max_left, max_right, H, R)),
+                                               ctypes.c_int(backward))
+
     for max_left, max_right in [(0, 0), (31, 31), (63, 63), (255, 0), (1000, 1000)]:
-        fwd = emulator.talk_conv_shared_bytes(*args(max_left, max_right, 0))
-        assert 0 < fwd <= 48 * 1024, (max_left, max_right, fwd)
-    assert emulator.talk_conv_shared_bytes(*args(63, 63, 1)) == 32 * 1024
+        for H, R in [(16, 64), (8, 1), (512, 1), (64, 3), (1, 1000)]:
+            fwd = shared(max_left, max_right, H, R, 0)
+            assert 0 < fwd <= 48 * 1024, (max_left, max_right, H, R, fwd)
+    assert shared(63, 63, 16, 64, 1) == 32 * 1024
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["encoder", "causal"])
