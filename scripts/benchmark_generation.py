@@ -4,7 +4,9 @@ the same size (a key/value cache that grows with every token), in one process.
 
 Rows (randomly initialised models: speed does not depend on the weights; every run generates exactly the asked
 number of tokens, `min_new_tokens = max_new_tokens`):
-  lm           TaLK causal LM vs GPT-2: `--lm_tokens` new tokens after a 16-token prompt, batch `--lm_batch`.
+  lm           TaLK causal LM vs GPT-2: `--lm_tokens` new tokens after a 16-token prompt, at each batch size of
+               `--lm_batch` (at batch 1 a step of either model is mostly its weights and generate()'s own work; with
+               more rows the key/value cache that GPT-2 reads at every step grows with each of them).
   translation  TaLK and DynamicConv encoder-decoders vs Marian: greedy and beam-4 translation of a batch of 32
                sources of 24 tokens, 32 new tokens each.
   document     RFA-doc vs Marian at document windows (`--windows`): sources and outputs of 24 tokens per sentence,
@@ -145,11 +147,12 @@ def run(args):
     rows = []
     variants = (False, True) if args.compile else (False,)  # transformers compiles greedy/sampling steps only
     talk, base = (m.to(device) for m in models("lm"))
-    for n in args.lm_tokens:
-        prompt = source(args.lm_batch, 16, device, g)
-        for compiled in variants:
-            rows.append(compare(f"LM {n} new tokens, batch {args.lm_batch} (TaLK LM vs GPT-2)", "lm", prompt, n,
-                                args.repeats, talk, base, compiled))
+    for batch in args.lm_batch:
+        for n in args.lm_tokens:
+            prompt = source(batch, 16, device, g)
+            for compiled in variants:
+                rows.append(compare(f"LM {n} new tokens, batch {batch} (TaLK LM vs GPT-2)", "lm", prompt, n,
+                                    args.repeats, talk, base, compiled))
     sources = source(32, 24, device, g)
     for kind, name in (("translation", "TaLK"), ("dynamic_conv", "DynamicConv")):
         talk, base = (m.to(device) for m in models(kind))
@@ -192,7 +195,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--lm_tokens", type=int, nargs="+", default=[1024])
-    parser.add_argument("--lm_batch", type=int, default=1)
+    parser.add_argument("--lm_batch", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--windows", type=int, nargs="+", default=[1, 4, 8, 15])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--compile", action="store_true", help="also run the greedy rows with compiled decoding")

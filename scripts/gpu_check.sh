@@ -51,7 +51,7 @@ ops() {
 }
 
 generation() {
-    "$PY" scripts/benchmark_generation.py --device cuda --lm_tokens 1024 8192 --windows 1 4 8 15 --compile \
+    "$PY" scripts/benchmark_generation.py --device cuda --lm_tokens 1024 --lm_batch 1 16 --windows 1 4 8 15 --compile \
         --output "$OUT/bench_generation.json" | tee "$OUT/bench_generation.log" | tail -10
 }
 

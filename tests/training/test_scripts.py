@@ -233,19 +233,21 @@ def test_generation_benchmark_reports_speed_and_cache_sizes(tmp_path, monkeypatc
 
     compiled_decoding = module.compiled_decoding
     monkeypatch.setattr(module, "compiled_decoding", traced_decoding)
-    rows = module.main(["--lm_tokens", "5", "20", "--windows", "1", "3", "--repeats", "1", "--compile",
-                        "--output", str(tmp_path / "g.json"), "--plot", str(tmp_path / "g.png")])
+    rows = module.main(["--lm_tokens", "5", "20", "--lm_batch", "1", "3", "--windows", "1", "3", "--repeats", "1",
+                        "--compile", "--output", str(tmp_path / "g.json"), "--plot", str(tmp_path / "g.png")])
     assert (tmp_path / "g.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert [(r["kind"], r["compiled"]) for r in rows] == (
-        [("lm", False), ("lm", True)] * 2 + [("translation", False), ("translation", True), ("translation", False)] * 2
+        [("lm", False), ("lm", True)] * 4 + [("translation", False), ("translation", True), ("translation", False)] * 2
         + [("document", False), ("document", True)] * 2)
-    assert "DynamicConv" in rows[7]["row"] and rows[5]["row"].endswith("compiled")
+    assert "DynamicConv" in rows[11]["row"] and rows[9]["row"].endswith("compiled")
     assert len(compiled_calls) >= 5  # every compiled row compiled (talk_hf and its baseline)
     assert all(r["talk_hf_tokens_per_s"] > 0 and r["baseline_tokens_per_s"] > 0 for r in rows)
-    lm_short, lm_long = rows[0], rows[2]
+    lm_short, lm_long, lm_wide = rows[0], rows[2], rows[6]
+    assert "batch 1 " in lm_short["row"] and "batch 3 " in lm_wide["row"]
     # the recurrent state does not grow with the generated length; GPT-2's key/value cache does
     assert lm_short["talk_hf_cache_MB"] == lm_long["talk_hf_cache_MB"]
     assert lm_long["baseline_cache_MB"] > 1.5 * lm_short["baseline_cache_MB"]
+    assert lm_wide["baseline_cache_MB"] == pytest.approx(3 * lm_long["baseline_cache_MB"], rel=0.01)
     assert json.loads((tmp_path / "g.json").read_text())["rows"][-1]["new_tokens"] == 72
 
 
