@@ -9,6 +9,14 @@
 #define TALK_HD inline
 #endif
 
+// TALK_BLOCK marks block and warp programs: functions of a `Block` / `Warp` object whose barrier is device code on
+// the GPU and a fiber switch in the CPU emulator (tests/ops/cuda_tile_emulator.cpp).
+#if defined(__CUDACC__)
+#define TALK_BLOCK __device__ __forceinline__
+#else
+#define TALK_BLOCK inline
+#endif
+
 #if defined(__CUDA_ARCH__)
 #define TALK_UNROLL _Pragma("unroll")
 #else

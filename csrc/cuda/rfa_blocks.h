@@ -26,12 +26,6 @@
 
 #include "../rfa_math.h"
 
-#if defined(__CUDACC__)
-#define TALK_BLOCK __device__ __forceinline__
-#else
-#define TALK_BLOCK inline
-#endif
-
 namespace talk_hf {
 namespace rfa_blocks {
 

@@ -7,7 +7,8 @@
 //          each (step, head)'s window rows worked out once per block.
 // Backward: reach (per (b, h), atomicMax of per-thread maxima into a 16-byte-per-(b, h) workspace), offset gradients
 //          (per (b, t, h), a deterministic group reduction of g * x over the head's channels), grad x (tile-local
-//          scatter and suffix sums in shared memory, one warp per (b, tile, 32 channels), no atomics).
+//          scatter and suffix sums in shared memory, one warp per (b, tile, 32 channels), window ends worked out
+//          once per (step, head), no atomics).
 // Decoding step: one thread per column (b, c) runs talk_conv_step.h's column program (the CPU kernel runs it too).
 // No host synchronisation anywhere: every launch shape comes from the sizes alone (CUDA-graph friendly).
 #include "common.cuh"
@@ -126,17 +127,25 @@ __global__ void __launch_bounds__(kThreads) talk_offset_grad_kernel(const TalkAr
   }
 }
 
-// grad x: one warp per unit (b, tile, 32 channels), kGradXWarps units per block, each with its own a.tile x 32
-// accumulators of shared memory. Lanes touch only their own column: no barrier.
+// The warp programs' Warp on the GPU: the lane, and __syncwarp as the barrier.
+struct CudaWarp {
+  __device__ int64_t tid() const { return threadIdx.x % kWarpSize; }
+  __device__ void sync() const { __syncwarp(); }
+};
+
+// grad x: one warp per unit (b, tile, 32 channels), kGradXWarps units per block, each warp with its own shared
+// memory (tiles::gx_warp_bytes: its q buffer and its window ends); the loop over units is warp-uniform.
 template <typename scalar_t>
 __global__ void __launch_bounds__(kGradXWarps * kWarpSize) talk_grad_x_kernel(const TalkArgs<scalar_t> a) {
   using acc_t = acc_type<scalar_t>;
-  const int w = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
-  acc_t* q = static_cast<acc_t*>(shared_buffer()) + w * a.tile * tiles::kLanes;
+  const int w = threadIdx.x / kWarpSize;
+  unsigned char* mine = static_cast<unsigned char*>(shared_buffer()) + w * tiles::gx_warp_bytes(a, sizeof(acc_t));
+  acc_t* q = reinterpret_cast<acc_t*>(mine);
+  auto* ends = reinterpret_cast<tiles::EndTargets<acc_t>*>(mine + tiles::gx_q_bytes(a, sizeof(acc_t)));
   const int64_t units = tiles::num_tiles(a);
   for (int64_t unit = static_cast<int64_t>(blockIdx.x) * kGradXWarps + w; unit < units;
        unit += static_cast<int64_t>(gridDim.x) * kGradXWarps) {
-    tiles::gx_lane(a, tiles::tile_at(a, unit), q, lane);
+    tiles::gx_warp(CudaWarp{}, a, tiles::tile_at(a, unit), q, ends);
   }
 }
 
@@ -173,7 +182,7 @@ cudaError_t launch_bwd(const TalkConvParams& p, void* workspace, cudaStream_t st
   talk_offset_grad_kernel<scalar_t><<<group_blocks, kThreads, 0, stream>>>(a, group);
 
   tiles::set_gx_shape(a, sizeof(acc_t));
-  const size_t shared = static_cast<size_t>(tiles::gx_shared_bytes(a, sizeof(acc_t)));  // 32 KiB
+  const size_t shared = static_cast<size_t>(tiles::gx_shared_bytes(a, sizeof(acc_t)));  // 36 / 38 KiB
   const unsigned gx_blocks = grid_blocks(ceil_div(tiles::num_tiles(a), kGradXWarps));
   talk_grad_x_kernel<scalar_t><<<gx_blocks, kGradXWarps * kWarpSize, shared, stream>>>(a);
   return cudaGetLastError();

@@ -34,8 +34,9 @@
 //     tile buffer q: scatter +-w * g / norm of every window end of the outputs that can reach the tile into q
 //     (rows (t0, t1]) or into a running `carry` (rows > t1), then grad x_j = carry + sum_{i = j+1..t1} q[i], from
 //     the top down. An output whose rows all lie above t1 adds +w and -w (cancels) and one whose rows all lie at or
-//     below t0 adds nothing, so the outputs [t0 + 1 - after, t1 - 1 + before] are enough. Lanes never share a word:
-//     no barrier, no atomics, a fixed summation order.
+//     below t0 adds nothing, so the outputs [t0 + 1 - after, t1 - 1 + before] are enough. The window ends of each
+//     (step, head) are worked out once per warp, 32 pairs per round, into shared memory (a warp barrier on either
+//     side); the lanes share no other word: no atomics, a fixed summation order.
 #pragma once
 #include <stdint.h>
 
@@ -348,55 +349,135 @@ TALK_HD void write_offset_grads(const TalkArgs<scalar_t>& a, int64_t bth, acc_ty
   if (a.has_right) a.grad_offset_right[bth] = from_acc<scalar_t>(static_cast<acc_t>(a.max_right) * sum_right);
 }
 
-// Adds weight * gn of one window end at table row `row`: rows (t0, t1] go to q, rows above t1 to carry.
+// Where a window end of an output sends weight * g / norm in grad-x unit u: a row of q (table rows (t0, t1], q row
+// row - t0 - 1), the carry (rows above t1), or nowhere (rows at or below t0, or weight 0).
+constexpr int32_t kToCarry = -1;
+constexpr int32_t kNowhere = -2;
+
 template <typename acc_t>
-TALK_HD void scatter_end(const Tile& u, acc_t* q, int lane, int64_t row, acc_t weight, acc_t gn,
-                         acc_t* carry) {
-  if (weight == acc_t(0) || row <= u.t0) return;
-  if (row > u.t1) {
-    *carry += weight * gn;
-  } else {
-    q[(row - u.t0 - 1) * kLanes + lane] += weight * gn;
-  }
+struct alignas(16) EndTargets {  // the four window ends of one (step, head): 32 bytes for fp32 accumulators
+  int32_t at[4];
+  acc_t weight[4];
+};
+
+template <typename acc_t>
+TALK_HD int32_t target_of(const Tile& u, int64_t row, acc_t weight) {
+  if (weight == acc_t(0) || row <= u.t0) return kNowhere;
+  if (row > u.t1) return kToCarry;
+  return static_cast<int32_t>(row - u.t0 - 1);
 }
 
-// The whole grad-x program of one lane (one phase: the lane reads and writes only its own column of q,
-// a.tile x 32 accumulators of shared memory per unit).
-template <typename scalar_t>
-TALK_HD void gx_lane(const TalkArgs<scalar_t>& a, const Tile& u, acc_type<scalar_t>* q, int lane) {
-  using acc_t = acc_type<scalar_t>;
-  const int64_t c = u.c0 + lane;
-  if (c >= a.C) return;
-  const int64_t h = c / a.R;
-  const int64_t before = static_cast<int64_t>(a.reach[(u.b * a.H + h) * 2]);
-  const int64_t after = static_cast<int64_t>(a.reach[(u.b * a.H + h) * 2 + 1]);
-  const acc_t inv_norm = acc_t(1) / static_cast<acc_t>(norm_of(a));
-  for (int64_t i = 0; i < u.t1 - u.t0; ++i) q[i * kLanes + lane] = acc_t(0);
+// Left end: -(1 - frac) at lo, -frac at hi (it enters with a minus); right end: 1 - frac at lo, frac at hi.
+template <typename acc_t>
+TALK_HD EndTargets<acc_t> end_targets(const Tile& u, const WindowEnd<acc_t>& l, const WindowEnd<acc_t>& r) {
+  const int64_t rows[4] = {l.lo, l.hi, r.lo, r.hi};
+  EndTargets<acc_t> e{{0, 0, 0, 0}, {-(acc_t(1) - l.frac), -l.frac, acc_t(1) - r.frac, r.frac}};
+  for (int j = 0; j < 4; ++j) e.at[j] = target_of(u, rows[j], e.weight[j]);
+  return e;
+}
 
-  acc_t carry = acc_t(0);
-  const int64_t first = max64(0, u.t0 + 1 - after), last = min64(a.T - 1, u.t1 - 1 + before);
-  for (int64_t t0 = first; t0 <= last; t0 += kGradXBatch) {  // the loads of kGradXBatch steps, then their use
-    acc_t gn[kGradXBatch], offset_left[kGradXBatch], offset_right[kGradXBatch];
+// A grad-x unit: its tile, the heads of its channels, and the outputs [first, last] whose windows can reach the tile
+// for any of those heads.
+struct GxUnit : Tile {
+  int64_t h_first, heads, first, last;
+};
+
+// The outputs of head h whose windows can reach the tile: [t0 + 1 - after, t1 - 1 + before] within [0, T - 1].
+template <typename scalar_t>
+TALK_HD void gx_outputs(const TalkArgs<scalar_t>& a, const Tile& u, int64_t h, int64_t* first, int64_t* last) {
+  const unsigned long long* reach = a.reach + (u.b * a.H + h) * 2;
+  *first = max64(0, u.t0 + 1 - static_cast<int64_t>(reach[1]));
+  *last = min64(a.T - 1, u.t1 - 1 + static_cast<int64_t>(reach[0]));
+}
+
+template <typename scalar_t>
+TALK_HD GxUnit gx_unit(const TalkArgs<scalar_t>& a, const Tile& tile) {
+  GxUnit u;
+  static_cast<Tile&>(u) = tile;
+  u.h_first = u.c0 / a.R;
+  u.heads = (min64(a.C, u.c0 + kLanes) - 1) / a.R - u.h_first + 1;
+  u.first = a.T;
+  u.last = -1;
+  for (int64_t h = u.h_first; h < u.h_first + u.heads; ++h) {
+    int64_t first, last;
+    gx_outputs(a, u, h, &first, &last);
+    u.first = min64(u.first, first);
+    u.last = max64(u.last, last);
+  }
+  return u;
+}
+
+// Steps per round of a grad-x warp: the window ends of (steps x heads) <= 32 (step, head) pairs, one per lane.
+TALK_HD int64_t gx_round_steps(int64_t heads) { return heads >= kLanes ? 1 : kLanes / heads; }
+
+// Round phase 1: lane i works out the targets of pair i = (s + i / heads, h_first + i % heads) into ends[i].
+template <typename scalar_t>
+TALK_HD void gx_targets(const TalkArgs<scalar_t>& a, const GxUnit& u, int64_t s, EndTargets<acc_type<scalar_t>>* ends,
+                        int lane) {
+  using acc_t = acc_type<scalar_t>;
+  const int64_t t = s + lane / u.heads, h = u.h_first + lane % u.heads;
+  if (lane >= gx_round_steps(u.heads) * u.heads || t > u.last) return;
+  const int64_t bt = u.b * a.T + t;
+  ends[lane] = end_targets(u, left_end<acc_t>(a, bt, t, h), right_end<acc_t>(a, bt, t, h));
+}
+
+// Round phase 2: the lane's channel c (head h, outputs [first, last]) adds weight * g / norm of the round's steps
+// to its column of q or to its carry (steps in order, ends in the order left lo, left hi, right lo, right hi).
+template <typename scalar_t>
+TALK_HD void gx_scatter(const TalkArgs<scalar_t>& a, const GxUnit& u, int64_t s, const EndTargets<acc_type<scalar_t>>* ends,
+                        int64_t c, int64_t first, int64_t last, acc_type<scalar_t>* q, int lane,
+                        acc_type<scalar_t>* carry) {
+  using acc_t = acc_type<scalar_t>;
+  const int64_t h = c / a.R;
+  const acc_t inv_norm = acc_t(1) / static_cast<acc_t>(norm_of(a));
+  const int64_t begin = max64(s, first), end = min64(s + gx_round_steps(u.heads) - 1, last);
+  for (int64_t t0 = begin; t0 <= end; t0 += kGradXBatch) {  // the loads of kGradXBatch steps, then their use
+    acc_t gn[kGradXBatch];
     TALK_UNROLL
-    for (int v = 0; v < kGradXBatch; ++v) {
-      const int64_t bt = u.b * a.T + min64(t0 + v, last);  // past `last`: a repeat, not used
-      gn[v] = to_acc(a.grad_out[bt * a.C + c]) * inv_norm;
-      offset_left[v] = to_acc(a.offset_left[bt * a.H + h]);
-      offset_right[v] = a.has_right ? to_acc(a.offset_right[bt * a.H + h]) : acc_t(0);
-    }
+    for (int v = 0; v < kGradXBatch; ++v) gn[v] = to_acc(a.grad_out[(u.b * a.T + min64(t0 + v, end)) * a.C + c]) * inv_norm;
     TALK_UNROLL
     for (int v = 0; v < kGradXBatch; ++v) {
       const int64_t t = t0 + v;
-      if (t > last) break;
-      const WindowEnd<acc_t> l = left_window_end(offset_left[v], a.max_left, t, a.T);
-      const WindowEnd<acc_t> r = right_window_end(a.has_right, offset_right[v], a.max_right, t, a.T);
-      scatter_end(u, q, lane, l.lo, -(acc_t(1) - l.frac), gn[v], &carry);  // the left end enters with a minus
-      scatter_end(u, q, lane, l.hi, -l.frac, gn[v], &carry);
-      scatter_end(u, q, lane, r.lo, acc_t(1) - r.frac, gn[v], &carry);
-      scatter_end(u, q, lane, r.hi, r.frac, gn[v], &carry);
+      if (t > end) break;
+      const EndTargets<acc_t>& e = ends[(t - s) * u.heads + (h - u.h_first)];
+      TALK_UNROLL
+      for (int j = 0; j < 4; ++j) {
+        if (e.at[j] >= 0) {
+          q[e.at[j] * kLanes + lane] += e.weight[j] * gn[v];
+        } else if (e.at[j] == kToCarry) {
+          *carry += e.weight[j] * gn[v];
+        }
+      }
     }
   }
-  acc_t sum = carry;  // grad x_j = sum of the table gradient over rows >= j + 1
+}
+
+// The grad-x program of one warp for one unit. Rounds of up to 32 (step, head) pairs: the lanes work out the pairs'
+// window ends once into `ends` (32 entries of shared memory), then each lane scatters its channel's share. Apart
+// from `ends`, a lane reads and writes only its own column of q (a.tile x 32 accumulators): grad x_j = carry +
+// sum_{i = j+1..t1} q[i], from the top down; a fixed summation order, no atomics.
+template <typename Warp, typename scalar_t>
+TALK_BLOCK void gx_warp(const Warp& warp, const TalkArgs<scalar_t>& a, const Tile& tile, acc_type<scalar_t>* q,
+                        EndTargets<acc_type<scalar_t>>* ends) {
+  using acc_t = acc_type<scalar_t>;
+  const int lane = static_cast<int>(warp.tid());
+  const GxUnit u = gx_unit(a, tile);
+  const int64_t c = u.c0 + lane;
+  const bool active = c < a.C;  // lanes past C still work out window ends and reach every barrier
+  int64_t first = 0, last = -1;
+  if (active) {
+    gx_outputs(a, u, c / a.R, &first, &last);
+    for (int64_t i = 0; i < u.t1 - u.t0; ++i) q[i * kLanes + lane] = acc_t(0);
+  }
+  acc_t carry = acc_t(0);
+  for (int64_t s = u.first; s <= u.last; s += gx_round_steps(u.heads)) {
+    gx_targets(a, u, s, ends, lane);
+    warp.sync();
+    if (active) gx_scatter(a, u, s, ends, c, first, last, q, lane, &carry);
+    warp.sync();  // the next round overwrites ends
+  }
+  if (!active) return;
+  acc_t sum = carry;
   for (int64_t j = u.t1 - 1; j >= u.t0; --j) {
     sum += q[(j - u.t0) * kLanes + lane];
     a.grad_x[(u.b * a.T + j) * a.C + c] = from_acc<scalar_t>(sum);
@@ -420,15 +501,28 @@ void set_fwd_shape(TalkArgs<scalar_t>& a, int64_t acc_bytes) {
   a.rows = min64(a.tile + a.max_left + a.max_right + 1, budget_rows);
 }
 
-// Grad-x launch shape: 8 KiB of shared memory per warp, 64 steps (fp32 accumulators) or 32 (fp64).
+// Grad-x launch shape: tiles of 64 steps (fp32 accumulators) or 32 (fp64), 8 KiB of q per warp.
 template <typename scalar_t>
 void set_gx_shape(TalkArgs<scalar_t>& a, int64_t acc_bytes) {
   a.tile = 8 * 1024 / (kLanes * acc_bytes);
 }
 
+// Shared memory of one grad-x warp: q (tile x 32 accumulators), then 32 EndTargets.
+template <typename scalar_t>
+TALK_HD int64_t gx_q_bytes(const TalkArgs<scalar_t>& a, int64_t acc_bytes) {
+  return a.tile * kLanes * acc_bytes;
+}
+
+template <typename scalar_t>
+TALK_HD int64_t gx_warp_bytes(const TalkArgs<scalar_t>& a, int64_t acc_bytes) {
+  const int64_t ends = acc_bytes == 8 ? static_cast<int64_t>(sizeof(EndTargets<double>))
+                                      : static_cast<int64_t>(sizeof(EndTargets<float>));
+  return gx_q_bytes(a, acc_bytes) + kLanes * ends;
+}
+
 template <typename scalar_t>
 int64_t gx_shared_bytes(const TalkArgs<scalar_t>& a, int64_t acc_bytes) {
-  return kGradXWarps * a.tile * kLanes * acc_bytes;
+  return kGradXWarps * gx_warp_bytes(a, acc_bytes);
 }
 
 }  // namespace tiles

@@ -4,7 +4,8 @@
 // shared memory filled with NaN first so that reading a word no phase wrote shows up in the result.
 // Built by tests/ops/test_cuda_tile_programs.py with the host compiler alone (no torch, no CUDA) and called
 // through ctypes. Pass tile <= 0 to use the launch shapes of talk_conv.cu.
-// The RFA kernels' block programs (csrc/cuda/rfa_blocks.h), whose barriers sit inside loops, run on FiberBlock:
+// The RFA kernels' block programs (csrc/cuda/rfa_blocks.h) and the TaLK grad-x warp program, whose barriers sit
+// inside loops, run on FiberBlock:
 // one fiber (ucontext) per thread, each run up to its next barrier in thread order (or reversed) before the next
 // one starts, so the same phase semantics hold for any program; fibers that reach different numbers of barriers
 // (a barrier only some threads reach) are reported.
@@ -76,6 +77,85 @@ TalkArgs<T> make_args(const T* x, const T* ol, const T* orr, int64_t B, int64_t 
   return a;
 }
 
+// A thread block of `n` fibers running one block program (see the top of this file).
+class FiberBlock {
+ public:
+  // The Block interface of the block programs, for one fiber.
+  struct Thread {
+    FiberBlock* block;
+    int id;
+    int64_t tid() const { return id; }
+    int64_t size() const { return block->n_; }
+    void sync() const { block->barrier(id); }
+    template <typename T>
+    T reduce_sum(T v) const {  // every thread gets the sum, in thread order; synchronises like CudaBlock's
+      block->scratch_[id] = static_cast<double>(v);
+      sync();
+      T total = 0;
+      for (int i = 0; i < block->n_; ++i) total += static_cast<T>(block->scratch_[i]);
+      sync();
+      return total;
+    }
+  };
+
+  FiberBlock(int n, bool reverse) : n_(n), reverse_(reverse), ctx_(n), stacks_(n), syncs_(n, 0), done_(n, false),
+                                    scratch_(n, std::numeric_limits<double>::quiet_NaN()) {}
+
+  // Runs body(thread) on every fiber; false if the fibers did not all reach the same barriers.
+  template <typename Body>
+  bool run(Body body) {
+    body_ = [&body](Thread& t) { body(t); };
+    for (int i = 0; i < n_; ++i) {
+      stacks_[i].resize(1 << 16);
+      getcontext(&ctx_[i]);
+      ctx_[i].uc_stack.ss_sp = stacks_[i].data();
+      ctx_[i].uc_stack.ss_size = stacks_[i].size();
+      ctx_[i].uc_link = &main_;
+      makecontext(&ctx_[i], &FiberBlock::entry, 0);
+    }
+    bool consistent = true;
+    for (int64_t round = 0; !std::all_of(done_.begin(), done_.end(), [](bool d) { return d; }); ++round) {
+      for (int i = 0; i < n_; ++i) {
+        const int id = reverse_ ? n_ - 1 - i : i;
+        if (done_[id]) continue;
+        current_ = id;
+        running_ = this;
+        swapcontext(&main_, &ctx_[id]);
+      }
+      const bool any_done = std::any_of(done_.begin(), done_.end(), [](bool d) { return d; });
+      for (int id = 0; id < n_; ++id) consistent &= done_[id] ? true : (!any_done && syncs_[id] == round + 1);
+      if (!consistent) return false;  // some threads left, others wait at a barrier: stop (they would never return)
+    }
+    return std::all_of(syncs_.begin(), syncs_.end(), [&](int64_t s) { return s == syncs_[0]; });
+  }
+
+ private:
+  static void entry() {
+    FiberBlock* self = running_;
+    const int id = self->current_;
+    Thread t{self, id};
+    self->body_(t);
+    self->done_[id] = true;  // returns to main_ through uc_link
+  }
+
+  void barrier(int id) {
+    ++syncs_[id];
+    swapcontext(&ctx_[id], &main_);
+  }
+
+  static inline thread_local FiberBlock* running_ = nullptr;
+  int n_;
+  bool reverse_;
+  std::vector<ucontext_t> ctx_;
+  std::vector<std::vector<char>> stacks_;
+  std::vector<int64_t> syncs_;
+  std::vector<bool> done_;
+  std::vector<double> scratch_;
+  ucontext_t main_{};
+  int current_ = 0;
+  std::function<void(Thread&)> body_;
+};
+
 // Thread `i` of `n` in the chosen order.
 inline int thread_at(int i, int n, bool reverse) { return reverse ? n - 1 - i : i; }
 
@@ -120,8 +200,9 @@ void forward(TalkArgs<T> a, int64_t tile, int64_t rows, int warps, bool reverse)
   }
 }
 
+// -> 0, or 1 if the lanes of a grad-x warp reached different barriers.
 template <typename T>
-void backward(TalkArgs<T> a, int64_t tile, bool reverse) {
+int backward(TalkArgs<T> a, int64_t tile, bool reverse) {
   using acc_t = acc_type<T>;
   std::vector<unsigned long long> reach(a.B * a.H * 2, 0);
   a.reach = reach.data();
@@ -149,12 +230,17 @@ void backward(TalkArgs<T> a, int64_t tile, bool reverse) {
       }
   set_gx_shape(a, sizeof(acc_t));
   if (tile > 0) a.tile = tile;
-  std::vector<acc_t> q(a.tile * kLanes);
-  for (int64_t unit = 0; unit < num_tiles(a); ++unit) {  // grad-x kernel: one warp per unit
-    const Tile u = tile_at(a, unit);
-    q.assign(q.size(), std::numeric_limits<acc_t>::quiet_NaN());
-    for (int i = 0; i < kLanes; ++i) gx_lane(a, u, q.data(), thread_at(i, kLanes, reverse));
+  // One warp's shared memory, poisoned (all bytes 0xff): q NaN; ends to the carry with NaN weights.
+  std::vector<double> smem(cdiv(gx_warp_bytes(a, sizeof(acc_t)), sizeof(double)));
+  acc_t* q = reinterpret_cast<acc_t*>(smem.data());
+  auto* ends = reinterpret_cast<EndTargets<acc_t>*>(reinterpret_cast<unsigned char*>(smem.data()) +
+                                                     gx_q_bytes(a, sizeof(acc_t)));
+  for (int64_t unit = 0; unit < num_tiles(a); ++unit) {  // grad-x kernel: one warp per unit, a fiber per lane
+    std::memset(smem.data(), 0xff, smem.size() * sizeof(double));
+    FiberBlock warp(kLanes, reverse);
+    if (!warp.run([&](FiberBlock::Thread& lane) { gx_warp(lane, a, tile_at(a, unit), q, ends); })) return 1;
   }
+  return 0;
 }
 
 // The decoding-step kernel: one thread per column (b, c), in either order, over a NaN-poisoned ext workspace.
@@ -264,85 +350,6 @@ ConvDims conv_dims(int64_t B, int64_t L, int64_t C, int64_t H, int64_t K, int64_
   return ConvDims{B, L, C, H, C / H, K, P, light ? 0 : H * K};
 }
 
-// A thread block of `n` fibers running one block program (see the top of this file).
-class FiberBlock {
- public:
-  // The Block interface of the block programs, for one fiber.
-  struct Thread {
-    FiberBlock* block;
-    int id;
-    int64_t tid() const { return id; }
-    int64_t size() const { return block->n_; }
-    void sync() const { block->barrier(id); }
-    template <typename T>
-    T reduce_sum(T v) const {  // every thread gets the sum, in thread order; synchronises like CudaBlock's
-      block->scratch_[id] = static_cast<double>(v);
-      sync();
-      T total = 0;
-      for (int i = 0; i < block->n_; ++i) total += static_cast<T>(block->scratch_[i]);
-      sync();
-      return total;
-    }
-  };
-
-  FiberBlock(int n, bool reverse) : n_(n), reverse_(reverse), ctx_(n), stacks_(n), syncs_(n, 0), done_(n, false),
-                                    scratch_(n, std::numeric_limits<double>::quiet_NaN()) {}
-
-  // Runs body(thread) on every fiber; false if the fibers did not all reach the same barriers.
-  template <typename Body>
-  bool run(Body body) {
-    body_ = [&body](Thread& t) { body(t); };
-    for (int i = 0; i < n_; ++i) {
-      stacks_[i].resize(1 << 16);
-      getcontext(&ctx_[i]);
-      ctx_[i].uc_stack.ss_sp = stacks_[i].data();
-      ctx_[i].uc_stack.ss_size = stacks_[i].size();
-      ctx_[i].uc_link = &main_;
-      makecontext(&ctx_[i], &FiberBlock::entry, 0);
-    }
-    bool consistent = true;
-    for (int64_t round = 0; !std::all_of(done_.begin(), done_.end(), [](bool d) { return d; }); ++round) {
-      for (int i = 0; i < n_; ++i) {
-        const int id = reverse_ ? n_ - 1 - i : i;
-        if (done_[id]) continue;
-        current_ = id;
-        running_ = this;
-        swapcontext(&main_, &ctx_[id]);
-      }
-      const bool any_done = std::any_of(done_.begin(), done_.end(), [](bool d) { return d; });
-      for (int id = 0; id < n_; ++id) consistent &= done_[id] ? true : (!any_done && syncs_[id] == round + 1);
-      if (!consistent) return false;  // some threads left, others wait at a barrier: stop (they would never return)
-    }
-    return std::all_of(syncs_.begin(), syncs_.end(), [&](int64_t s) { return s == syncs_[0]; });
-  }
-
- private:
-  static void entry() {
-    FiberBlock* self = running_;
-    const int id = self->current_;
-    Thread t{self, id};
-    self->body_(t);
-    self->done_[id] = true;  // returns to main_ through uc_link
-  }
-
-  void barrier(int id) {
-    ++syncs_[id];
-    swapcontext(&ctx_[id], &main_);
-  }
-
-  static inline thread_local FiberBlock* running_ = nullptr;
-  int n_;
-  bool reverse_;
-  std::vector<ucontext_t> ctx_;
-  std::vector<std::vector<char>> stacks_;
-  std::vector<int64_t> syncs_;
-  std::vector<bool> done_;
-  std::vector<double> scratch_;
-  ucontext_t main_{};
-  int current_ = 0;
-  std::function<void(Thread&)> body_;
-};
-
 // Every block of the grid in turn, each on fresh fibers and NaN-poisoned shared memory (as rfa.cu sizes it).
 // -> 0, or 1 if some block's threads reached different barriers.
 template <typename acc_t, typename Program>
@@ -385,8 +392,7 @@ rfa_blocks::RfaArgs<acc_t> rfa_args(int64_t B, int64_t L, int64_t H, int64_t F, 
     a.grad_x = gx;                                                                                                 \
     a.grad_offset_left = gol;                                                                                      \
     a.grad_offset_right = gor;                                                                                     \
-    backward(a, tile, reverse != 0);                                                                               \
-    return 0;                                                                                                      \
+    return backward(a, tile, reverse != 0);                                                                        \
   }                                                                                                                \
   extern "C" int talk_conv_step_emulate_##SUFFIX(const T* x, const T* ol, const acc_type<T>* state, T* out,          \
                                                  acc_type<T>* new_state,                                           \

@@ -56,7 +56,8 @@ def emulate_bwd(lib, g, x, ol, orr, max_left, max_right, tile=0, reverse=False):
     gor = None if orr is None else torch.full_like(orr, float("nan"))
     fn = getattr(lib, f"talk_conv_bwd_emulate_{SUFFIX[x.dtype]}")
     ints = [ctypes.c_int64(v) for v in (B, T, C, ol.shape[-1], max_left, max_right, tile)]
-    fn(ptr(g), ptr(x), ptr(ol), ptr(orr), ptr(gx), ptr(gol), ptr(gor), *ints, ctypes.c_int(int(reverse)))
+    status = fn(ptr(g), ptr(x), ptr(ol), ptr(orr), ptr(gx), ptr(gol), ptr(gor), *ints, ctypes.c_int(int(reverse)))
+    assert status == 0, "the lanes of a grad-x warp reached different barriers"
     return gx, gol, gor
 
 
@@ -143,7 +144,7 @@ def test_launch_shapes_fit_the_default_shared_memory(emulator, acc_bytes):
         for H, R in [(16, 64), (8, 1), (512, 1), (64, 3), (1, 1000)]:
             fwd = shared(max_left, max_right, H, R, 0)
             assert 0 < fwd <= 48 * 1024, (max_left, max_right, H, R, fwd)
-    assert shared(63, 63, 16, 64, 1) == 32 * 1024
+        assert 0 < shared(max_left, max_right, 16, 64, 1) <= 48 * 1024
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["encoder", "causal"])
