@@ -1,8 +1,8 @@
-// Element programs of the CUDA dynamic-convolution kernels (csrc/cuda/dynamic_conv.cu): one output element, one
-// lane's share of a weight-gradient reduction per call (the softmax of `softmax=True` is a separate pass over the
-// rows, softmax_row.h). The kernels are grid-stride loops around
-// them; tests/ops/cuda_tile_emulator.cpp runs the same functions on the CPU over every element (and sums the lane
-// partials as the shuffles do), against the reference. Specification: talk_hf/dynamic_conv.py.
+// Element programs of the CUDA dynamic-convolution kernels (csrc/cuda/dynamic_conv.cu): one output element per
+// call (the softmax of `softmax=True` is a separate pass over the rows, softmax_row.h; the weight gradient is a
+// block program, csrc/cuda/dynamic_conv_tiles.h). The kernels are grid-stride loops around them;
+// tests/ops/cuda_tile_emulator.cpp runs the same functions on the CPU over every element, against the reference.
+// Specification: talk_hf/dynamic_conv.py.
 //
 // Layouts (all contiguous, batch-first, channels-last):
 //   x, out, grad_out, grad_x   (B, T, C)     at [(b*T + t)*C + c]
@@ -64,36 +64,6 @@ TALK_HD void conv_grad_x_element(const w_t* w, const scalar_t* grad_out, scalar_
     acc += to_acc(w[bt * d.ws + h * d.K + k]) * to_acc(grad_out[bt * d.C + c]);
   }
   grad_x[n] = from_acc<scalar_t>(acc);
-}
-
-constexpr int kTapBatch = 8;  // taps whose weight-gradient partials one lane accumulates at a time
-
-// One lane's share of d out / d w[b, t, h, k] = sum over the head's channels of grad_out[b, t, c] * x[b, t+k-P, c]
-// (bth = (b*T + t)*H + h) for the kTapBatch taps k0, k0 + 1, ...: the channels r_begin, r_begin + r_step, ... of
-// the head, each grad_out read once for all the taps (partials of taps >= K or with t + k - P outside are 0).
-template <typename scalar_t>
-TALK_HD void conv_grad_weight_partials(const scalar_t* x, const scalar_t* grad_out, const ConvDims& d, int64_t bth,
-                                       int64_t k0, int64_t r_begin, int64_t r_step,
-                                       acc_type<scalar_t> (&partial)[kTapBatch]) {
-  using acc_t = acc_type<scalar_t>;
-  const int64_t bt = bth / d.H;
-  const int64_t h = bth - bt * d.H;
-  const int64_t b = bt / d.T;
-  const int64_t s0 = bt - b * d.T + k0 - d.P;  // the row of tap k0
-  const scalar_t* gcol = grad_out + bt * d.C + h * d.R;
-  const scalar_t* xrow = x + b * d.T * d.C + h * d.R;
-  bool in_range[kTapBatch];
-  TALK_UNROLL
-  for (int j = 0; j < kTapBatch; ++j) {
-    partial[j] = acc_t(0);
-    in_range[j] = k0 + j < d.K && s0 + j >= 0 && s0 + j < d.T;
-  }
-  for (int64_t r = r_begin; r < d.R; r += r_step) {
-    const acc_t g = to_acc(gcol[r]);
-    TALK_UNROLL
-    for (int j = 0; j < kTapBatch; ++j)
-      if (in_range[j]) partial[j] += g * to_acc(xrow[(s0 + j) * d.C + r]);
-  }
 }
 
 }  // namespace talk_hf

@@ -3,10 +3,8 @@
 //
 // Forward:  one thread per (b, t, c) (conv_fwd_element: a gather over the in-range taps).
 // Backward: grad_x: one thread per (b, s, c) (conv_grad_x_element: a gather, no atomics).
-//           grad_weight: one group of G lanes per (b, t, h) (G = power of two >= min(R, 32)); for kTapBatch taps at
-//           a time the lanes stride over the head's R channels (conv_grad_weight_partials: each grad_out read once
-//           per batch of taps, the taps' loads independent) and group shuffle reductions give the sums
-//           (deterministic).
+//           grad_weight: a block per (b, 64 steps, h, up to 32 taps), the grad_out and x rows of 32 channels at a
+//           time staged in shared memory, 8 taps of one step per thread (dynamic_conv_tiles.h; deterministic).
 // Decoding step: one thread per column (b, c) runs dynamic_conv_step.h's column program.
 // softmax=true (weight holds logits, softmax_row.h): the forward writes each row's probabilities to a workspace
 // (a lane group per row) and convolves with them; the step normalises the row of its (b, t, h) in registers (each
@@ -14,6 +12,7 @@
 // the probabilities and the raw tap gradients gp to a workspace (2 x B*T*H*K accumulators), runs grad_x on the
 // probabilities, then a lane group per row turns gp into the logits' gradient p * (gp - sum p gp).
 #include "common.cuh"
+#include "dynamic_conv_tiles.h"
 #include "../dynamic_conv_math.h"
 #include "../dynamic_conv_step.h"
 #include "../softmax_row.h"
@@ -118,13 +117,6 @@ inline unsigned row_group_blocks(int64_t rows, int group) {
   return grid_blocks(ceil_div(rows, kThreads / group));
 }
 
-__device__ __forceinline__ void store_acc(float* p, float v) { *p = v; }
-__device__ __forceinline__ void store_acc(double* p, double v) { *p = v; }
-template <typename T>
-__device__ __forceinline__ void store_acc(T* p, acc_type<T> v) {
-  *p = from_acc<T>(v);
-}
-
 // weight: the weights in the storage type, or the softmax probabilities (accumulation type).
 template <typename scalar_t, typename w_t>
 __global__ void __launch_bounds__(kThreads)
@@ -134,34 +126,33 @@ __global__ void __launch_bounds__(kThreads)
     conv_grad_x_element(weight, grad_out, grad_x, d, n);
 }
 
-// grad_weight, stored in the storage type, or in the accumulation type (gp, for the softmax gradient). Each group
-// of G lanes owns one (b, t, h) (group id = (b*T + t)*H + h) and kTapBatch taps at a time; the loops over groups
-// and over taps are warp-uniform so that every lane reaches the shuffles.
+// The block programs' Block on the GPU: thread index, block size, __syncthreads.
+struct CudaThreads {
+  __device__ int64_t tid() const { return threadIdx.x; }
+  __device__ int64_t size() const { return blockDim.x; }
+  __device__ void sync() const { __syncthreads(); }
+};
+
+// grad_weight, stored in the storage type, or in the accumulation type (gp, for the softmax gradient): the block
+// program of dynamic_conv_tiles.h over a grid-stride loop of blocks (conv_tiles::wg_threads(d) threads each).
 template <typename scalar_t, typename gw_t>
 __global__ void __launch_bounds__(kThreads)
     dynamic_conv_bwd_weight_kernel(const scalar_t* __restrict__ x, const scalar_t* __restrict__ grad_out,
-                                   gw_t* __restrict__ grad_weight, ConvDims d, int group) {
-  using acc_t = acc_type<scalar_t>;
-  const int lane = static_cast<int>(threadIdx.x % kWarpSize);
-  const int r0 = lane % group;
-  const int64_t groups_per_warp = kWarpSize / group;
-  const int64_t n_groups = d.B * d.T * d.H;
-  const int64_t warp = global_thread_id() / kWarpSize;
-  const int64_t n_warps = global_thread_count() / kWarpSize;
+                                   gw_t* __restrict__ grad_weight, ConvDims d) {
+  extern __shared__ __align__(16) unsigned char conv_shared[];
+  auto* smem = reinterpret_cast<acc_type<scalar_t>*>(conv_shared);
+  for (int64_t block = blockIdx.x; block < conv_tiles::wg_num_blocks(d); block += gridDim.x)
+    conv_tiles::wg_block_program(CudaThreads{}, x, grad_out, grad_weight, d, block, smem);
+}
 
-  for (int64_t base = warp * groups_per_warp; base < n_groups; base += n_warps * groups_per_warp) {
-    const int64_t bth = base + lane / group;
-    const bool active = bth < n_groups;
-    for (int64_t k0 = 0; k0 < d.K; k0 += kTapBatch) {
-      acc_t partial[kTapBatch];
-      conv_grad_weight_partials(x, grad_out, d, active ? bth : n_groups - 1, k0, r0, group, partial);
-#pragma unroll
-      for (int j = 0; j < kTapBatch; ++j) {
-        const acc_t sum = group_reduce_sum(partial[j], group);
-        if (active && r0 == 0 && k0 + j < d.K) store_acc(grad_weight + bth * d.K + k0 + j, sum);
-      }
-    }
-  }
+// Launches the weight-gradient kernel (at most 42 KiB of shared memory: fp64 with 32 taps per block).
+template <typename scalar_t, typename gw_t>
+void launch_weight_grad(const scalar_t* x, const scalar_t* grad_out, gw_t* grad_weight, const ConvDims& d,
+                        cudaStream_t stream) {
+  const size_t shared = static_cast<size_t>(conv_tiles::wg_shared_elems(d)) * sizeof(acc_type<scalar_t>);
+  dynamic_conv_bwd_weight_kernel<<<grid_blocks(conv_tiles::wg_num_blocks(d)),
+                                   static_cast<unsigned>(conv_tiles::wg_threads(d)), shared, stream>>>(
+      x, grad_out, grad_weight, d);
 }
 
 // ------------------------------------------------------------------------------------------------ launchers
@@ -192,8 +183,6 @@ cudaError_t launch_bwd(const DynamicConvParams& p, void* workspace, cudaStream_t
   using acc_t = acc_type<scalar_t>;
   const ConvDims d = make_dims(p);
   const unsigned blocks = grid_blocks(ceil_div(d.B * d.T * d.C, kThreads));
-  const int group = group_size_for(d.R);
-  const unsigned w_blocks = grid_blocks(ceil_div(d.B * d.T * d.H, kThreads / group));
   const auto* x = static_cast<const scalar_t*>(p.x);
   const auto* weight = static_cast<const scalar_t*>(p.weight);
   const auto* grad_out = static_cast<const scalar_t*>(p.grad_out);
@@ -201,7 +190,7 @@ cudaError_t launch_bwd(const DynamicConvParams& p, void* workspace, cudaStream_t
   auto* grad_weight = static_cast<scalar_t*>(p.grad_weight);
   if (!p.softmax) {
     dynamic_conv_bwd_input_kernel<<<blocks, kThreads, 0, stream>>>(weight, grad_out, grad_x, d);
-    dynamic_conv_bwd_weight_kernel<<<w_blocks, kThreads, 0, stream>>>(x, grad_out, grad_weight, d, group);
+    launch_weight_grad(x, grad_out, grad_weight, d, stream);
     return cudaGetLastError();
   }
   acc_t* probs = static_cast<acc_t*>(workspace);
@@ -211,7 +200,7 @@ cudaError_t launch_bwd(const DynamicConvParams& p, void* workspace, cudaStream_t
                                                                                           k_group);
   dynamic_conv_bwd_input_kernel<<<blocks, kThreads, 0, stream>>>(static_cast<const acc_t*>(probs), grad_out,
                                                                  grad_x, d);
-  dynamic_conv_bwd_weight_kernel<<<w_blocks, kThreads, 0, stream>>>(x, grad_out, gp, d, group);
+  launch_weight_grad(x, grad_out, gp, d, stream);
   softmax_grad_kernel<<<row_group_blocks(d.B * d.T * d.H, k_group), kThreads, 0, stream>>>(
       static_cast<const acc_t*>(probs), static_cast<const acc_t*>(gp), grad_weight, d, k_group);
   return cudaGetLastError();

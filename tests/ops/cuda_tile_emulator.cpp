@@ -18,6 +18,7 @@
 #include <limits>
 #include <vector>
 
+#include "cuda/dynamic_conv_tiles.h"
 #include "cuda/rfa_blocks.h"
 #include "cuda/talk_conv_tiles.h"
 #include "dynamic_conv_math.h"
@@ -306,8 +307,23 @@ void conv_fwd(const T* x, const T* w, T* out, const ConvDims& d, bool softmax, b
   for (int64_t i = 0; i < n; ++i) conv_fwd_element(x, p, out, d, reverse ? n - 1 - i : i);
 }
 
+// The weight-gradient kernel: every block of the grid on fresh fibers and NaN-poisoned shared memory.
+// -> false if some block's threads reached different barriers.
+template <typename T, typename gw_t>
+bool conv_weight_grad(const T* g, const T* x, gw_t* gw, const ConvDims& d, bool reverse) {
+  std::vector<acc_type<T>> smem(conv_tiles::wg_shared_elems(d));
+  for (int64_t block = 0; block < conv_tiles::wg_num_blocks(d); ++block) {
+    smem.assign(smem.size(), std::numeric_limits<acc_type<T>>::quiet_NaN());
+    FiberBlock fibers(static_cast<int>(conv_tiles::wg_threads(d)), reverse);
+    if (!fibers.run([&](FiberBlock::Thread& t) { conv_tiles::wg_block_program(t, x, g, gw, d, block, smem.data()); }))
+      return false;
+  }
+  return true;
+}
+
+// -> 0, or 1 if the weight-gradient threads reached different barriers.
 template <typename T>
-void conv_bwd(const T* g, const T* x, const T* w, T* gx, T* gw, const ConvDims& d, bool softmax, int group) {
+int conv_bwd(const T* g, const T* x, const T* w, T* gx, T* gw, const ConvDims& d, bool softmax, bool reverse) {
   using acc_t = acc_type<T>;
   const int64_t rows = d.B * d.T * d.H, n = d.B * d.T * d.C;
   const int64_t weight_rows = d.ws != 0 ? rows : d.H;  // probs laid out as the weights, as in dynamic_conv.cu
@@ -319,21 +335,7 @@ void conv_bwd(const T* g, const T* x, const T* w, T* gx, T* gw, const ConvDims& 
     else
       conv_grad_x_element(w, g, gx, d, i);
   }
-  for (int64_t bth = 0; bth < rows; ++bth) {
-    for (int64_t k0 = 0; k0 < d.K; k0 += kTapBatch) {
-      acc_t sum[kTapBatch] = {}, partial[kTapBatch];
-      for (int r0 = 0; r0 < group; ++r0) {
-        conv_grad_weight_partials(x, g, d, bth, k0, r0, group, partial);
-        for (int j = 0; j < kTapBatch; ++j) sum[j] += partial[j];
-      }
-      for (int64_t k = k0; k < std::min(d.K, k0 + kTapBatch); ++k) {
-        if (softmax)
-          gp[bth * d.K + k] = sum[k - k0];
-        else
-          gw[bth * d.K + k] = from_acc<T>(sum[k - k0]);
-      }
-    }
-  }
+  if (!(softmax ? conv_weight_grad(g, x, gp.data(), d, reverse) : conv_weight_grad(g, x, gw, d, reverse))) return 1;
   const int k_group = row_group_lanes(d.K);
   for (int64_t row = 0; softmax && row < rows; ++row) {  // softmax_grad_kernel: the lanes' dot, then their taps
     const int64_t bt = row / d.H;
@@ -343,6 +345,7 @@ void conv_bwd(const T* g, const T* x, const T* w, T* gx, T* gw, const ConvDims& 
     for (int lane = 0; lane < k_group; ++lane) dot += softmax_grad_lane_dot(p, gpr, d.K, lane, k_group);
     for (int lane = 0; lane < k_group; ++lane) softmax_grad_lane_write(p, gpr, d.K, dot, gw + row * d.K, lane, k_group);
   }
+  return 0;
 }
 
 // light: the weights are one (H, K) LightConv kernel for every position (position stride 0).
@@ -415,9 +418,8 @@ rfa_blocks::RfaArgs<acc_t> rfa_args(int64_t B, int64_t L, int64_t H, int64_t F, 
   }                                                                                                                \
   extern "C" int dynamic_conv_bwd_emulate_##SUFFIX(const T* g, const T* x, const T* w, T* gx, T* gw, int64_t B,     \
                                                    int64_t L, int64_t C, int64_t H, int64_t K, int64_t P,          \
-                                                   int softmax, int light, int group) {                            \
-    conv_bwd(g, x, w, gx, gw, conv_dims(B, L, C, H, K, P, light), softmax != 0, group);                            \
-    return 0;                                                                                                      \
+                                                   int softmax, int light, int reverse) {                          \
+    return conv_bwd(g, x, w, gx, gw, conv_dims(B, L, C, H, K, P, light), softmax != 0, reverse != 0);              \
   }
 
 #define RFA_EMULATE(SUFFIX, T)                                                                                      \

@@ -218,16 +218,14 @@ def test_dynamic_conv_step_column_program(emulator, dtype, T_new, K, H, softmax)
     assert torch.equal(results[0][1], want_state)
 
 
-def group_size_for(R):  # common.cuh: the smallest power of two >= min(R, 32)
-    g = 1
-    while g < 32 and g < R:
-        g *= 2
-    return g
-
-
-# The CPU op's cases (any K, padding on either side, T=1, primes), plus a head wider than a warp's reduction group
-# (R=48 channels over 32 lanes) for the weight-gradient lane partials.
-CONV_CASES = DYNAMIC_CONV_CASES + [pytest.param(2, 40, 96, 2, 31, 15, id="K31-R48")]
+# The CPU op's cases (any K, padding on either side, T=1, primes), plus the weight-gradient blocks' edges: a head
+# wider than one round of 32 staged channels (R=48, R=80: a partial last round), several step tiles (T > 64, not a
+# multiple), two tap chunks (K=37 > 32: a chunk of 5 taps), few threads per block (K=9: 16 taps, 128 threads).
+CONV_CASES = DYNAMIC_CONV_CASES + [
+    pytest.param(2, 40, 96, 2, 31, 15, id="K31-R48"),
+    pytest.param(1, 150, 80, 1, 37, 20, id="T150-K37-R80"),
+    pytest.param(2, 70, 12, 4, 9, 4, id="T70-K9-R3"),
+]
 
 
 @pytest.mark.parametrize("light", [False, True], ids=["dynamic", "light"])
@@ -235,9 +233,10 @@ CONV_CASES = DYNAMIC_CONV_CASES + [pytest.param(2, 40, 96, 2, 31, 15, id="K31-R4
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
 @pytest.mark.parametrize("B,T,C,H,K,P", CONV_CASES)
 def test_dynamic_conv_element_programs(emulator, B, T, C, H, K, P, dtype, softmax, light):
-    """dynamic_conv_math.h's element programs (the CUDA forward, grad x and weight-gradient lane partials) and
-    softmax_row.h's row programs, run by the emulator as dynamic_conv.cu launches them, against the reference;
-    LightConv: one (H, K) kernel read by every position (the weight gradient stays per position)."""
+    """dynamic_conv_math.h's element programs (the CUDA forward and grad x), the weight-gradient block program
+    (dynamic_conv_tiles.h) and softmax_row.h's row programs, run by the emulator as dynamic_conv.cu launches them
+    (every phase in thread order and reversed: bitwise the same), against the reference; LightConv: one (H, K)
+    kernel read by every position (the weight gradient stays per position)."""
     gen = torch.Generator().manual_seed(K * T + C)
     x = torch.randn(B, T, C, generator=gen, dtype=torch.float64)
     w = 3 * torch.randn(*((H, K) if light else (B, T, H, K)), generator=gen, dtype=torch.float64)
@@ -257,12 +256,17 @@ def test_dynamic_conv_element_programs(emulator, B, T, C, H, K, P, dtype, softma
         outs.append(out)
     assert torch.equal(outs[0], outs[1])
     assert_close(outs[0], want_out.detach(), dtype)
-    gx, gw = torch.full_like(x, float("nan")), torch.full((B, T, H, K), float("nan"), dtype=dtype)
-    getattr(emulator, f"dynamic_conv_bwd_emulate_{SUFFIX[dtype]}")(
-        ptr(g), ptr(x), ptr(w), ptr(gx), ptr(gw), *ints, ctypes.c_int(int(softmax)), ctypes.c_int(int(light)),
-        ctypes.c_int(group_size_for(C // H)))
-    assert_close(gx, xr.grad, dtype, name="grad x")
-    assert_close(gw, wr.grad, dtype, name="grad weight")
+    grads = []
+    for reverse in (False, True):
+        gx, gw = torch.full_like(x, float("nan")), torch.full((B, T, H, K), float("nan"), dtype=dtype)
+        status = getattr(emulator, f"dynamic_conv_bwd_emulate_{SUFFIX[dtype]}")(
+            ptr(g), ptr(x), ptr(w), ptr(gx), ptr(gw), *ints, ctypes.c_int(int(softmax)), ctypes.c_int(int(light)),
+            ctypes.c_int(int(reverse)))
+        assert status == 0, "the weight-gradient threads reached different barriers"
+        grads.append((gx, gw))
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
+    assert_close(grads[0][0], xr.grad, dtype, name="grad x")
+    assert_close(grads[0][1], wr.grad, dtype, name="grad weight")
 
 
 RFA_CASES = [  # B, T, H, F, D, chunk, grid (blocks; < B*H exercises the grid-stride loop), threads
@@ -353,7 +357,7 @@ def test_dynamic_conv_programs_in_bf16(emulator, softmax):
     emulator.dynamic_conv_fwd_emulate_bf16(ptr(x), ptr(w), ptr(out), *ints, ctypes.c_int(int(softmax)), ctypes.c_int(0),
                                            ctypes.c_int(0))
     emulator.dynamic_conv_bwd_emulate_bf16(ptr(g), ptr(x), ptr(w), ptr(gx), ptr(gw), *ints, ctypes.c_int(int(softmax)),
-                                           ctypes.c_int(0), ctypes.c_int(group_size_for(C // H)))
+                                           ctypes.c_int(0), ctypes.c_int(0))
     assert_close(out, want.detach(), bf16)
     assert_close(gx, xr.grad, bf16, name="grad x")
     assert_close(gw, wr.grad, bf16, name="grad weight")
