@@ -58,9 +58,10 @@ __global__ void __launch_bounds__(kThreads)
 // Rows of softmax logits: one per (b, t, h), or the H rows of a LightConv kernel.
 __host__ __device__ inline int64_t softmax_rows(const ConvDims& d) { return (d.ws != 0 ? d.B * d.T : 1) * d.H; }
 
-// A group of `group` lanes per softmax row (group = power of two >= min(K, 32); lanes take the taps j, j + group,
-// ... : coalesced reads of each row, every logit read once per pass). The loop over rows is warp-uniform so every
-// lane reaches the shuffles; a lane past the last row works on the last row and writes nothing.
+// A group of `group` lanes per softmax row (softmax_group_lanes: about 4 taps per lane, so a warp works on several
+// rows at once; lanes take the taps j, j + group, ...: coalesced reads of each row, every logit read once per pass).
+// The loop over rows is warp-uniform so every lane reaches the shuffles; a lane past the last row works on the last
+// row and writes nothing.
 struct RowGroup {
   int64_t row;  // this lane's row
   int lane;     // lane within the group
@@ -171,7 +172,7 @@ cudaError_t launch_fwd(const DynamicConvParams& p, void* workspace, cudaStream_t
   // Each row's probabilities once (a lane group per row), then the convolution with them: normalising in every
   // output thread took the K exponentials R times per row (R = 64 channels per head: 2.6x slower on an H100).
   acc_t* probs = static_cast<acc_t*>(workspace);
-  const int group = group_size_for(d.K);
+  const int group = softmax_group_lanes(d.K);
   softmax_rows_kernel<<<row_group_blocks(softmax_rows(d), group), kThreads, 0, stream>>>(
       static_cast<const scalar_t*>(p.weight), probs, d, group);
   dynamic_conv_fwd_kernel<<<blocks, kThreads, 0, stream>>>(x, static_cast<const acc_t*>(probs), out, d);
@@ -195,7 +196,7 @@ cudaError_t launch_bwd(const DynamicConvParams& p, void* workspace, cudaStream_t
   }
   acc_t* probs = static_cast<acc_t*>(workspace);
   acc_t* gp = probs + d.B * d.T * d.H * d.K;
-  const int k_group = group_size_for(d.K);
+  const int k_group = softmax_group_lanes(d.K);
   softmax_rows_kernel<<<row_group_blocks(softmax_rows(d), k_group), kThreads, 0, stream>>>(weight, probs, d,
                                                                                           k_group);
   dynamic_conv_bwd_input_kernel<<<blocks, kThreads, 0, stream>>>(static_cast<const acc_t*>(probs), grad_out,

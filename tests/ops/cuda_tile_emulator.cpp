@@ -270,19 +270,13 @@ void conv_step(const ConvStepArgs<T>& a, bool reverse) {
 // The dynamic-convolution kernels of csrc/cuda/dynamic_conv.cu: every element (in either order), the weight
 // gradient's `group` lane partials summed as the shuffle reduction sums them, the softmax rows around them.
 
-// Lanes of a softmax row group: the smallest power of two >= min(K, 32) (group_size_for in common.cuh).
-inline int row_group_lanes(int64_t K) {
-  int g = 1;
-  while (g < 32 && g < K) g *= 2;
-  return g;
-}
 
 // softmax_rows_kernel: per row, the lanes' partial maxima and sums combined (as the all-reduce shuffles combine
 // them), then every lane writes its taps.
 template <typename T>
 void softmax_rows(const T* logits, int64_t rows, int64_t K, acc_type<T>* probs) {
   using acc_t = acc_type<T>;
-  const int group = row_group_lanes(K);
+  const int group = softmax_group_lanes(K);
   for (int64_t row = 0; row < rows; ++row) {
     const T* l = logits + row * K;
     acc_t m = softmax_lane_max(l, K, 0, group), sum = 0;
@@ -336,7 +330,7 @@ int conv_bwd(const T* g, const T* x, const T* w, T* gx, T* gw, const ConvDims& d
       conv_grad_x_element(w, g, gx, d, i);
   }
   if (!(softmax ? conv_weight_grad(g, x, gp.data(), d, reverse) : conv_weight_grad(g, x, gw, d, reverse))) return 1;
-  const int k_group = row_group_lanes(d.K);
+  const int k_group = softmax_group_lanes(d.K);
   for (int64_t row = 0; softmax && row < rows; ++row) {  // softmax_grad_kernel: the lanes' dot, then their taps
     const int64_t bt = row / d.H;
     const acc_t* p = probs.data() + bt * d.ws + (row - bt * d.H) * d.K;
