@@ -64,13 +64,6 @@ __device__ __forceinline__ T warp_reduce_sum(T v) {
   return group_reduce_sum(v, kWarpSize);
 }
 
-// Smallest power of two >= min(n, 32): lanes given to one reduction group of n items.
-inline int group_size_for(int64_t n) {
-  int g = 1;
-  while (g < kWarpSize && g < n) g *= 2;
-  return g;
-}
-
 // ------------------------------------------------------------------------------------------------ indexing
 
 __host__ __device__ __forceinline__ constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }

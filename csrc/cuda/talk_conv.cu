@@ -102,9 +102,9 @@ __global__ void __launch_bounds__(kThreads) talk_reach_kernel(const TalkArgs<sca
   }
 }
 
-// Offset gradients: one group of `group` lanes per (b, t, h) (group id = (b*T + t)*H + h), its lanes striding over
-// the head's channels, then a shuffle reduction (fixed order). The loop bound is warp-uniform so every lane reaches
-// the shuffles.
+// Offset gradients: one group of `group` lanes (tiles::offset_grad_group: about 4 channels per lane) per (b, t, h)
+// (group id = (b*T + t)*H + h), its lanes striding over the head's channels, then a shuffle reduction (fixed order).
+// The loop bound is warp-uniform so every lane reaches the shuffles.
 template <typename scalar_t>
 __global__ void __launch_bounds__(kThreads) talk_offset_grad_kernel(const TalkArgs<scalar_t> a, int group) {
   using acc_t = acc_type<scalar_t>;
@@ -177,7 +177,7 @@ cudaError_t launch_bwd(const TalkConvParams& p, void* workspace, cudaStream_t st
   const int64_t reach_threads = a.B * tiles::cdiv(a.T, tiles::kReachSteps) * a.H;
   talk_reach_kernel<scalar_t><<<grid_blocks(ceil_div(reach_threads, kThreads)), kThreads, 0, stream>>>(a);
 
-  const int group = group_size_for(a.R);
+  const int group = tiles::offset_grad_group(a.R);
   const unsigned group_blocks = grid_blocks(ceil_div(a.B * a.T * a.H, kThreads / group));
   talk_offset_grad_kernel<scalar_t><<<group_blocks, kThreads, 0, stream>>>(a, group);
 

@@ -340,6 +340,16 @@ TALK_HD void offset_grad_partial(const TalkArgs<scalar_t>& a, int64_t b, int64_t
   *sum_right = sr;
 }
 
+constexpr int64_t kOffsetGradChannelsPerLane = 4;
+
+// Lanes per (b, t, h) group of the offset-gradient kernel: the smallest power of two >= ceil(R / 4), at most 32
+// (R = 64: 16 lanes, two (b, t, h) per warp in flight; 32 lanes of 2 channels each waited on one at a time).
+TALK_HD int offset_grad_group(int64_t R) {
+  int g = 1;
+  while (g < kLanes && g * kOffsetGradChannelsPerLane < R) g *= 2;
+  return g;
+}
+
 // d out / d offset_left = +max_left * slope / norm (rel = -offset * max_left enters with a minus, left with another).
 template <typename scalar_t>
 TALK_HD void write_offset_grads(const TalkArgs<scalar_t>& a, int64_t bth, acc_type<scalar_t> sum_left,

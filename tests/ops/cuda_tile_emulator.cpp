@@ -219,7 +219,7 @@ int backward(TalkArgs<T> a, int64_t tile, bool reverse) {
   for (int64_t b = 0; b < a.B; ++b)  // offset-gradient kernel: the group's lanes, then their sum
     for (int64_t t = 0; t < a.T; ++t)
       for (int64_t h = 0; h < a.H; ++h) {
-        constexpr int group = 4;
+        const int group = offset_grad_group(a.R);
         acc_t left = 0, right = 0;
         for (int r0 = 0; r0 < group; ++r0) {
           acc_t pl, pr;
