@@ -223,6 +223,20 @@ def _check_inputs(input_ids, inputs_embeds):
     return input_ids if input_ids is not None else inputs_embeds
 
 
+def _check_padding_mask(name, mask, batch, length, at_least=False):
+    """mask: None, or a (batch, length) padding mask, 1 for real tokens (at_least: (batch, >= length), the decoder
+    reading its last columns); anything else (a 4D attention mask, another batch size) is rejected, not misread."""
+    if mask is None:
+        return
+    short = mask.shape[-1] < length if at_least else mask.shape[-1] != length
+    if mask.dim() != 2 or mask.shape[0] != batch or short:
+        want = f"({batch}, {'>= ' if at_least else ''}{length})"
+        raise ValueError(
+            f"{name} must be a {want} padding mask (1 for real tokens, 0 for padding), got shape {tuple(mask.shape)}; "
+            "talk_hf models take no 4D attention masks (their mixers are causal or bidirectional by construction)"
+        )
+
+
 class EncoderStack(nn.Module):
     """Embeddings, encoder layers, final norm (pre-norm only). Padding on either side does not change the
     outputs of real tokens: positions count real tokens and every mixer ignores padded positions."""
@@ -240,6 +254,7 @@ class EncoderStack(nn.Module):
     def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, output_hidden_states=None, **kwargs):
         """input_ids: (B, S) or inputs_embeds: (B, S, C); attention_mask: (B, S) -> BaseModelOutput (B, S, C)."""
         ref = _check_inputs(input_ids, inputs_embeds)
+        _check_padding_mask("attention_mask", attention_mask, ref.shape[0], ref.shape[1])
         if attention_mask is None:
             attention_mask = torch.ones(ref.shape[:2], dtype=torch.long, device=ref.device)
         x = self.embed(input_ids, inputs_embeds, positions_from_mask(attention_mask, ref.shape[1]))
@@ -285,6 +300,12 @@ class DecoderStack(nn.Module):
         before them), so (B, T) will do; encoder states (B, S, C) -> BaseModelOutputWithPast (B, T, C)."""
         ref = _check_inputs(input_ids, inputs_embeds)
         length = ref.shape[1]
+        # named as the encoder-decoder models take them (the source's mask is their attention_mask)
+        seq2seq = encoder_hidden_states is not None
+        name = "decoder_attention_mask" if seq2seq else "attention_mask"
+        _check_padding_mask(name, attention_mask, ref.shape[0], length, at_least=True)
+        if seq2seq:
+            _check_padding_mask("attention_mask", encoder_attention_mask, *encoder_hidden_states.shape[:2])
         cache = past_key_values if use_cache else None
         if use_cache and cache is None:
             cache = RecurrentCache(len(self.layers))

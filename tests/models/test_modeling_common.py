@@ -232,6 +232,27 @@ def test_assisted_decoding_is_refused_for_a_recurrent_state():
 # --- padding and batching ----------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("name", ["talk", "rfa_doc", "talk_lm"])
+def test_masks_other_than_padding_masks_are_refused(name):
+    """4D attention masks, a mask of another batch size or length: a clear error naming the argument, never a
+    silently misread mask."""
+    model, inputs = make(name), inputs_for(name)
+    mask = inputs["attention_mask"]
+    B, L = mask.shape
+    four_d = mask[:, None, None, :].expand(B, 1, L, L)
+    bad = [("attention_mask", four_d), ("attention_mask", mask[:1]), ("attention_mask", mask[:, :-1])]
+    if name in SEQ2SEQ:
+        T = inputs["decoder_input_ids"].shape[1]
+        bad += [("decoder_attention_mask", torch.ones(B, 1, T, T)), ("decoder_attention_mask", torch.ones(B, T - 1))]
+    for arg, value in bad:
+        with pytest.raises(ValueError, match=f"^{arg} must be a .* padding mask"):
+            model(**dict(inputs, **{arg: value}))
+    if name in SEQ2SEQ:  # given encoder outputs, the decoder checks the source mask against them
+        encoder_outputs = model.get_encoder()(input_ids=inputs["input_ids"], attention_mask=mask)
+        with pytest.raises(ValueError, match="^attention_mask must be a .* padding mask"):
+            model(attention_mask=four_d, encoder_outputs=encoder_outputs, decoder_input_ids=inputs["decoder_input_ids"])
+
+
 @pytest.mark.parametrize("name", SEQ2SEQ_NAMES)
 def test_source_padding_side_and_amount_do_not_matter(name):
     model = make(name)
