@@ -465,3 +465,65 @@ TALK_EMULATE(f64, double)
 TALK_EMULATE(bf16, HostBF16)
 RFA_EMULATE(f32, float)
 RFA_EMULATE(f64, double)
+
+// The chunked RFA block programs (csrc/cuda/rfa_chunked_blocks.h) on FiberBlock, every block of the grid on fresh
+// fibers and NaN-poisoned shared memory of the size rfa.cu asks for; threads <= 0: rfa.cu's block size.
+#include "cuda/rfa_chunked_blocks.h"
+
+namespace {
+
+template <typename acc_t, typename Program>
+int run_rfa_chunked_grid(const rfa_blocks::RfaArgs<acc_t>& a, bool backward, int64_t grid, int threads, bool reverse,
+                         Program program) {
+  std::vector<acc_t> smem(rfa_chunked::shared_bytes(a.d, sizeof(acc_t), backward) / sizeof(acc_t));
+  const int n = threads > 0 ? threads : static_cast<int>(rfa_chunked::chunked_threads(a.d));
+  for (int64_t block = 0; block < grid; ++block) {
+    smem.assign(smem.size(), std::numeric_limits<acc_t>::quiet_NaN());
+    FiberBlock fibers(n, reverse);
+    if (!fibers.run([&](FiberBlock::Thread& t) { program(t, a, block, grid, smem.data()); })) return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+#define RFA_CHUNKED_EMULATE(SUFFIX, T)                                                                              \
+  extern "C" int rfa_chunked_fwd_emulate_##SUFFIX(const T* q, const T* k, const T* v, const T* decay, const T* init, \
+                                                  double eps, T* out, T* state, T* checkpoints, int64_t B,         \
+                                                  int64_t L, int64_t H, int64_t F, int64_t D, int64_t chunk,       \
+                                                  int64_t grid, int threads, int reverse) {                        \
+    rfa_blocks::RfaArgs<T> a = rfa_args<T>(B, L, H, F, D, chunk, eps);                                             \
+    a.q = q, a.k = k, a.v = v, a.decay = decay, a.init = init, a.out = out, a.state = state;                       \
+    a.checkpoints = checkpoints;                                                                                   \
+    return run_rfa_chunked_grid(a, false, grid, threads, reverse != 0,                                            \
+                                [](auto& t, const auto& args, int64_t blk, int64_t g, T* smem) {                   \
+                                  rfa_chunked::rfa_chunked_fwd_block(t, args, blk, g, smem);                      \
+                                });                                                                                \
+  }                                                                                                                \
+  extern "C" int rfa_chunked_bwd_emulate_##SUFFIX(const T* go, const T* gfinal, const T* q, const T* k, const T* v, \
+                                                  const T* decay, T* checkpoints, double eps, T* gq, T* gk, T* gv, \
+                                                  T* gdecay, T* ginit, int64_t B, int64_t L, int64_t H, int64_t F, \
+                                                  int64_t D, int64_t chunk, int64_t grid, int threads,             \
+                                                  int reverse) {                                                   \
+    rfa_blocks::RfaArgs<T> a = rfa_args<T>(B, L, H, F, D, chunk, eps);                                             \
+    a.grad_out = go, a.grad_final = gfinal, a.q = q, a.k = k, a.v = v, a.decay = decay;                            \
+    a.checkpoints = checkpoints, a.grad_q = gq, a.grad_k = gk, a.grad_v = gv, a.grad_decay = gdecay;               \
+    a.grad_init = ginit;                                                                                           \
+    return run_rfa_chunked_grid(a, true, grid, threads, reverse != 0,                                             \
+                                [](auto& t, const auto& args, int64_t blk, int64_t g, T* smem) {                   \
+                                  rfa_chunked::rfa_chunked_bwd_block(t, args, blk, g, smem);                      \
+                                });                                                                                \
+  }
+
+// Dynamic shared memory and block size of the chunked launches of rfa.cu (T > 1; chunk 0 stands for 64).
+extern "C" int64_t rfa_chunked_shared_bytes(int64_t acc_bytes, int64_t F, int64_t D, int64_t chunk, int backward) {
+  const rfa_blocks::RfaDims d{1, 2, 1, F, D, D + 1, chunk, rfa_num_chunks(2, chunk)};
+  return rfa_chunked::shared_bytes(d, acc_bytes, backward != 0);
+}
+
+extern "C" int64_t rfa_chunked_block_threads(int64_t F, int64_t D, int64_t chunk) {
+  return rfa_chunked::chunked_threads(rfa_blocks::RfaDims{1, 2, 1, F, D, D + 1, chunk, rfa_num_chunks(2, chunk)});
+}
+
+RFA_CHUNKED_EMULATE(f32, float)
+RFA_CHUNKED_EMULATE(f64, double)

@@ -1,0 +1,161 @@
+"""The chunked causal-RFA block programs (csrc/cuda/rfa_chunked_blocks.h: the CUDA kernels of rfa_causal_fwd /
+rfa_causal_bwd for T > 1), run on the CPU by tests/ops/cuda_tile_emulator.cpp as rfa.cu launches them (every block
+of the grid, one fiber per thread, both thread orders, NaN-poisoned shared memory) against rfa_causal_ref: outputs,
+final state, checkpoints, and the gradients of q, k, v, decay and the initial state. No GPU needed; on a GPU,
+tests/ops/test_cuda_kernels.py runs the kernels themselves."""
+
+import ctypes
+
+import pytest
+import torch
+
+from talk_hf import ops
+from tests.ops.test_cuda_tile_programs import CXX, SUFFIX, emulator, ptr  # noqa: F401  (emulator: a fixture)
+from tests.ops.test_rfa import features
+from tests.utils import REL_TOL, assert_close
+
+pytestmark = pytest.mark.skipif(CXX is None, reason="no C++ compiler")
+EPS = 0.1
+
+
+def decays(kind, B, T, H, gen):
+    """None, uniform in (0, 1), or a mix of exact zeros, exact ones and uniform values."""
+    if kind == "none":
+        return None
+    d = torch.rand(B, T, H, generator=gen, dtype=torch.float64)
+    if kind == "zeros-ones":
+        r = torch.rand(B, T, H, generator=gen, dtype=torch.float64)
+        d = torch.where(r < 0.15, 0.0, torch.where(r < 0.6, 1.0, d))
+    return d
+
+
+def inputs(B, T, H, F, D, decay, seed, with_init=True, with_grad_final=True):
+    gen = torch.Generator().manual_seed(seed)
+    q, k = (features(B, T, H, F + 1, gen)[..., :F].contiguous() for _ in range(2))  # any F, odd ones too
+    v = torch.randn(B, T, H, D, generator=gen, dtype=torch.float64)
+    init = 0.1 * torch.randn(B, H, F, D + 1, generator=gen, dtype=torch.float64) if with_init else None
+    go = torch.randn(B, T, H, D, generator=gen, dtype=torch.float64)
+    gfinal = torch.randn(B, H, F, D + 1, generator=gen, dtype=torch.float64) if with_grad_final else None
+    return q, k, v, decays(decay, B, T, H, gen), init, go, gfinal
+
+
+def reference(q, k, v, decay, init, go, gfinal, chunk):
+    """fp64 outputs, final state, checkpoints (the state P_{n*chunk - 1} entering each chunk: the final state of the
+    prefix with its last decay set to 1) and gradients (zeros for inputs the loss does not reach)."""
+    leaves = [None if t is None else t.clone().requires_grad_() for t in (q, k, v, decay, init)]
+    out, state = ops.rfa_causal_ref(*leaves, eps=EPS)
+    torch.autograd.backward([out] + ([state] if gfinal is not None else []), [go] + ([gfinal] if gfinal is not None else []))
+    grads = [None if t is None else (torch.zeros_like(t) if t.grad is None else t.grad) for t in leaves]
+    checkpoints = []
+    for t0 in range(0, q.shape[1], chunk):
+        d = None if decay is None else torch.cat([decay[:, : t0 - 1], torch.ones_like(decay[:, :1])], 1)[:, :t0]
+        checkpoints.append(ops.rfa_causal_ref(q[:, :t0], k[:, :t0], v[:, :t0], d, init, eps=EPS)[1])
+    return [out.detach(), state.detach(), torch.stack(checkpoints, 2)], grads
+
+
+def emulate(lib, q, k, v, decay, init, go, gfinal, chunk, grid, threads=0, reverse=False, dtype=torch.float64):
+    """The chunked forward, then (chunk > 0) the backward from its checkpoints, in `dtype`:
+    -> [out, final state, checkpoints], [grad q, k, v, decay, initial state] (None where no input)."""
+    q, k, v, decay, init, go, gfinal = (None if t is None else t.to(dtype) for t in (q, k, v, decay, init, go, gfinal))
+    B, T, H, F = q.shape
+    D = v.shape[-1]
+    N = -(-T // chunk) if chunk > 0 else 0
+    nan = lambda *shape: torch.full(shape, float("nan"), dtype=dtype)  # noqa: E731
+    ints = [ctypes.c_int64(n) for n in (B, T, H, F, D, chunk, grid)]
+    tail = [ctypes.c_int(threads), ctypes.c_int(int(reverse))]
+    out, state, checkpoints = nan(B, T, H, D), nan(B, H, F, D + 1), nan(B, H, N, F, D + 1)
+    assert getattr(lib, f"rfa_chunked_fwd_emulate_{SUFFIX[dtype]}")(
+        ptr(q), ptr(k), ptr(v), ptr(decay), ptr(init), ctypes.c_double(EPS), ptr(out), ptr(state), ptr(checkpoints),
+        *ints, *tail) == 0
+    if chunk == 0:
+        return [out, state, checkpoints], None
+    grads = [None if t is None else nan(*t.shape) for t in (q, k, v, decay, init)]
+    assert getattr(lib, f"rfa_chunked_bwd_emulate_{SUFFIX[dtype]}")(
+        ptr(go), ptr(gfinal), ptr(q), ptr(k), ptr(v), ptr(decay), ptr(checkpoints), ctypes.c_double(EPS),
+        *[ptr(g) for g in grads], *ints, *tail) == 0
+    return [out, state, checkpoints], grads
+
+
+FORWARD_NAMES = ["out", "final state", "checkpoints"]
+GRAD_NAMES = ["grad q", "grad k", "grad v", "grad decay", "grad initial state"]
+
+
+def assert_matches(got, want, names, tol_dtype):
+    for name, a, b in zip(names, got, want):
+        assert (a is None) == (b is None), name
+        if a is not None:
+            assert_close(a, b, tol_dtype, name=name)
+
+
+CASES = [  # B, T, H, F, D, chunk, grid (< B*H: the grid-stride loop), threads (0: rfa.cu's block size)
+    pytest.param(2, 1, 2, 5, 3, 4, 4, 32, id="T1"),
+    pytest.param(1, 5, 2, 7, 3, 8, 2, 0, id="T<L"),
+    pytest.param(2, 16, 1, 9, 5, 16, 1, 37, id="T=L-37-threads"),
+    pytest.param(1, 17, 3, 6, 4, 16, 2, 64, id="T=L+1-grid2"),
+    pytest.param(1, 37, 2, 5, 6, 16, 1, 0, id="T37-prime>2L"),
+    pytest.param(2, 29, 1, 11, 7, 7, 1, 100, id="T29-L7-100-threads"),
+    pytest.param(1, 9, 2, 4, 3, 1, 2, 32, id="L1"),
+    pytest.param(1, 20, 2, 33, 17, 8, 1, 0, id="F33-D17"),
+    pytest.param(1, 131, 1, 6, 3, 64, 1, 0, id="T131-L64"),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+@pytest.mark.parametrize("decay", ["none", "uniform", "zeros-ones"])
+@pytest.mark.parametrize("B,T,H,F,D,chunk,grid,threads", CASES)
+def test_chunked_programs_match_reference(emulator, B, T, H, F, D, chunk, grid, threads, decay, dtype):
+    """Forward (outputs, final state, checkpoints) and backward (every gradient, with an initial state and a final
+    state gradient) against the fp64 reference; both thread orders give bitwise the same results."""
+    data = inputs(B, T, H, F, D, decay, seed=T * 31 + F)
+    want, want_grads = reference(*data, chunk)
+    runs = [emulate(emulator, *data, chunk, grid, threads, reverse, dtype) for reverse in (False, True)]
+    for a, b in zip(runs[0][0] + runs[0][1], runs[1][0] + runs[1][1]):
+        assert (a is None and b is None) or torch.equal(a, b)  # no phase reads what another thread writes in it
+    # fp32 with exact zeros: C_i - C_j are differences of sums near log(FLT_MIN) ~ -87, exact to ~1e-5 only
+    tol = torch.float64 if dtype == torch.float64 else torch.float32
+    scale = 3 if (dtype == torch.float32 and decay == "zeros-ones") else 1
+    for name, a, b in zip(FORWARD_NAMES + GRAD_NAMES, runs[0][0] + runs[0][1], want + want_grads):
+        assert (a is None) == (b is None), name
+        if a is not None:
+            err = ((a.double() - b).norm() / b.norm().clamp_min(1e-30)).item()
+            assert torch.isfinite(a).all() and err <= scale * REL_TOL[tol], f"{name}: relative error {err:.3g}"
+
+
+@pytest.mark.parametrize("with_init,with_grad_final", [(False, False), (True, False), (False, True)])
+@pytest.mark.parametrize("decay", ["none", "uniform"])
+def test_without_initial_state_or_final_gradient(emulator, with_init, with_grad_final, decay):
+    """No initial state (zeros, no gradient for it) and/or no gradient of the final state (its decay's gradient is
+    then 0)."""
+    data = inputs(2, 23, 2, 6, 4, decay, seed=5, with_init=with_init, with_grad_final=with_grad_final)
+    want, want_grads = reference(*data, 8)
+    got, grads = emulate(emulator, *data, 8, 3, reverse=True)
+    assert_matches(got, want, FORWARD_NAMES, torch.float64)
+    assert_matches(grads, want_grads, GRAD_NAMES, torch.float64)
+
+
+def test_inference_launch_uses_64_step_chunks_and_saves_nothing(emulator):
+    """chunk 0 (no backward will follow): 64-step chunks, no checkpoints written, outputs and final state exact."""
+    data = inputs(1, 150, 2, 6, 5, "uniform", seed=8)
+    want, _ = reference(*data, 64)
+    got, grads = emulate(emulator, *data, 0, 2)
+    assert grads is None and got[2].shape == (1, 2, 0, 6, 6)
+    assert_matches(got[:2], want[:2], FORWARD_NAMES, torch.float64)
+
+
+def test_launch_shapes(emulator):
+    """rfa.cu's chunked launches for the Table 6 shape (F = d = 64, chunk 64): 288 threads (one 4 x 4 micro-tile of
+    each (64, 65) product per thread); fp32 forward and backward fit an H100's opt-in shared memory (227 KiB), the
+    fp64 backward and F = 512 do not (those run the per-step kernels). Block sizes are whole warps, at most 512."""
+    emulator.rfa_chunked_shared_bytes.restype = ctypes.c_int64
+    emulator.rfa_chunked_block_threads.restype = ctypes.c_int64
+    shared = lambda acc, F, D, chunk, bwd: emulator.rfa_chunked_shared_bytes(  # noqa: E731
+        *[ctypes.c_int64(n) for n in (acc, F, D, chunk)], ctypes.c_int(bwd))
+    threads = lambda F, D, chunk: emulator.rfa_chunked_block_threads(*[ctypes.c_int64(n) for n in (F, D, chunk)])  # noqa: E731
+    h100 = 227 * 1024
+    assert threads(64, 64, 64) == 288 and threads(64, 64, 0) == 288
+    assert 48 * 1024 < shared(4, 64, 64, 64, 0) <= h100 and shared(4, 64, 64, 0, 0) == shared(4, 64, 64, 64, 0)
+    assert shared(4, 64, 64, 64, 1) <= h100 < shared(8, 64, 64, 64, 1)
+    assert shared(4, 512, 64, 64, 0) > h100
+    for F, D, chunk in [(5, 3, 4), (33, 17, 8), (64, 64, 64), (256, 256, 64), (6, 3, 1)]:
+        n = threads(F, D, chunk)
+        assert n % 32 == 0 and 32 <= n <= 512
