@@ -1,9 +1,12 @@
-// CUDA kernels of causal random-feature attention with a decay gate. The kernel bodies are the block programs of
-// csrc/cuda/rfa_blocks.h (algorithm, layouts and the checkpoint convention are described there), run here with
-// CudaBlock; the tests also run them on the CPU (tests/ops/cuda_tile_emulator.cpp). This is the simple, correct
-// version: speed work (a chunked tensor-core form) is tracked by the performance issue.
+// CUDA kernels of causal random-feature attention with a decay gate. The kernel bodies are block programs, run here
+// with CudaBlock; the tests also run them on the CPU (tests/ops/cuda_tile_emulator.cpp). For T > 1 the chunked
+// programs of csrc/cuda/rfa_chunked_blocks.h run (chunks of `chunk` steps, 64 without checkpoints; products over
+// shared-memory tiles) when their shared memory fits the device; otherwise, and for decoding steps (T = 1), the
+// per-step programs of csrc/cuda/rfa_blocks.h (algorithm, layouts and the checkpoint convention are described
+// there; both write the same checkpoints). Next for speed: tensor-core products in the chunked programs.
 #include "common.cuh"
 #include "rfa_blocks.h"
+#include "rfa_chunked_blocks.h"
 #include "../talk_hf_kernels.h"
 
 namespace talk_hf {
@@ -53,6 +56,24 @@ __global__ void __launch_bounds__(kThreads) rfa_bwd_kernel(const RfaArgs<acc_t> 
   rfa_blocks::rfa_bwd_block(blk, a, blockIdx.x, gridDim.x, smem);
 }
 
+// Two forward blocks per SM (at most 102 registers a thread; their shared memory fits twice at F = D = L = 64): the
+// 160 (b, h) blocks of the Table 6 shape run in one wave on 132 SMs. The backward's shared memory allows one.
+template <typename acc_t>
+__global__ void __launch_bounds__(rfa_chunked::kMaxThreads, 2) rfa_chunked_fwd_kernel(const RfaArgs<acc_t> a) {
+  extern __shared__ unsigned char smem_raw[];
+  acc_t* smem = reinterpret_cast<acc_t*>(smem_raw);
+  CudaBlock<acc_t> blk{smem + rfa_chunked::fwd_shared_elems(a.d)};
+  rfa_chunked::rfa_chunked_fwd_block(blk, a, blockIdx.x, gridDim.x, smem);
+}
+
+template <typename acc_t>
+__global__ void __launch_bounds__(rfa_chunked::kMaxThreads) rfa_chunked_bwd_kernel(const RfaArgs<acc_t> a) {
+  extern __shared__ unsigned char smem_raw[];
+  acc_t* smem = reinterpret_cast<acc_t*>(smem_raw);
+  CudaBlock<acc_t> blk{smem + rfa_chunked::bwd_shared_elems(a.d)};
+  rfa_chunked::rfa_chunked_bwd_block(blk, a, blockIdx.x, gridDim.x, smem);
+}
+
 template <typename acc_t>
 RfaArgs<acc_t> make_args(const RfaParams& p, void* workspace) {
   RfaArgs<acc_t> a{};
@@ -90,7 +111,8 @@ size_t shared_bytes(const RfaDims& d) {
 
 constexpr size_t kMaxSharedBytes = 48 * 1024;  // the default dynamic shared memory limit
 
-// One launch of `kernel` over the (b, h) pairs, or an error when its shared memory exceeds the default limit.
+// One launch of a per-step `kernel` over the (b, h) pairs, or an error when its shared memory exceeds the default
+// limit.
 template <typename acc_t>
 cudaError_t launch(void (*kernel)(const RfaArgs<acc_t>), const RfaArgs<acc_t>& a, cudaStream_t stream) {
   if (shared_bytes<acc_t>(a.d) > kMaxSharedBytes) return cudaErrorInvalidValue;
@@ -98,26 +120,72 @@ cudaError_t launch(void (*kernel)(const RfaArgs<acc_t>), const RfaArgs<acc_t>& a
   return cudaGetLastError();
 }
 
+// Dynamic shared memory a block may use on the current device when it opts in; 0 when the query fails (the per-step
+// kernels then run, and their launch reports the error).
+inline size_t device_shared_limit() {
+  int device = 0, bytes = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess)
+    return 0;
+  return static_cast<size_t>(bytes);
+}
+
+// The chunked programs run for T > 1 when their shared memory fits the device; the per-step ones otherwise.
+inline bool use_chunked(const RfaParams& p, bool backward) {
+  if (p.seqlen <= 1) return false;
+  const int64_t bytes = rfa_chunked::shared_bytes(make_dims(p), static_cast<int64_t>(acc_bytes(p.dtype)), backward);
+  return static_cast<size_t>(bytes) <= device_shared_limit();
+}
+
+// One launch of a chunked `kernel` over the (b, h) pairs, opting in to more than 48 KiB of shared memory if needed.
+template <typename acc_t>
+cudaError_t launch_chunked(void (*kernel)(const RfaArgs<acc_t>), const RfaArgs<acc_t>& a, bool backward,
+                           cudaStream_t stream) {
+  const int64_t bytes = rfa_chunked::shared_bytes(a.d, sizeof(acc_t), backward);
+  if (static_cast<size_t>(bytes) > kMaxSharedBytes) {
+    const cudaError_t err =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+    if (err != cudaSuccess) return err;
+  }
+  const unsigned threads = static_cast<unsigned>(rfa_chunked::chunked_threads(a.d));
+  kernel<<<grid_blocks(a.d.B * a.d.H), threads, static_cast<size_t>(bytes), stream>>>(a);
+  return cudaGetLastError();
+}
+
+template <typename acc_t>
+cudaError_t forward(const RfaParams& p, cudaStream_t stream) {
+  const RfaArgs<acc_t> a = make_args<acc_t>(p, nullptr);
+  if (use_chunked(p, false)) return launch_chunked(rfa_chunked_fwd_kernel<acc_t>, a, false, stream);
+  return launch(rfa_fwd_kernel<acc_t>, a, stream);
+}
+
+template <typename acc_t>
+cudaError_t backward(const RfaParams& p, void* workspace, cudaStream_t stream) {
+  const RfaArgs<acc_t> a = make_args<acc_t>(p, workspace);
+  if (use_chunked(p, true)) return launch_chunked(rfa_chunked_bwd_kernel<acc_t>, a, true, stream);
+  return launch(rfa_bwd_kernel<acc_t>, a, stream);
+}
+
 }  // namespace
 
+// The chunked backward keeps its states in shared memory; the per-step one recomputes a chunk's states into the
+// workspace.
 size_t rfa_causal_bwd_workspace_bytes(const RfaParams& p) {
-  const size_t acc = p.dtype == DType::kFloat64 ? sizeof(double) : sizeof(float);
+  if (use_chunked(p, true)) return 0;
   return static_cast<size_t>(p.batch * p.heads) * static_cast<size_t>(p.chunk + 2) *
-         static_cast<size_t>(p.features * (p.head_dim + 1)) * acc;
+         static_cast<size_t>(p.features * (p.head_dim + 1)) * acc_bytes(p.dtype);
 }
 
 cudaError_t rfa_causal_fwd_cuda(const RfaParams& p, cudaStream_t stream) {
   if (!valid(p)) return cudaErrorInvalidValue;
   if (p.batch * p.heads == 0) return cudaGetLastError();
-  if (p.dtype == DType::kFloat32) return launch(rfa_fwd_kernel<float>, make_args<float>(p, nullptr), stream);
-  return launch(rfa_fwd_kernel<double>, make_args<double>(p, nullptr), stream);
+  return p.dtype == DType::kFloat32 ? forward<float>(p, stream) : forward<double>(p, stream);
 }
 
 cudaError_t rfa_causal_bwd_cuda(const RfaParams& p, void* workspace, cudaStream_t stream) {
   if (!valid(p) || p.chunk < 1 || p.seqlen == 0) return cudaErrorInvalidValue;  // T = 0: handled by the caller
   if (p.batch * p.heads == 0) return cudaGetLastError();
-  if (p.dtype == DType::kFloat32) return launch(rfa_bwd_kernel<float>, make_args<float>(p, workspace), stream);
-  return launch(rfa_bwd_kernel<double>, make_args<double>(p, workspace), stream);
+  return p.dtype == DType::kFloat32 ? backward<float>(p, workspace, stream) : backward<double>(p, workspace, stream);
 }
 
 }  // namespace talk_hf

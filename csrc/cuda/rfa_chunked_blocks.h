@@ -44,7 +44,7 @@ using rfa_blocks::RfaDims;
 
 constexpr int64_t kDefaultChunk = 64;  // L when the op saves no checkpoints (chunk 0)
 constexpr int kMicro = 4;              // a thread's products are kMicro x kMicro output tiles
-constexpr int kMaxThreads = 512;       // block size cap (and the kernels' launch bound)
+constexpr int kMaxThreads = 320;       // block size cap (the kernels' launch bound; 288 for F = D = L = 64)
 
 TALK_HD int64_t div_up(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
