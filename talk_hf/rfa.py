@@ -146,9 +146,10 @@ def _rfa_causal_recurrence(q, k, v, decay, initial_state, eps):
 def rfa_causal(q, k, v, decay=None, initial_state=None, eps=DEFAULT_EPS, chunk_size=64):
     """Causal RFA (training, prefill and decoding steps); the same function as `rfa_causal_ref`.
 
-    Without gradients (prefill, decoding) it runs the compiled recurrence kernel when one is built for q's device;
-    when gradients flow it runs the chunked form, whose matrix products make forward + backward faster than the
-    recurrence kernels on CPU (csrc/PERF_NOTES.md). `rfa_causal_compiled` and `rfa_causal_chunked` pick one.
+    Runs the compiled kernels when they are built for q's device, except on CPU when gradients flow: there the
+    chunked PyTorch form, whose matrix products make forward + backward faster than the CPU recurrence kernels
+    (csrc/PERF_NOTES.md). On CUDA the kernels are also the training path (a chunked kernel for more than one step,
+    forward and backward). `rfa_causal_compiled` and `rfa_causal_chunked` pick one.
 
     q, k: (B, T, H, F) features; v: (B, T, H, d); decay: (B, T, H) factors in [0, 1] or None;
     initial_state: (B, H, F, d + 1) or None; chunk_size: steps per chunk (of the matmul form, or between the
@@ -156,15 +157,15 @@ def rfa_causal(q, k, v, decay=None, initial_state=None, eps=DEFAULT_EPS, chunk_s
     q, k, v, decay and initial_state.
     """
     _check_causal_args(q, k, v, decay, initial_state, chunk_size)
-    if not needs_grad(q, k, v, decay, initial_state) and use_kernels(q):
+    if (q.device.type == "cuda" or not needs_grad(q, k, v, decay, initial_state)) and use_kernels(q):
         return _rfa_causal_compiled(q, k, v, decay, initial_state, eps, chunk_size)
     return _rfa_causal_chunked(q, k, v, decay, initial_state, eps, chunk_size)
 
 
 def rfa_causal_compiled(q, k, v, decay=None, initial_state=None, eps=DEFAULT_EPS, chunk_size=64):
-    """Causal RFA by the compiled recurrence kernels (CPU or CUDA), forward and backward under autograd; the
-    backward recomputes states from one saved state per `chunk_size` steps. Arguments and results as `rfa_causal`.
-    Raises RuntimeError when the extension has no kernels for q's device."""
+    """Causal RFA by the compiled kernels (CPU or CUDA), forward and backward under autograd; the forward saves the
+    state entering every `chunk_size` steps for the backward (on CUDA, also the chunk length of the chunked kernels).
+    Arguments and results as `rfa_causal`. Raises RuntimeError when the extension has no kernels for q's device."""
     _check_causal_args(q, k, v, decay, initial_state, chunk_size)
     if backend(q.device) != "compiled":
         raise RuntimeError(f"rfa_causal_compiled: no compiled kernels for {q.device.type} tensors "
