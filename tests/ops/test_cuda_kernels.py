@@ -169,3 +169,131 @@ def test_opcheck_on_cuda():
     torch.library.opcheck(torch.ops.talk_hf.talk_conv_step.default, (x.detach(), ol, torch.randn(2, 5, 6, device=CUDA), 3))
     torch.library.opcheck(torch.ops.talk_hf.dynamic_conv_step.default, (x.detach(), w.detach(), torch.randn(2, 3, 6,
                                                                                                         device=CUDA)))
+
+
+# The chunked RFA kernels (csrc/cuda/rfa_chunked_blocks.h) run for T > 1 when their shared memory fits the device,
+# the per-step kernels (csrc/cuda/rfa_blocks.h) for decoding steps (T = 1) and for shapes too large for it.
+RFA_KERNELS = ("rfa_fwd_kernel", "rfa_bwd_kernel", "rfa_chunked_fwd_kernel", "rfa_chunked_bwd_kernel")
+
+
+def rfa_grads(fn, q, k, v, decay, initial, dtype):
+    """Output, final state and the gradients of q, k, v, decay and the initial state under autograd, in `dtype`, for a
+    loss reaching the outputs and the final state -> fp64 tensors on the CPU."""
+    inputs = [None if t is None else t.detach().to(dtype).requires_grad_() for t in (q, k, v, decay, initial)]
+    out, state = fn(*inputs)
+    w = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64).to(out.device)
+    u = torch.randn(state.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64).to(out.device)
+    ((out.double() * w).sum() + (state.double() * u).sum()).backward()
+    return [t.detach().double().cpu() for t in (out, state)] + [None if t is None else t.grad.double().cpu()
+                                                                for t in inputs]
+
+
+def rfa_inputs(B, T, H, F, d, decay, seed):
+    g = torch.Generator().manual_seed(seed)
+    q, k = (features(B, T, H, F + 1, g)[..., :F].contiguous() for _ in range(2))  # any F, odd ones too
+    v = torch.randn(B, T, H, d, generator=g, dtype=torch.float64)
+    r, u = torch.rand(B, T, H, generator=g, dtype=torch.float64), torch.rand(B, T, H, generator=g, dtype=torch.float64)
+    gates = {"none": None, "gate": gate(B, T, H, g),
+             "zeros-ones": torch.where(r < 0.15, 0.0, torch.where(r < 0.6, 1.0, u))}  # exact 0s and 1s, and (0, 1)
+    initial = 0.1 * torch.randn(B, H, F, d + 1, generator=g, dtype=torch.float64)
+    return q, k, v, gates[decay], initial
+
+
+def launched_rfa_kernels(fn):
+    """Names (RFA_KERNELS) of the RFA kernels that fn() launches."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return {name for e in prof.events() for name in RFA_KERNELS if name in e.name}
+
+
+RFA_CHUNKED_CASES = [  # B, T, H, F, d, chunk; "small" ones also run under compute-sanitizer
+    pytest.param(2, 1, 2, 8, 4, 64, id="small-T1-per-step"),
+    pytest.param(1, 29, 3, 6, 5, 4, id="small-T29-chunk4"),
+    pytest.param(2, 17, 3, 33, 17, 16, id="small-T17=L+1-F33-d17"),
+    pytest.param(1, 64, 2, 8, 4, 64, id="small-T=L"),
+    pytest.param(2, 131, 4, 64, 64, 64, id="T131-F64-d64"),
+]
+
+
+@pytest.mark.parametrize("decay", ["gate", "zeros-ones", "none"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+@pytest.mark.parametrize("B,T,H,F,d,chunk", RFA_CHUNKED_CASES)
+def test_rfa_causal_kernels_train_against_reference(B, T, H, F, d, chunk, dtype, decay):
+    """ops.rfa_causal on CUDA with gradients (the kernels, chunked for T > 1) against rfa_causal_ref in fp64 on the
+    same rounded inputs: outputs, final state and every gradient through torch.autograd."""
+    q, k, v, dec, initial = rfa_inputs(B, T, H, F, d, decay, seed=T + F)
+    rounded = [None if t is None else t.to(dtype).double() for t in (q, k, v, dec, initial)]
+    expected = rfa_grads(ops.rfa_causal_ref, *rounded, torch.float64)
+    got = rfa_grads(lambda *a: ops.rfa_causal(*a, chunk_size=chunk), *on(CUDA, q, k, v, dec, initial), dtype)
+    # fp32 with exact zero decays: exponents near log(FLT_MIN) lose ~1e-5 (tests/ops/test_rfa_chunked_programs.py)
+    scale = 3 if dtype == torch.float32 and decay == "zeros-ones" else 1
+    for name, a, b in zip(["out", "state", "q", "k", "v", "decay", "initial"], got, expected):
+        assert (a is None) == (b is None), name
+        if a is not None:
+            assert rel_err(a, b) <= scale * REL_TOL[dtype], name
+
+
+def h100_class():
+    """The device grants a block 227 KiB of shared memory (H100, H200; an A100 grants 163 KiB)."""
+    return torch.cuda.get_device_properties(CUDA).shared_memory_per_block_optin >= 227 * 1024
+
+
+@pytest.mark.parametrize("T,F,d,expected", [
+    (1, 8, 4, {"rfa_fwd_kernel", "rfa_bwd_kernel"}),                          # a decoding step
+    (40, 8, 4, {"rfa_chunked_fwd_kernel", "rfa_chunked_bwd_kernel"}),
+    (40, 64, 64, None),                                                       # the Table 6 head shape
+    (40, 512, 16, {"rfa_fwd_kernel", "rfa_bwd_kernel"}),                      # too large for shared memory
+])
+def test_rfa_kernel_choice_and_fallback(T, F, d, expected):
+    """Which kernels a training call launches (fp32, chunk 64), and that each path matches the reference; the
+    fallback keeps any F and d working. F = d = 64: the forward needs 98 KiB of shared memory, the backward 196 KiB
+    (chunked on an H100, per-step on an A100)."""
+    if expected is None:
+        expected = {"rfa_chunked_fwd_kernel", "rfa_chunked_bwd_kernel" if h100_class() else "rfa_bwd_kernel"}
+    q, k, v, dec, initial = rfa_inputs(1, T, 2, F, d, "gate", seed=F)
+    call = lambda *a: ops.rfa_causal(*a, chunk_size=64)  # noqa: E731
+    cuda_inputs = on(CUDA, q, k, v, dec, initial)
+    assert launched_rfa_kernels(lambda: rfa_grads(call, *cuda_inputs, torch.float32)) == expected
+    expected_grads = rfa_grads(ops.rfa_causal_ref, *[t.float().double() for t in (q, k, v, dec, initial)],
+                               torch.float64)
+    for name, a, b in zip(["out", "state", "q", "k", "v", "decay", "initial"],
+                          rfa_grads(call, *cuda_inputs, torch.float32), expected_grads):
+        assert rel_err(a, b) <= REL_TOL[torch.float32], name
+
+
+def test_rfa_inference_runs_the_chunked_kernel_without_checkpoints():
+    """No gradient: chunk 0 (nothing saved), the chunked forward alone, same results as with checkpoints."""
+    q, k, v, dec, initial = rfa_inputs(2, 150, 2, 16, 8, "gate", seed=3)
+    q, k, v, dec, initial = on(CUDA, q, k, v, dec, initial)
+    fwd = torch.ops.talk_hf.rfa_causal_fwd
+    assert launched_rfa_kernels(lambda: fwd(q, k, v, dec, initial, 0.1, 0)) == {"rfa_chunked_fwd_kernel"}
+    out, state, saved = fwd(q, k, v, dec, initial, 0.1, 0)
+    out64, state64, checkpoints = fwd(q, k, v, dec, initial, 0.1, 64)
+    assert saved.shape == (2, 2, 0, 16, 9) and checkpoints.shape == (2, 2, 3, 16, 9)
+    torch.testing.assert_close(out, out64, rtol=0, atol=0)
+    torch.testing.assert_close(state, state64, rtol=0, atol=0)
+    want_out, want_state = ops.rfa_causal_ref(*[t.cpu() for t in (q, k, v, dec, initial)])
+    assert_close(out.cpu(), want_out)
+    assert_close(state.cpu(), want_state, name="state")
+
+
+def test_rfa_long_fp32_sequence():
+    """fp32 kernels over 157 chunks (T = 10,000, chunk 64, a head of the Table 6 shape) against the fp64 recurrence."""
+    q, k, v, dec, initial = rfa_inputs(1, 10_000, 1, 64, 64, "gate", seed=10)
+    expected = rfa_grads(ops.rfa_causal_ref, *[t.float().double() for t in (q, k, v, dec, initial)], torch.float64)
+    got = rfa_grads(lambda *a: ops.rfa_causal(*a, chunk_size=64), *on(CUDA, q, k, v, dec, initial), torch.float32)
+    for name, a, b in zip(["out", "state", "q", "k", "v", "decay", "initial"], got, expected):
+        assert rel_err(a, b) <= REL_TOL[torch.float32] * 10, name  # 10,000 sequential fp32 steps
+
+
+def test_rfa_opcheck_chunked_backward_on_cuda():
+    g = torch.Generator().manual_seed(5)
+    q, v = features(2, 19, 2, 6, g, torch.float32).to(CUDA), torch.randn(2, 19, 2, 3, generator=g).to(CUDA)
+    decay, initial = gate(2, 19, 2, g, torch.float32).to(CUDA), (0.1 * torch.randn(2, 2, 6, 4, generator=g)).to(CUDA)
+    _, _, checkpoints = torch.ops.talk_hf.rfa_causal_fwd(q, q, v, decay, initial, 0.1, 8)
+    torch.library.opcheck(torch.ops.talk_hf.rfa_causal_bwd.default,
+                          (torch.randn_like(v), torch.randn_like(initial), q, q, v, decay, initial, checkpoints, 0.1, 8))
+    torch.library.opcheck(torch.ops.talk_hf.rfa_causal_fwd.default, (q.requires_grad_(), q, v, decay, initial, 0.1, 8))
