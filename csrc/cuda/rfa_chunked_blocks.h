@@ -119,7 +119,9 @@ struct BwdBuffers {
   P q, k;                        // (L, ldF)
   P w, qu, num, g;               // (L, ldE): [v, 1]; Q U; num, then dW's x_j terms; G, then exp(C) * G
   P state, dstate;               // (F, ldE): U (the checkpoint), dU
-  P pairs, mask, scores, gscores;  // (L, ldL): Q K^T then A; M; M * Q K^T then B; M * R
+  P pairs, mask, scores;         // (L, ldL): Q K^T then A; M; M * Q K^T then B
+  P grad_out, gscores;           // one (L, max(ldL, D)) buffer: the chunk's grad_out rows (L, D) until G is formed,
+                                 // then M * R (L, ldL)
   P logs, prefix;                // (L + 1): lg, C
   P x, y, c;                     // (L): x, y, c = M x
   P end;
@@ -140,8 +142,9 @@ TALK_HD BwdBuffers<P> bwd_buffers(P base, const RfaDims& d) {
   s.pairs = s.dstate + d.F * z.ldE;
   s.mask = s.pairs + z.L * z.ldL;
   s.scores = s.mask + z.L * z.ldL;
-  s.gscores = s.scores + z.L * z.ldL;
-  s.logs = s.gscores + z.L * z.ldL;
+  s.grad_out = s.scores + z.L * z.ldL;
+  s.gscores = s.grad_out;
+  s.logs = s.gscores + z.L * max64(z.ldL, d.D);
   s.prefix = s.logs + z.L + 1;
   s.x = s.prefix + z.L + 1;
   s.y = s.x + z.L;
@@ -392,6 +395,15 @@ TALK_BLOCK void rfa_chunked_fwd_block(Block& blk, const RfaArgs<acc_t>& a, int64
 
 // ------------------------------------------------------------------------------------------------ backward
 
+// The chunk's grad_out rows (len x D, row stride D) into shared memory, so that the rows' loops below read no
+// global memory.
+template <typename acc_t, typename Block>
+TALK_BLOCK void load_grad_out(const Block& blk, const RfaArgs<acc_t>& a, const Chunk& c, acc_t* grad_out) {
+  const RfaDims& d = a.d;
+  for (int64_t idx = blk.tid(); idx < c.len * d.D; idx += blk.size())
+    grad_out[idx] = a.grad_out[bth(d, c.b, c.t0 + idx / d.D, c.h, d.D) + idx % d.D];
+}
+
 // One thread per row i < len: g_i = d out_i / d num_i (rfa_normalise_backward) and y_i = (q_i^T U) g_i.
 template <typename acc_t, typename Block>
 TALK_BLOCK void num_gradients(const Block& blk, const RfaArgs<acc_t>& a, const Chunk& c, const Sizes& z,
@@ -399,7 +411,7 @@ TALK_BLOCK void num_gradients(const Block& blk, const RfaArgs<acc_t>& a, const C
   const RfaDims& d = a.d;
   for (int64_t i = blk.tid(); i < c.len; i += blk.size()) {
     acc_t* g = s.g + i * z.ldE;
-    rfa_normalise_backward(s.num + i * z.ldE, a.grad_out + bth(d, c.b, c.t0 + i, c.h, d.D), a.eps, g, d.D);
+    rfa_normalise_backward(s.num + i * z.ldE, s.grad_out + i * d.D, a.eps, g, d.D);
     acc_t y = 0;
     for (int64_t e = 0; e < d.E; ++e) y += s.qu[i * z.ldE + e] * g[e];
     s.y[i] = y;
@@ -546,6 +558,7 @@ TALK_BLOCK void rfa_chunked_bwd_block(Block& blk, const RfaArgs<acc_t>& a, int64
       const bool final_step = n == d.N - 1;
       state_to_shared(blk, a.checkpoints + (bh * d.N + n) * S, s.state, d, z);
       load_chunk(blk, a, c, z, s.q, s.k, s.w, s.logs, final_step);
+      load_grad_out(blk, a, c, s.grad_out);
       blk.sync();
       prefix_sums(blk, s.logs, c.len, s.prefix);
       query_key_products(blk, s.q, s.k, c.len, d, z, s.pairs);
