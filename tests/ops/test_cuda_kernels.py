@@ -294,6 +294,7 @@ def test_rfa_opcheck_chunked_backward_on_cuda():
     q, v = features(2, 19, 2, 6, g, torch.float32).to(CUDA), torch.randn(2, 19, 2, 3, generator=g).to(CUDA)
     decay, initial = gate(2, 19, 2, g, torch.float32).to(CUDA), (0.1 * torch.randn(2, 2, 6, 4, generator=g)).to(CUDA)
     _, _, checkpoints = torch.ops.talk_hf.rfa_causal_fwd(q, q, v, decay, initial, 0.1, 8)
+    grads = (torch.randn_like(v), torch.randn_like(initial))
     torch.library.opcheck(torch.ops.talk_hf.rfa_causal_bwd.default,
-                          (torch.randn_like(v), torch.randn_like(initial), q, q, v, decay, initial, checkpoints, 0.1, 8))
+                          (*grads, q, q, v, decay, initial, checkpoints, 0.1, 8))
     torch.library.opcheck(torch.ops.talk_hf.rfa_causal_fwd.default, (q.requires_grad_(), q, v, decay, initial, 0.1, 8))

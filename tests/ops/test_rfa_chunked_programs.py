@@ -44,7 +44,10 @@ def reference(q, k, v, decay, init, go, gfinal, chunk):
     prefix with its last decay set to 1) and gradients (zeros for inputs the loss does not reach)."""
     leaves = [None if t is None else t.clone().requires_grad_() for t in (q, k, v, decay, init)]
     out, state = ops.rfa_causal_ref(*leaves, eps=EPS)
-    torch.autograd.backward([out] + ([state] if gfinal is not None else []), [go] + ([gfinal] if gfinal is not None else []))
+    if gfinal is None:
+        out.backward(go)
+    else:
+        torch.autograd.backward([out, state], [go, gfinal])
     grads = [None if t is None else (torch.zeros_like(t) if t.grad is None else t.grad) for t in leaves]
     checkpoints = []
     for t0 in range(0, q.shape[1], chunk):
@@ -150,7 +153,7 @@ def test_launch_shapes(emulator):
     emulator.rfa_chunked_block_threads.restype = ctypes.c_int64
     shared = lambda acc, F, D, chunk, bwd: emulator.rfa_chunked_shared_bytes(  # noqa: E731
         *[ctypes.c_int64(n) for n in (acc, F, D, chunk)], ctypes.c_int(bwd))
-    threads = lambda F, D, chunk: emulator.rfa_chunked_block_threads(*[ctypes.c_int64(n) for n in (F, D, chunk)])  # noqa: E731
+    threads = lambda *sizes: emulator.rfa_chunked_block_threads(*[ctypes.c_int64(n) for n in sizes])  # noqa: E731
     h100 = 227 * 1024
     assert threads(64, 64, 64) == 288 and threads(64, 64, 0) == 288
     assert 48 * 1024 < shared(4, 64, 64, 64, 0) <= h100 and shared(4, 64, 64, 0, 0) == shared(4, 64, 64, 64, 0)
