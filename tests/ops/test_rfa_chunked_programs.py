@@ -100,6 +100,7 @@ CASES = [  # B, T, H, F, D, chunk, grid (< B*H: the grid-stride loop), threads (
     pytest.param(1, 9, 2, 4, 3, 1, 2, 32, id="L1"),
     pytest.param(1, 20, 2, 33, 17, 8, 1, 0, id="F33-D17"),
     pytest.param(1, 131, 1, 6, 3, 64, 1, 0, id="T131-L64"),
+    pytest.param(1, 70, 2, 64, 64, 64, 1, 0, id="F64-D64-L64-288-threads"),  # the Table 6 head as rfa.cu launches it
 ]
 
 
