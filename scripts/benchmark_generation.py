@@ -126,6 +126,10 @@ def compiled_decoding(device):
 def compare(name, kind, inputs, new_tokens, repeats, talk, base, compiled=False, **kwargs):
     if compiled:
         name, kwargs = f"{name}, compiled", dict(kwargs, **compiled_decoding(talk.device))
+        # transformers sizes a static cache for the longest generate() call so far (to avoid recompiling): each row
+        # gets one for its own length, or a baseline would attend over the padding of an earlier, longer row
+        for model in (talk, base):
+            model.__dict__.pop("_previous_max_cache_length", None)
     talk_tps, talk_bytes = timed_generate(talk, inputs, new_tokens, repeats, **kwargs)
     base_tps, base_bytes = timed_generate(base, inputs, new_tokens, repeats, **kwargs)
     row = {"row": name, "kind": kind, "compiled": compiled, "new_tokens": new_tokens, "talk_hf_tokens_per_s": talk_tps,

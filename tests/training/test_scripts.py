@@ -248,6 +248,10 @@ def test_generation_benchmark_reports_speed_and_cache_sizes(tmp_path, monkeypatc
     assert lm_short["talk_hf_cache_MB"] == lm_long["talk_hf_cache_MB"]
     assert lm_long["baseline_cache_MB"] > 1.5 * lm_short["baseline_cache_MB"]
     assert lm_wide["baseline_cache_MB"] == pytest.approx(3 * lm_long["baseline_cache_MB"], rel=0.01)
+    # every compiled row's static cache is sized for its own length, not for an earlier, longer row's
+    compiled_short, compiled_long, compiled_wide_short = rows[1], rows[3], rows[5]
+    assert compiled_long["baseline_cache_MB"] > compiled_short["baseline_cache_MB"]
+    assert compiled_wide_short["baseline_cache_MB"] == pytest.approx(3 * compiled_short["baseline_cache_MB"], rel=0.01)
     assert json.loads((tmp_path / "g.json").read_text())["rows"][-1]["new_tokens"] == 72
 
 
