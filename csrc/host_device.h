@@ -1,5 +1,5 @@
-// TALK_HD marks small math helpers shared by the CPU kernels (plain C++) and the CUDA kernels (nvcc); max64 / min64
-// are two of them (int64 index arithmetic). TALK_UNROLL asks nvcc to unroll the loop that follows (device code only;
+// TALK_HD marks small math helpers shared by the CPU kernels (plain C++) and the CUDA kernels (nvcc); max64, min64
+// and cdiv (ceiling division) are three of them (int64 index arithmetic). TALK_UNROLL asks nvcc to unroll the loop that follows (device code only;
 // host compilers warn about the pragma).
 #pragma once
 
@@ -29,5 +29,14 @@ namespace talk_hf {
 
 TALK_HD int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 TALK_HD int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+TALK_HD constexpr int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }  // a, b > 0
+
+// Lanes of a warp given to one item of n parts (a softmax row of K taps, a head of R channels): the smallest power of
+// two that leaves at most `per_lane` parts to a lane, at most 32; a warp then works on 32 / lanes items at once.
+TALK_HD int lane_group(int64_t n, int64_t per_lane) {
+  int g = 1;
+  while (g < 32 && g * per_lane < n) g *= 2;
+  return g;
+}
 
 }  // namespace talk_hf

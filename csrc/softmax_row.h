@@ -39,13 +39,9 @@ TALK_HD acc_t softmax_prob(const SoftmaxStats<acc_t>& s, acc_t logit) {
 
 constexpr int64_t kSoftmaxTapsPerLane = 4;  // a group of lanes per row: about this many taps per lane
 
-// Lanes per row group: the smallest power of two >= ceil(K / kSoftmaxTapsPerLane), at most 32 (K = 31: 8 lanes,
-// four rows per warp, so that a warp has four rows' loads and reductions in flight instead of one).
-TALK_HD int softmax_group_lanes(int64_t K) {
-  int g = 1;
-  while (g < 32 && g * kSoftmaxTapsPerLane < K) g *= 2;
-  return g;
-}
+// Lanes per row group (K = 31: 8 lanes, four rows per warp, so that a warp has four rows' loads and reductions in
+// flight instead of one).
+TALK_HD int softmax_group_lanes(int64_t K) { return lane_group(K, kSoftmaxTapsPerLane); }
 
 // Lane programs of a group of G lanes sharing one row (the CUDA softmax kernels: a group per row, lane j takes the
 // taps j, j + G, ...; the group's reductions combine the lanes' partials, so every tap is read by one lane only):

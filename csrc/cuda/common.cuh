@@ -1,7 +1,8 @@
 // Small device helpers shared by the CUDA kernels of talk_hf (no torch headers).
 //   - acc_type, to_acc, from_acc: accumulation types and conversions (acc_cast.h, shared with host code)
 //   - group_reduce_sum, group_allreduce_sum / _max: over aligned power-of-two groups of lanes inside a warp
-//   - ceil_div, align_up, grid sizing and grid-stride indices in int64
+//   - CudaThreads, CudaWarp: the Block / Warp that the block and warp programs run on
+//   - align_up, grid sizing and grid-stride indices in int64
 //   - DISPATCH_DTYPE(dtype, scalar_t, ...): runs `...` with `scalar_t` bound to the storage type of `dtype`
 #pragma once
 #include <cuda_bf16.h>
@@ -64,9 +65,23 @@ __device__ __forceinline__ T warp_reduce_sum(T v) {
   return group_reduce_sum(v, kWarpSize);
 }
 
-// ------------------------------------------------------------------------------------------------ indexing
+// ------------------------------------------------------------------------------------------------ programs
 
-__host__ __device__ __forceinline__ constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+// The `Block` of the block programs on the GPU: thread index, block size, __syncthreads (the CPU emulator gives
+// the same interface on fibers).
+struct CudaThreads {
+  __device__ int64_t tid() const { return threadIdx.x; }
+  __device__ int64_t size() const { return blockDim.x; }
+  __device__ void sync() const { __syncthreads(); }
+};
+
+// The `Warp` of the warp programs on the GPU: the lane, and __syncwarp as the barrier.
+struct CudaWarp {
+  __device__ int64_t tid() const { return threadIdx.x % kWarpSize; }
+  __device__ void sync() const { __syncwarp(); }
+};
+
+// ------------------------------------------------------------------------------------------------ indexing
 
 inline size_t align_up(size_t bytes) { return (bytes + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign; }
 

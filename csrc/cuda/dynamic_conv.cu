@@ -115,7 +115,7 @@ __global__ void __launch_bounds__(kThreads)
 
 // Blocks for a group of `group` lanes per row.
 inline unsigned row_group_blocks(int64_t rows, int group) {
-  return grid_blocks(ceil_div(rows, kThreads / group));
+  return grid_blocks(cdiv(rows, kThreads / group));
 }
 
 // weight: the weights in the storage type, or the softmax probabilities (accumulation type).
@@ -126,13 +126,6 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t n = global_thread_id(); n < d.B * d.T * d.C; n += global_thread_count())
     conv_grad_x_element(weight, grad_out, grad_x, d, n);
 }
-
-// The block programs' Block on the GPU: thread index, block size, __syncthreads.
-struct CudaThreads {
-  __device__ int64_t tid() const { return threadIdx.x; }
-  __device__ int64_t size() const { return blockDim.x; }
-  __device__ void sync() const { __syncthreads(); }
-};
 
 // grad_weight, stored in the storage type, or in the accumulation type (gp, for the softmax gradient): the block
 // program of dynamic_conv_tiles.h over a grid-stride loop of blocks (conv_tiles::wg_threads(d) threads each).
@@ -162,7 +155,7 @@ template <typename scalar_t>
 cudaError_t launch_fwd(const DynamicConvParams& p, void* workspace, cudaStream_t stream) {
   using acc_t = acc_type<scalar_t>;
   const ConvDims d = make_dims(p);
-  const unsigned blocks = grid_blocks(ceil_div(d.B * d.T * d.C, kThreads));
+  const unsigned blocks = grid_blocks(cdiv(d.B * d.T * d.C, kThreads));
   const auto* x = static_cast<const scalar_t*>(p.x);
   auto* out = static_cast<scalar_t*>(p.out);
   if (!p.softmax) {
@@ -183,7 +176,7 @@ template <typename scalar_t>
 cudaError_t launch_bwd(const DynamicConvParams& p, void* workspace, cudaStream_t stream) {
   using acc_t = acc_type<scalar_t>;
   const ConvDims d = make_dims(p);
-  const unsigned blocks = grid_blocks(ceil_div(d.B * d.T * d.C, kThreads));
+  const unsigned blocks = grid_blocks(cdiv(d.B * d.T * d.C, kThreads));
   const auto* x = static_cast<const scalar_t*>(p.x);
   const auto* weight = static_cast<const scalar_t*>(p.weight);
   const auto* grad_out = static_cast<const scalar_t*>(p.grad_out);
@@ -256,7 +249,7 @@ cudaError_t dynamic_conv_step_cuda(const ConvStepParams& p, cudaStream_t stream)
       p.weight == nullptr || (p.kernel_size > 1 && (p.state == nullptr || p.new_state == nullptr)) ||
       p.out == nullptr)
     return cudaErrorInvalidValue;
-  const unsigned blocks = grid_blocks(ceil_div(p.batch * p.channels, kThreads));
+  const unsigned blocks = grid_blocks(cdiv(p.batch * p.channels, kThreads));
   DISPATCH_DTYPE(p.dtype, scalar_t,
                  dynamic_conv_step_kernel<scalar_t><<<blocks, kThreads, 0, stream>>>(ConvStepArgs<scalar_t>{
                      static_cast<const scalar_t*>(p.x), static_cast<const scalar_t*>(p.weight),

@@ -26,17 +26,15 @@ constexpr int64_t kWgTapsPerThread = 8;
 constexpr int64_t kWgChannels = 32;   // channels staged per round
 constexpr int64_t kWgStride = kWgChannels + 1;
 
-TALK_HD int64_t wg_cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 // Taps a block covers: min(K, kWgTaps) rounded up to a multiple of 8 (the taps past K are computed, not stored).
 TALK_HD int64_t wg_taps(const ConvDims& d) {
-  return wg_cdiv(min64(d.K, kWgTaps), kWgTapsPerThread) * kWgTapsPerThread;
+  return cdiv(min64(d.K, kWgTaps), kWgTapsPerThread) * kWgTapsPerThread;
 }
 
 TALK_HD int64_t wg_threads(const ConvDims& d) { return kWgSteps * wg_taps(d) / kWgTapsPerThread; }
 
 TALK_HD int64_t wg_num_blocks(const ConvDims& d) {
-  return d.B * wg_cdiv(d.T, kWgSteps) * d.H * wg_cdiv(d.K, kWgTaps);
+  return d.B * cdiv(d.T, kWgSteps) * d.H * cdiv(d.K, kWgTaps);
 }
 
 // Accumulators of shared memory: the grad_out rows, then the x rows.
@@ -48,7 +46,7 @@ struct WgBlock {
 
 // Block `index`, tap chunks fastest, then heads: the blocks of one (b, step tile) run together and share x in L2.
 TALK_HD WgBlock wg_block(const ConvDims& d, int64_t index) {
-  const int64_t chunks = wg_cdiv(d.K, kWgTaps), tiles = wg_cdiv(d.T, kWgSteps);
+  const int64_t chunks = cdiv(d.K, kWgTaps), tiles = cdiv(d.T, kWgSteps);
   WgBlock k;
   k.k0 = index % chunks * kWgTaps;
   k.h = index / chunks % d.H;

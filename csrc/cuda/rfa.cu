@@ -20,14 +20,11 @@ inline RfaDims make_dims(const RfaParams& p) {
   return {p.batch, p.seqlen, p.heads, p.features, p.head_dim, p.head_dim + 1, p.chunk, p.num_chunks};
 }
 
-// The block programs' Block on the GPU: thread index, __syncthreads, and a block-wide sum (warp shuffles, then
-// one value per warp in `scratch`, kThreads / kWarpSize accumulators of shared memory); every thread gets the sum.
+// CudaThreads and a block-wide sum (warp shuffles, then one value per warp in `scratch`, blockDim.x / kWarpSize
+// accumulators of shared memory); every thread gets the sum.
 template <typename acc_t>
-struct CudaBlock {
+struct CudaBlock : CudaThreads {
   acc_t* scratch;
-  __device__ int64_t tid() const { return threadIdx.x; }
-  __device__ int64_t size() const { return blockDim.x; }
-  __device__ void sync() const { __syncthreads(); }
   __device__ acc_t reduce_sum(acc_t v) const {
     const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
     v = warp_reduce_sum(v);
@@ -44,7 +41,7 @@ template <typename acc_t>
 __global__ void __launch_bounds__(kThreads) rfa_fwd_kernel(const RfaArgs<acc_t> a) {
   extern __shared__ unsigned char smem_raw[];
   acc_t* smem = reinterpret_cast<acc_t*>(smem_raw);
-  CudaBlock<acc_t> blk{smem + rfa_blocks::rfa_shared_elems(a.d)};
+  CudaBlock<acc_t> blk{{}, smem + rfa_blocks::rfa_shared_elems(a.d)};
   rfa_blocks::rfa_fwd_block(blk, a, blockIdx.x, gridDim.x, smem);
 }
 
@@ -52,7 +49,7 @@ template <typename acc_t>
 __global__ void __launch_bounds__(kThreads) rfa_bwd_kernel(const RfaArgs<acc_t> a) {
   extern __shared__ unsigned char smem_raw[];
   acc_t* smem = reinterpret_cast<acc_t*>(smem_raw);
-  CudaBlock<acc_t> blk{smem + rfa_blocks::rfa_shared_elems(a.d)};
+  CudaBlock<acc_t> blk{{}, smem + rfa_blocks::rfa_shared_elems(a.d)};
   rfa_blocks::rfa_bwd_block(blk, a, blockIdx.x, gridDim.x, smem);
 }
 
@@ -62,7 +59,7 @@ template <typename acc_t>
 __global__ void __launch_bounds__(rfa_chunked::kMaxThreads, 2) rfa_chunked_fwd_kernel(const RfaArgs<acc_t> a) {
   extern __shared__ unsigned char smem_raw[];
   acc_t* smem = reinterpret_cast<acc_t*>(smem_raw);
-  CudaBlock<acc_t> blk{smem + rfa_chunked::fwd_shared_elems(a.d)};
+  CudaBlock<acc_t> blk{{}, smem + rfa_chunked::fwd_shared_elems(a.d)};
   rfa_chunked::rfa_chunked_fwd_block(blk, a, blockIdx.x, gridDim.x, smem);
 }
 
@@ -70,7 +67,7 @@ template <typename acc_t>
 __global__ void __launch_bounds__(rfa_chunked::kMaxThreads) rfa_chunked_bwd_kernel(const RfaArgs<acc_t> a) {
   extern __shared__ unsigned char smem_raw[];
   acc_t* smem = reinterpret_cast<acc_t*>(smem_raw);
-  CudaBlock<acc_t> blk{smem + rfa_chunked::bwd_shared_elems(a.d)};
+  CudaBlock<acc_t> blk{{}, smem + rfa_chunked::bwd_shared_elems(a.d)};
   rfa_chunked::rfa_chunked_bwd_block(blk, a, blockIdx.x, gridDim.x, smem);
 }
 

@@ -46,8 +46,6 @@ constexpr int64_t kDefaultChunk = 64;  // L when the op saves no checkpoints (ch
 constexpr int kMicro = 4;              // a thread's products are kMicro x kMicro output tiles
 constexpr int kMaxThreads = 320;       // block size cap (the kernels' launch bound; 288 for F = D = L = 64)
 
-TALK_HD int64_t div_up(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 // log max(decay, tiny): a zero decay becomes exp(log tiny) ~ tiny, never a division.
 TALK_HD float log_decay(float v) { return logf(v > FLT_MIN ? v : FLT_MIN); }
 TALK_HD double log_decay(double v) { return log(v > DBL_MIN ? v : DBL_MIN); }
@@ -75,14 +73,14 @@ TALK_HD Chunk chunk_at(const RfaDims& d, const Sizes& z, int64_t bh, int64_t n) 
 }
 
 // Micro-tiles of an m x n product.
-TALK_HD int64_t micro_tiles(int64_t m, int64_t n) { return div_up(m, kMicro) * div_up(n, kMicro); }
+TALK_HD int64_t micro_tiles(int64_t m, int64_t n) { return cdiv(m, kMicro) * cdiv(n, kMicro); }
 
 // Threads of a block: one micro-tile of every product each ((L, L), (L, E), (L, F), (F, E)), in whole warps, at
 // most kMaxThreads (larger products loop). Used by the launcher; the emulator may run any count.
 TALK_HD int64_t chunked_threads(const RfaDims& d) {
   const int64_t L = sizes(d).L;
   const int64_t tiles = max64(micro_tiles(L, max64(L, max64(d.E, d.F))), micro_tiles(d.F, d.E));
-  return min64(kMaxThreads, div_up(tiles, 32) * 32);
+  return min64(kMaxThreads, cdiv(tiles, 32) * 32);
 }
 
 // Shared buffers of the forward. P = acc_t* gives the buffers from the base of shared memory; P = int64_t gives
@@ -184,7 +182,7 @@ struct MicroTile {
 // Calls body(tile) for each of the thread's micro-tiles of an m x n product, its accumulators zeroed.
 template <typename acc_t, typename Block, typename Body>
 TALK_BLOCK void for_each_tile(const Block& blk, int64_t m, int64_t n, Body body) {
-  const int64_t rs = div_up(m, kMicro), cs = div_up(n, kMicro);
+  const int64_t rs = cdiv(m, kMicro), cs = cdiv(n, kMicro);
   for (int64_t idx = blk.tid(); idx < rs * cs; idx += blk.size()) {
     MicroTile<acc_t> t{idx / cs, idx % cs, rs, cs, m, n, {}};
     body(t);
@@ -365,7 +363,7 @@ TALK_BLOCK void rfa_chunked_fwd_block(Block& blk, const RfaArgs<acc_t>& a, int64
   const RfaDims& d = a.d;
   const Sizes z = sizes(d);
   const FwdBuffers<acc_t*> s = fwd_buffers(smem, d);
-  const int64_t S = d.F * d.E, N = div_up(d.T, z.L);
+  const int64_t S = d.F * d.E, N = cdiv(d.T, z.L);
   for (int64_t bh = block; bh < d.B * d.H; bh += grid) {
     state_to_shared(blk, a.init ? a.init + bh * S : nullptr, s.state, d, z);
     blk.sync();

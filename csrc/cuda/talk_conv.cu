@@ -89,7 +89,7 @@ __global__ void __launch_bounds__(kFwdWarps * kWarpSize) talk_fwd_kernel(const T
 // of kReachSteps steps, h), h fastest (coalesced offset reads), one atomicMax pair per thread.
 template <typename scalar_t>
 __global__ void __launch_bounds__(kThreads) talk_reach_kernel(const TalkArgs<scalar_t> a) {
-  const int64_t chunks = tiles::cdiv(a.T, tiles::kReachSteps);
+  const int64_t chunks = cdiv(a.T, tiles::kReachSteps);
   const int64_t total = a.B * chunks * a.H;
   for (int64_t n = global_thread_id(); n < total; n += global_thread_count()) {
     const int64_t h = n % a.H, chunk = n / a.H % chunks, b = n / (a.H * chunks);
@@ -126,12 +126,6 @@ __global__ void __launch_bounds__(kThreads) talk_offset_grad_kernel(const TalkAr
     if (bth < n_groups && r0 == 0) tiles::write_offset_grads(a, bth, left, right);
   }
 }
-
-// The warp programs' Warp on the GPU: the lane, and __syncwarp as the barrier.
-struct CudaWarp {
-  __device__ int64_t tid() const { return threadIdx.x % kWarpSize; }
-  __device__ void sync() const { __syncwarp(); }
-};
 
 // grad x: one warp per unit (b, tile, 32 channels), kGradXWarps units per block, each warp with its own shared
 // memory (tiles::gx_warp_bytes: its q buffer and its window ends); the loop over units is warp-uniform.
@@ -174,16 +168,16 @@ cudaError_t launch_bwd(const TalkConvParams& p, void* workspace, cudaStream_t st
   a.reach = static_cast<unsigned long long*>(workspace);
   cudaError_t err = cudaMemsetAsync(a.reach, 0, talk_conv_bwd_workspace_bytes(p), stream);
   if (err != cudaSuccess) return err;
-  const int64_t reach_threads = a.B * tiles::cdiv(a.T, tiles::kReachSteps) * a.H;
-  talk_reach_kernel<scalar_t><<<grid_blocks(ceil_div(reach_threads, kThreads)), kThreads, 0, stream>>>(a);
+  const int64_t reach_threads = a.B * cdiv(a.T, tiles::kReachSteps) * a.H;
+  talk_reach_kernel<scalar_t><<<grid_blocks(cdiv(reach_threads, kThreads)), kThreads, 0, stream>>>(a);
 
   const int group = tiles::offset_grad_group(a.R);
-  const unsigned group_blocks = grid_blocks(ceil_div(a.B * a.T * a.H, kThreads / group));
+  const unsigned group_blocks = grid_blocks(cdiv(a.B * a.T * a.H, kThreads / group));
   talk_offset_grad_kernel<scalar_t><<<group_blocks, kThreads, 0, stream>>>(a, group);
 
   tiles::set_gx_shape(a, sizeof(acc_t));
   const size_t shared = static_cast<size_t>(tiles::gx_shared_bytes(a, sizeof(acc_t)));  // 36 / 38 KiB
-  const unsigned gx_blocks = grid_blocks(ceil_div(tiles::num_tiles(a), kGradXWarps));
+  const unsigned gx_blocks = grid_blocks(cdiv(tiles::num_tiles(a), kGradXWarps));
   talk_grad_x_kernel<scalar_t><<<gx_blocks, kGradXWarps * kWarpSize, shared, stream>>>(a);
   return cudaGetLastError();
 }
@@ -195,7 +189,7 @@ cudaError_t launch_step(const TalkStepParams& p, void* workspace, cudaStream_t s
                                  static_cast<const acc_t*>(p.state), static_cast<scalar_t*>(p.out),
                                  static_cast<acc_t*>(p.new_state), static_cast<acc_t*>(workspace),
                                  p.batch, p.seqlen, p.channels, p.heads, p.max_left};
-  talk_step_kernel<scalar_t><<<grid_blocks(ceil_div(p.batch * p.channels, kThreads)), kThreads, 0, stream>>>(a);
+  talk_step_kernel<scalar_t><<<grid_blocks(cdiv(p.batch * p.channels, kThreads)), kThreads, 0, stream>>>(a);
   return cudaGetLastError();
 }
 
