@@ -71,8 +71,6 @@ struct TalkArgs {
   int warps;                         // forward: warps per block
 };
 
-TALK_HD int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 // ------------------------------------------------------------------------------------------------ window ends
 
 // The window ends of step t (row b*T + t = bt) of head h, as table rows (talk_conv_math.h).
@@ -92,9 +90,11 @@ TALK_HD int64_t norm_of(const TalkArgs<scalar_t>& a) { return a.max_left + a.max
 
 // ------------------------------------------------------------------------------------------------ forward
 
-// A tile of the work: batch row b, steps [t0, t1), channels [c0, c0 + 32) (those < C).
+// A tile of the work: batch row b, steps [t0, t1), channels [c0, c0 + 32) (those < C), which belong to the heads
+// h_first .. h_first + heads - 1.
 struct Tile {
   int64_t b, t0, t1, c0;
+  int64_t h_first, heads;
 };
 
 // Tile `index` of `a.tile` steps and 32 channels; tiles run tile-fastest, so neighbouring tiles (which read each
@@ -107,6 +107,8 @@ TALK_HD Tile tile_at(const TalkArgs<scalar_t>& a, int64_t index) {
   k.b = index / (tiles * chunks);
   k.t0 = index % tiles * a.tile;
   k.t1 = min64(a.T, k.t0 + a.tile);
+  k.h_first = k.c0 / a.R;
+  k.heads = (min64(a.C, k.c0 + kLanes) - 1) / a.R - k.h_first + 1;
   return k;
 }
 
@@ -116,8 +118,7 @@ TALK_HD int64_t num_tiles(const TalkArgs<scalar_t>& a) {
 }
 
 struct FwdBlock : Tile {
-  int64_t base, top;      // table rows [base, top] kept in shared memory
-  int64_t h_first, heads; // the heads of the block's channels: h_first .. h_first + heads - 1
+  int64_t base, top;  // table rows [base, top] kept in shared memory
 };
 
 // The window of one (step, head) as table rows relative to the block's `base`, when all four rows lie in
@@ -135,14 +136,15 @@ TALK_HD int64_t fwd_accumulators_bytes(int64_t rows, int64_t warps, int64_t acc_
   return (rows + warps) * kLanes * acc_bytes;
 }
 
-TALK_HD int64_t window_rows_bytes(int64_t acc_bytes) {
-  return acc_bytes == 8 ? static_cast<int64_t>(sizeof(WindowRows<double>))
-                        : static_cast<int64_t>(sizeof(WindowRows<float>));
+// sizeof(S<acc_t>) for accumulators of acc_bytes bytes (4: float, 8: double).
+template <template <typename> class S>
+TALK_HD int64_t bytes_with_acc(int64_t acc_bytes) {
+  return acc_bytes == 8 ? static_cast<int64_t>(sizeof(S<double>)) : static_cast<int64_t>(sizeof(S<float>));
 }
 
 template <typename scalar_t>
 TALK_HD int64_t fwd_shared_bytes(const TalkArgs<scalar_t>& a, int64_t acc_bytes) {
-  return fwd_accumulators_bytes(a.rows, a.warps, acc_bytes) + a.tile * a.heads_max * window_rows_bytes(acc_bytes);
+  return fwd_accumulators_bytes(a.rows, a.warps, acc_bytes) + a.tile * a.heads_max * bytes_with_acc<WindowRows>(acc_bytes);
 }
 
 template <typename scalar_t>
@@ -152,8 +154,6 @@ TALK_HD FwdBlock fwd_block(const TalkArgs<scalar_t>& a, int64_t block) {
   k.base = max64(0, k.t0 - a.max_left);
   const int64_t top = min64(a.T, k.t1 + (a.has_right ? a.max_right : 0));
   k.top = min64(top, k.base + a.rows - 1);
-  k.h_first = k.c0 / a.R;
-  k.heads = (min64(a.C, k.c0 + kLanes) - 1) / a.R - k.h_first + 1;
   return k;
 }
 
@@ -244,21 +244,13 @@ TALK_HD acc_type<scalar_t> table_at(const TalkArgs<scalar_t>& a, const FwdBlock&
   return table[(row - k.base) * kLanes + lane];
 }
 
-template <typename scalar_t>
-TALK_HD acc_type<scalar_t> interpolate(const TalkArgs<scalar_t>& a, const FwdBlock& k,
-                                       const acc_type<scalar_t>* table, int lane,
-                                       const WindowEnd<acc_type<scalar_t>>& e) {
-  const acc_type<scalar_t> at_lo = table_at(a, k, table, lane, e.lo);
-  if (e.hi == e.lo) return at_lo;
-  return at_lo + e.frac * (table_at(a, k, table, lane, e.hi) - at_lo);
-}
-
-// A window end at shared rows lo, hi (relative to base).
-template <typename acc_t>
-TALK_HD acc_t shared_end(const acc_t* table, int lane, int32_t lo, int32_t hi, acc_t frac) {
-  const acc_t at_lo = table[lo * kLanes + lane];
+// S~ at a window end interpolated between table rows lo and hi: at(lo) + frac (at(hi) - at(lo)), at(lo) alone when
+// hi == lo (a clamped or integral end).
+template <typename acc_t, typename index_t, typename RowAt>
+TALK_HD acc_t interpolate(RowAt at, index_t lo, index_t hi, acc_t frac) {
+  const acc_t at_lo = at(lo);
   if (hi == lo) return at_lo;
-  return at_lo + frac * (table[hi * kLanes + lane] - at_lo);
+  return at_lo + frac * (at(hi) - at_lo);
 }
 
 // Phase 4: warp w writes the steps t0 + w, t0 + w + warps, ... of its lane's channel.
@@ -274,11 +266,13 @@ TALK_HD void fwd_gather(const TalkArgs<scalar_t>& a, const FwdBlock& k, const ac
     const int64_t bt = k.b * a.T + t;
     const WindowRows<acc_t>& e = windows[(t - k.t0) * k.heads + (h - k.h_first)];
     acc_t sum;
-    if (e.inside) {
-      sum = shared_end(table, lane, e.r_lo, e.r_hi, e.r_frac) - shared_end(table, lane, e.l_lo, e.l_hi, e.l_frac);
+    if (e.inside) {  // rows relative to base
+      const auto at = [&](int32_t row) { return table[row * kLanes + lane]; };
+      sum = interpolate(at, e.r_lo, e.r_hi, e.r_frac) - interpolate(at, e.l_lo, e.l_hi, e.l_frac);
     } else {
-      sum = interpolate(a, k, table, lane, right_end<acc_t>(a, bt, t, h)) -
-            interpolate(a, k, table, lane, left_end<acc_t>(a, bt, t, h));
+      const auto at = [&](int64_t row) { return table_at(a, k, table, lane, row); };
+      const WindowEnd<acc_t> l = left_end<acc_t>(a, bt, t, h), r = right_end<acc_t>(a, bt, t, h);
+      sum = interpolate(at, r.lo, r.hi, r.frac) - interpolate(at, l.lo, l.hi, l.frac);
     }
     a.out[bt * a.C + c] = from_acc<scalar_t>(sum * inv_norm);
   }
@@ -342,13 +336,9 @@ TALK_HD void offset_grad_partial(const TalkArgs<scalar_t>& a, int64_t b, int64_t
 
 constexpr int64_t kOffsetGradChannelsPerLane = 4;
 
-// Lanes per (b, t, h) group of the offset-gradient kernel: the smallest power of two >= ceil(R / 4), at most 32
-// (R = 64: 16 lanes, two (b, t, h) per warp in flight; 32 lanes of 2 channels each waited on one at a time).
-TALK_HD int offset_grad_group(int64_t R) {
-  int g = 1;
-  while (g < kLanes && g * kOffsetGradChannelsPerLane < R) g *= 2;
-  return g;
-}
+// Lanes per (b, t, h) group of the offset-gradient kernel (R = 64: 16 lanes, two (b, t, h) per warp in flight; 32
+// lanes of 2 channels each waited on one at a time).
+TALK_HD int offset_grad_group(int64_t R) { return lane_group(R, kOffsetGradChannelsPerLane); }
 
 // d out / d offset_left = +max_left * slope / norm (rel = -offset * max_left enters with a minus, left with another).
 template <typename scalar_t>
@@ -359,8 +349,8 @@ TALK_HD void write_offset_grads(const TalkArgs<scalar_t>& a, int64_t bth, acc_ty
   if (a.has_right) a.grad_offset_right[bth] = from_acc<scalar_t>(static_cast<acc_t>(a.max_right) * sum_right);
 }
 
-// Where a window end of an output sends weight * g / norm in grad-x unit u: a row of q (table rows (t0, t1], q row
-// row - t0 - 1), the carry (rows above t1), or nowhere (rows at or below t0, or weight 0).
+// Where a window end of an output sends weight * g in grad-x unit u (weight includes the 1 / norm): a row of q (table
+// rows (t0, t1], q row row - t0 - 1), the carry (rows above t1), or nowhere (rows at or below t0, or weight 0).
 constexpr int32_t kToCarry = -1;
 constexpr int32_t kNowhere = -2;
 
@@ -377,19 +367,27 @@ TALK_HD int32_t target_of(const Tile& u, int64_t row, acc_t weight) {
   return static_cast<int32_t>(row - u.t0 - 1);
 }
 
-// Left end: -(1 - frac) at lo, -frac at hi (it enters with a minus); right end: 1 - frac at lo, frac at hi.
+// Left end: -(1 - frac) at lo, -frac at hi (it enters with a minus); right end: 1 - frac at lo, frac at hi; each
+// times 1 / norm.
 template <typename acc_t>
-TALK_HD EndTargets<acc_t> end_targets(const Tile& u, const WindowEnd<acc_t>& l, const WindowEnd<acc_t>& r) {
+TALK_HD EndTargets<acc_t> end_targets(const Tile& u, const WindowEnd<acc_t>& l, const WindowEnd<acc_t>& r,
+                                      acc_t inv_norm) {
   const int64_t rows[4] = {l.lo, l.hi, r.lo, r.hi};
-  EndTargets<acc_t> e{{0, 0, 0, 0}, {-(acc_t(1) - l.frac), -l.frac, acc_t(1) - r.frac, r.frac}};
+  EndTargets<acc_t> e{{0, 0, 0, 0},
+                      {-(acc_t(1) - l.frac) * inv_norm, -l.frac * inv_norm, (acc_t(1) - r.frac) * inv_norm,
+                       r.frac * inv_norm}};
   for (int j = 0; j < 4; ++j) e.at[j] = target_of(u, rows[j], e.weight[j]);
   return e;
 }
 
-// A grad-x unit: its tile, the heads of its channels, and the outputs [first, last] whose windows can reach the tile
-// for any of those heads.
+// One lane of a grad-x warp: its channel c (head h) and the outputs [first, last] of that head that reach the tile.
+struct GxLane {
+  int64_t c, h, first, last;
+};
+
+// A grad-x unit: its tile and the outputs [first, last] whose windows can reach the tile for any of its heads.
 struct GxUnit : Tile {
-  int64_t h_first, heads, first, last;
+  int64_t first, last;
 };
 
 // The outputs of head h whose windows can reach the tile: [t0 + 1 - after, t1 - 1 + before] within [0, T - 1].
@@ -404,8 +402,6 @@ template <typename scalar_t>
 TALK_HD GxUnit gx_unit(const TalkArgs<scalar_t>& a, const Tile& tile) {
   GxUnit u;
   static_cast<Tile&>(u) = tile;
-  u.h_first = u.c0 / a.R;
-  u.heads = (min64(a.C, u.c0 + kLanes) - 1) / a.R - u.h_first + 1;
   u.first = a.T;
   u.last = -1;
   for (int64_t h = u.h_first; h < u.h_first + u.heads; ++h) {
@@ -422,40 +418,38 @@ TALK_HD int64_t gx_round_steps(int64_t heads) { return heads >= kLanes ? 1 : kLa
 
 // Round phase 1: lane i works out the targets of pair i = (s + i / heads, h_first + i % heads) into ends[i].
 template <typename scalar_t>
-TALK_HD void gx_targets(const TalkArgs<scalar_t>& a, const GxUnit& u, int64_t s, EndTargets<acc_type<scalar_t>>* ends,
-                        int lane) {
+TALK_HD void gx_targets(const TalkArgs<scalar_t>& a, const GxUnit& u, int64_t s, acc_type<scalar_t> inv_norm,
+                        EndTargets<acc_type<scalar_t>>* ends, int lane) {
   using acc_t = acc_type<scalar_t>;
   const int64_t t = s + lane / u.heads, h = u.h_first + lane % u.heads;
   if (lane >= gx_round_steps(u.heads) * u.heads || t > u.last) return;
   const int64_t bt = u.b * a.T + t;
-  ends[lane] = end_targets(u, left_end<acc_t>(a, bt, t, h), right_end<acc_t>(a, bt, t, h));
+  ends[lane] = end_targets(u, left_end<acc_t>(a, bt, t, h), right_end<acc_t>(a, bt, t, h), inv_norm);
 }
 
-// Round phase 2: the lane's channel c (head h, outputs [first, last]) adds weight * g / norm of the round's steps
-// to its column of q or to its carry (steps in order, ends in the order left lo, left hi, right lo, right hi).
+// Round phase 2: the lane adds weight * g of the round's steps of its head to its column of q or to its carry (steps
+// in order, ends in the order left lo, left hi, right lo, right hi).
 template <typename scalar_t>
-TALK_HD void gx_scatter(const TalkArgs<scalar_t>& a, const GxUnit& u, int64_t s, const EndTargets<acc_type<scalar_t>>* ends,
-                        int64_t c, int64_t first, int64_t last, acc_type<scalar_t>* q, int lane,
+TALK_HD void gx_scatter(const TalkArgs<scalar_t>& a, const GxUnit& u, int64_t s,
+                        const EndTargets<acc_type<scalar_t>>* ends, const GxLane& l, acc_type<scalar_t>* q, int lane,
                         acc_type<scalar_t>* carry) {
   using acc_t = acc_type<scalar_t>;
-  const int64_t h = c / a.R;
-  const acc_t inv_norm = acc_t(1) / static_cast<acc_t>(norm_of(a));
-  const int64_t begin = max64(s, first), end = min64(s + gx_round_steps(u.heads) - 1, last);
+  const int64_t begin = max64(s, l.first), end = min64(s + gx_round_steps(u.heads) - 1, l.last);
   for (int64_t t0 = begin; t0 <= end; t0 += kGradXBatch) {  // the loads of kGradXBatch steps, then their use
-    acc_t gn[kGradXBatch];
+    acc_t g[kGradXBatch];
     TALK_UNROLL
-    for (int v = 0; v < kGradXBatch; ++v) gn[v] = to_acc(a.grad_out[(u.b * a.T + min64(t0 + v, end)) * a.C + c]) * inv_norm;
+    for (int v = 0; v < kGradXBatch; ++v) g[v] = to_acc(a.grad_out[(u.b * a.T + min64(t0 + v, end)) * a.C + l.c]);
     TALK_UNROLL
     for (int v = 0; v < kGradXBatch; ++v) {
       const int64_t t = t0 + v;
       if (t > end) break;
-      const EndTargets<acc_t>& e = ends[(t - s) * u.heads + (h - u.h_first)];
+      const EndTargets<acc_t>& e = ends[(t - s) * u.heads + (l.h - u.h_first)];
       TALK_UNROLL
       for (int j = 0; j < 4; ++j) {
         if (e.at[j] >= 0) {
-          q[e.at[j] * kLanes + lane] += e.weight[j] * gn[v];
+          q[e.at[j] * kLanes + lane] += e.weight[j] * g[v];
         } else if (e.at[j] == kToCarry) {
-          *carry += e.weight[j] * gn[v];
+          *carry += e.weight[j] * g[v];
         }
       }
     }
@@ -472,25 +466,25 @@ TALK_BLOCK void gx_warp(const Warp& warp, const TalkArgs<scalar_t>& a, const Til
   using acc_t = acc_type<scalar_t>;
   const int lane = static_cast<int>(warp.tid());
   const GxUnit u = gx_unit(a, tile);
-  const int64_t c = u.c0 + lane;
-  const bool active = c < a.C;  // lanes past C still work out window ends and reach every barrier
-  int64_t first = 0, last = -1;
+  GxLane l{u.c0 + lane, (u.c0 + lane) / a.R, 0, -1};
+  const bool active = l.c < a.C;  // lanes past C still work out window ends and reach every barrier
   if (active) {
-    gx_outputs(a, u, c / a.R, &first, &last);
+    gx_outputs(a, u, l.h, &l.first, &l.last);
     for (int64_t i = 0; i < u.t1 - u.t0; ++i) q[i * kLanes + lane] = acc_t(0);
   }
+  const acc_t inv_norm = acc_t(1) / static_cast<acc_t>(norm_of(a));
   acc_t carry = acc_t(0);
   for (int64_t s = u.first; s <= u.last; s += gx_round_steps(u.heads)) {
-    gx_targets(a, u, s, ends, lane);
+    gx_targets(a, u, s, inv_norm, ends, lane);
     warp.sync();
-    if (active) gx_scatter(a, u, s, ends, c, first, last, q, lane, &carry);
+    if (active) gx_scatter(a, u, s, ends, l, q, lane, &carry);
     warp.sync();  // the next round overwrites ends
   }
   if (!active) return;
   acc_t sum = carry;
   for (int64_t j = u.t1 - 1; j >= u.t0; --j) {
     sum += q[(j - u.t0) * kLanes + lane];
-    a.grad_x[(u.b * a.T + j) * a.C + c] = from_acc<scalar_t>(sum);
+    a.grad_x[(u.b * a.T + j) * a.C + l.c] = from_acc<scalar_t>(sum);
   }
 }
 
@@ -505,8 +499,8 @@ void set_fwd_shape(TalkArgs<scalar_t>& a, int64_t acc_bytes) {
   a.warps = kFwdWarps;
   a.heads_max = min64(min64(a.H, kLanes), (kLanes - 1) / a.R + 2);
   a.tile = acc_bytes == 8 ? 32 : 128;
-  while (a.tile > 1 && a.tile * a.heads_max * window_rows_bytes(acc_bytes) > kSharedBudget / 4) a.tile /= 2;
-  const int64_t windows = a.tile * a.heads_max * window_rows_bytes(acc_bytes);
+  while (a.tile > 1 && a.tile * a.heads_max * bytes_with_acc<WindowRows>(acc_bytes) > kSharedBudget / 4) a.tile /= 2;
+  const int64_t windows = a.tile * a.heads_max * bytes_with_acc<WindowRows>(acc_bytes);
   const int64_t budget_rows = (kSharedBudget - windows) / (kLanes * acc_bytes) - kFwdWarps;
   a.rows = min64(a.tile + a.max_left + a.max_right + 1, budget_rows);
 }
@@ -525,9 +519,7 @@ TALK_HD int64_t gx_q_bytes(const TalkArgs<scalar_t>& a, int64_t acc_bytes) {
 
 template <typename scalar_t>
 TALK_HD int64_t gx_warp_bytes(const TalkArgs<scalar_t>& a, int64_t acc_bytes) {
-  const int64_t ends = acc_bytes == 8 ? static_cast<int64_t>(sizeof(EndTargets<double>))
-                                      : static_cast<int64_t>(sizeof(EndTargets<float>));
-  return gx_q_bytes(a, acc_bytes) + kLanes * ends;
+  return gx_q_bytes(a, acc_bytes) + kLanes * bytes_with_acc<EndTargets>(acc_bytes);
 }
 
 template <typename scalar_t>
