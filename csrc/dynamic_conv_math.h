@@ -24,6 +24,9 @@ struct ConvDims {
   int64_t ws;  // weight position stride (H*K or 0)
 };
 
+// Rows of weights (and of softmax logits): one per (b, t, h), or the H rows of a LightConv kernel.
+TALK_HD int64_t weight_rows(const ConvDims& d) { return (d.ws != 0 ? d.B * d.T : 1) * d.H; }
+
 // Element n = (b*T + t)*C + c of a (B, T, C) tensor.
 struct ConvElement {
   int64_t b, t, c, bt;

@@ -55,9 +55,6 @@ __global__ void __launch_bounds__(kThreads)
     conv_fwd_element(x, weight, out, d, n);
 }
 
-// Rows of softmax logits: one per (b, t, h), or the H rows of a LightConv kernel.
-__host__ __device__ inline int64_t softmax_rows(const ConvDims& d) { return (d.ws != 0 ? d.B * d.T : 1) * d.H; }
-
 // A group of `group` lanes per softmax row (softmax_group_lanes: about 4 taps per lane, so a warp works on several
 // rows at once; lanes take the taps j, j + group, ...: coalesced reads of each row, every logit read once per pass).
 // The loop over rows is warp-uniform so every lane reaches the shuffles; a lane past the last row works on the last
@@ -83,7 +80,7 @@ __global__ void __launch_bounds__(kThreads) softmax_rows_kernel(const scalar_t* 
                                                                 acc_type<scalar_t>* __restrict__ probs, ConvDims d,
                                                                 int group) {
   using acc_t = acc_type<scalar_t>;
-  const int64_t rows = softmax_rows(d), per_warp = row_groups_per_warp(group);
+  const int64_t rows = weight_rows(d), per_warp = row_groups_per_warp(group);
   const int64_t warp = global_thread_id() / kWarpSize, n_warps = global_thread_count() / kWarpSize;
   for (int64_t first = warp * per_warp; first < rows; first += n_warps * per_warp) {
     const RowGroup g = row_group(first, rows, group);
@@ -166,7 +163,7 @@ cudaError_t launch_fwd(const DynamicConvParams& p, void* workspace, cudaStream_t
   // output thread took the K exponentials R times per row (R = 64 channels per head: 2.6x slower on an H100).
   acc_t* probs = static_cast<acc_t*>(workspace);
   const int group = softmax_group_lanes(d.K);
-  softmax_rows_kernel<<<row_group_blocks(softmax_rows(d), group), kThreads, 0, stream>>>(
+  softmax_rows_kernel<<<row_group_blocks(weight_rows(d), group), kThreads, 0, stream>>>(
       static_cast<const scalar_t*>(p.weight), probs, d, group);
   dynamic_conv_fwd_kernel<<<blocks, kThreads, 0, stream>>>(x, static_cast<const acc_t*>(probs), out, d);
   return cudaGetLastError();
@@ -190,7 +187,7 @@ cudaError_t launch_bwd(const DynamicConvParams& p, void* workspace, cudaStream_t
   acc_t* probs = static_cast<acc_t*>(workspace);
   acc_t* gp = probs + d.B * d.T * d.H * d.K;
   const int k_group = softmax_group_lanes(d.K);
-  softmax_rows_kernel<<<row_group_blocks(softmax_rows(d), k_group), kThreads, 0, stream>>>(weight, probs, d,
+  softmax_rows_kernel<<<row_group_blocks(weight_rows(d), k_group), kThreads, 0, stream>>>(weight, probs, d,
                                                                                           k_group);
   dynamic_conv_bwd_input_kernel<<<blocks, kThreads, 0, stream>>>(static_cast<const acc_t*>(probs), grad_out,
                                                                  grad_x, d);
@@ -217,7 +214,7 @@ size_t dynamic_conv_bwd_workspace_bytes(const DynamicConvParams& p) {  // softma
 
 size_t dynamic_conv_fwd_workspace_bytes(const DynamicConvParams& p) {  // softmax: the probabilities
   if (!p.softmax || is_empty(p)) return 0;
-  return align_up(static_cast<size_t>(softmax_rows(make_dims(p)) * p.kernel_size) * acc_bytes(p.dtype));
+  return align_up(static_cast<size_t>(weight_rows(make_dims(p)) * p.kernel_size) * acc_bytes(p.dtype));
 }
 
 cudaError_t dynamic_conv_fwd_cuda(const DynamicConvParams& p, void* workspace, cudaStream_t stream) {

@@ -157,6 +157,19 @@ class FiberBlock {
   std::function<void(Thread&)> body_;
 };
 
+// Blocks 0 .. blocks - 1 of a block program in turn, each on `threads` fresh fibers and `smem_elems` accumulators of
+// NaN-poisoned shared memory: body(thread, block, smem). -> false if some block's threads reached different barriers.
+template <typename acc_t, typename Body>
+bool run_blocks(int64_t blocks, int64_t threads, int64_t smem_elems, bool reverse, Body body) {
+  std::vector<acc_t> smem(smem_elems);
+  for (int64_t block = 0; block < blocks; ++block) {
+    smem.assign(smem.size(), std::numeric_limits<acc_t>::quiet_NaN());
+    FiberBlock fibers(static_cast<int>(threads), reverse);
+    if (!fibers.run([&](FiberBlock::Thread& t) { body(t, block, smem.data()); })) return false;
+  }
+  return true;
+}
+
 // Thread `i` of `n` in the chosen order.
 inline int thread_at(int i, int n, bool reverse) { return reverse ? n - 1 - i : i; }
 
@@ -216,10 +229,10 @@ int backward(TalkArgs<T> a, int64_t tile, bool reverse) {
         r[0] = std::max<unsigned long long>(r[0], static_cast<unsigned long long>(before));
         r[1] = std::max<unsigned long long>(r[1], static_cast<unsigned long long>(after));
       }
+  const int group = offset_grad_group(a.R);
   for (int64_t b = 0; b < a.B; ++b)  // offset-gradient kernel: the group's lanes, then their sum
     for (int64_t t = 0; t < a.T; ++t)
       for (int64_t h = 0; h < a.H; ++h) {
-        const int group = offset_grad_group(a.R);
         acc_t left = 0, right = 0;
         for (int r0 = 0; r0 < group; ++r0) {
           acc_t pl, pr;
@@ -267,9 +280,8 @@ void conv_step(const ConvStepArgs<T>& a, bool reverse) {
   }
 }
 
-// The dynamic-convolution kernels of csrc/cuda/dynamic_conv.cu: every element (in either order), the weight
-// gradient's `group` lane partials summed as the shuffle reduction sums them, the softmax rows around them.
-
+// The dynamic-convolution kernels of csrc/cuda/dynamic_conv.cu: every element (in either order), the weight-gradient
+// block program on fibers, the softmax rows around them.
 
 // softmax_rows_kernel: per row, the lanes' partial maxima and sums combined (as the all-reduce shuffles combine
 // them), then every lane writes its taps.
@@ -294,25 +306,18 @@ void conv_fwd(const T* x, const T* w, T* out, const ConvDims& d, bool softmax, b
     for (int64_t i = 0; i < n; ++i) conv_fwd_element(x, w, out, d, reverse ? n - 1 - i : i);
     return;
   }
-  std::vector<acc_type<T>> probs((d.ws != 0 ? d.B * d.T : 1) * d.H * d.K,
-                                 std::numeric_limits<acc_type<T>>::quiet_NaN());
-  softmax_rows(w, static_cast<int64_t>(probs.size()) / d.K, d.K, probs.data());
+  std::vector<acc_type<T>> probs(weight_rows(d) * d.K, std::numeric_limits<acc_type<T>>::quiet_NaN());
+  softmax_rows(w, weight_rows(d), d.K, probs.data());
   const acc_type<T>* p = probs.data();
   for (int64_t i = 0; i < n; ++i) conv_fwd_element(x, p, out, d, reverse ? n - 1 - i : i);
 }
 
-// The weight-gradient kernel: every block of the grid on fresh fibers and NaN-poisoned shared memory.
-// -> false if some block's threads reached different barriers.
+// The weight-gradient kernel. -> false if some block's threads reached different barriers.
 template <typename T, typename gw_t>
 bool conv_weight_grad(const T* g, const T* x, gw_t* gw, const ConvDims& d, bool reverse) {
-  std::vector<acc_type<T>> smem(conv_tiles::wg_shared_elems(d));
-  for (int64_t block = 0; block < conv_tiles::wg_num_blocks(d); ++block) {
-    smem.assign(smem.size(), std::numeric_limits<acc_type<T>>::quiet_NaN());
-    FiberBlock fibers(static_cast<int>(conv_tiles::wg_threads(d)), reverse);
-    if (!fibers.run([&](FiberBlock::Thread& t) { conv_tiles::wg_block_program(t, x, g, gw, d, block, smem.data()); }))
-      return false;
-  }
-  return true;
+  using namespace conv_tiles;
+  return run_blocks<acc_type<T>>(wg_num_blocks(d), wg_threads(d), wg_shared_elems(d), reverse,
+                                 [&](auto& t, int64_t block, auto* smem) { wg_block_program(t, x, g, gw, d, block, smem); });
 }
 
 // -> 0, or 1 if the weight-gradient threads reached different barriers.
@@ -320,9 +325,9 @@ template <typename T>
 int conv_bwd(const T* g, const T* x, const T* w, T* gx, T* gw, const ConvDims& d, bool softmax, bool reverse) {
   using acc_t = acc_type<T>;
   const int64_t rows = d.B * d.T * d.H, n = d.B * d.T * d.C;
-  const int64_t weight_rows = d.ws != 0 ? rows : d.H;  // probs laid out as the weights, as in dynamic_conv.cu
-  std::vector<acc_t> probs(softmax ? weight_rows * d.K : 0), gp(softmax ? rows * d.K : 0);
-  if (softmax) softmax_rows(w, weight_rows, d.K, probs.data());
+  // probs laid out as the weights, as in dynamic_conv.cu
+  std::vector<acc_t> probs(softmax ? weight_rows(d) * d.K : 0), gp(softmax ? rows * d.K : 0);
+  if (softmax) softmax_rows(w, weight_rows(d), d.K, probs.data());
   for (int64_t i = 0; i < n; ++i) {
     if (softmax)
       conv_grad_x_element(static_cast<const acc_t*>(probs.data()), g, gx, d, i);
@@ -347,17 +352,12 @@ ConvDims conv_dims(int64_t B, int64_t L, int64_t C, int64_t H, int64_t K, int64_
   return ConvDims{B, L, C, H, C / H, K, P, light ? 0 : H * K};
 }
 
-// Every block of the grid in turn, each on fresh fibers and NaN-poisoned shared memory (as rfa.cu sizes it).
+// Every block of the grid, with the shared memory rfa.cu gives the per-step kernels.
 // -> 0, or 1 if some block's threads reached different barriers.
 template <typename acc_t, typename Program>
 int run_rfa_grid(const rfa_blocks::RfaArgs<acc_t>& a, int64_t grid, int threads, bool reverse, Program program) {
-  std::vector<acc_t> smem(rfa_blocks::rfa_shared_elems(a.d));
-  for (int64_t block = 0; block < grid; ++block) {
-    smem.assign(smem.size(), std::numeric_limits<acc_t>::quiet_NaN());
-    FiberBlock fibers(threads, reverse);
-    if (!fibers.run([&](FiberBlock::Thread& t) { program(t, a, block, grid, smem.data()); })) return 1;
-  }
-  return 0;
+  const auto body = [&](auto& t, int64_t block, acc_t* smem) { program(t, a, block, grid, smem); };
+  return run_blocks<acc_t>(grid, threads, rfa_blocks::rfa_shared_elems(a.d), reverse, body) ? 0 : 1;
 }
 
 template <typename acc_t>
@@ -466,8 +466,8 @@ TALK_EMULATE(bf16, HostBF16)
 RFA_EMULATE(f32, float)
 RFA_EMULATE(f64, double)
 
-// The chunked RFA block programs (csrc/cuda/rfa_chunked_blocks.h) on FiberBlock, every block of the grid on fresh
-// fibers and NaN-poisoned shared memory of the size rfa.cu asks for; threads <= 0: rfa.cu's block size.
+// The chunked RFA block programs (csrc/cuda/rfa_chunked_blocks.h) on FiberBlock, every block of the grid with the
+// shared memory rfa.cu asks for; threads <= 0: rfa.cu's block size.
 #include "cuda/rfa_chunked_blocks.h"
 
 namespace {
@@ -475,14 +475,10 @@ namespace {
 template <typename acc_t, typename Program>
 int run_rfa_chunked_grid(const rfa_blocks::RfaArgs<acc_t>& a, bool backward, int64_t grid, int threads, bool reverse,
                          Program program) {
-  std::vector<acc_t> smem(rfa_chunked::shared_bytes(a.d, sizeof(acc_t), backward) / sizeof(acc_t));
-  const int n = threads > 0 ? threads : static_cast<int>(rfa_chunked::chunked_threads(a.d));
-  for (int64_t block = 0; block < grid; ++block) {
-    smem.assign(smem.size(), std::numeric_limits<acc_t>::quiet_NaN());
-    FiberBlock fibers(n, reverse);
-    if (!fibers.run([&](FiberBlock::Thread& t) { program(t, a, block, grid, smem.data()); })) return 1;
-  }
-  return 0;
+  const int64_t elems = rfa_chunked::shared_bytes(a.d, sizeof(acc_t), backward) / sizeof(acc_t);
+  const int64_t n = threads > 0 ? threads : rfa_chunked::chunked_threads(a.d);
+  const auto body = [&](auto& t, int64_t block, acc_t* smem) { program(t, a, block, grid, smem); };
+  return run_blocks<acc_t>(grid, n, elems, reverse, body) ? 0 : 1;
 }
 
 }  // namespace
