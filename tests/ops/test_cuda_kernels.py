@@ -109,18 +109,10 @@ def test_rfa_causal_matches_reference(B, T, H, F, d, chunk):
     v = torch.randn(B, T, H, d, generator=g, dtype=torch.float64)
     decay = gate(B, T, H, g)
     initial = 0.1 * torch.randn(B, H, F, d + 1, generator=g, dtype=torch.float64)
-
-    def run(fn, *inputs):
-        inputs = [t.detach().clone().requires_grad_() for t in inputs]
-        out, state = fn(*inputs)
-        w = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64).to(out.device)
-        ((out * w).sum() + state.sum()).backward()
-        return [out.detach().cpu(), state.detach().cpu()] + [t.grad.cpu() for t in inputs]
-
-    expected = run(ops.rfa_causal_ref, q, k, v, decay, initial)
-    got = run(lambda *a: ops.rfa_causal_compiled(*a, chunk_size=chunk), *on(CUDA, q, k, v, decay, initial))
-    for name, a, b in zip(["out", "state", "q", "k", "v", "decay", "initial"], got, expected):
-        assert_close(a, b, name=name)
+    expected = rfa_grads(ops.rfa_causal_ref, q, k, v, decay, initial, torch.float64)
+    got = rfa_grads(lambda *a: ops.rfa_causal_compiled(*a, chunk_size=chunk), *on(CUDA, q, k, v, decay, initial),
+                    torch.float64)
+    assert_rfa_close(got, expected, REL_TOL[torch.float64])
     chunked = rfa_causal_chunked(*on(CUDA, q, k, v, decay, initial), chunk_size=chunk)[0]
     assert_close(chunked.cpu(), expected[0], name="chunked form on CUDA")
 
@@ -188,6 +180,14 @@ def rfa_grads(fn, q, k, v, decay, initial, dtype):
                                                                 for t in inputs]
 
 
+def assert_rfa_close(got, expected, tol):
+    """rfa_grads results (None where an input is absent) within relative error `tol` of the expected ones."""
+    for name, a, b in zip(["out", "state", "q", "k", "v", "decay", "initial"], got, expected):
+        assert (a is None) == (b is None), name
+        if a is not None:
+            assert a.shape == b.shape and rel_err(a, b) <= tol, name
+
+
 def rfa_inputs(B, T, H, F, d, decay, seed):
     g = torch.Generator().manual_seed(seed)
     q, k = (features(B, T, H, F + 1, g)[..., :F].contiguous() for _ in range(2))  # any F, odd ones too
@@ -200,13 +200,13 @@ def rfa_inputs(B, T, H, F, d, decay, seed):
 
 
 def launched_rfa_kernels(fn):
-    """Names (RFA_KERNELS) of the RFA kernels that fn() launches."""
+    """(names (RFA_KERNELS) of the RFA kernels that fn() launches, fn()'s result)."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
+        result = fn()
         torch.cuda.synchronize()
-    return {name for e in prof.events() for name in RFA_KERNELS if name in e.name}
+    return {name for e in prof.events() for name in RFA_KERNELS if name in e.name}, result
 
 
 RFA_CHUNKED_CASES = [  # B, T, H, F, d, chunk; "small" ones also run under compute-sanitizer
@@ -230,10 +230,7 @@ def test_rfa_causal_kernels_train_against_reference(B, T, H, F, d, chunk, dtype,
     got = rfa_grads(lambda *a: ops.rfa_causal(*a, chunk_size=chunk), *on(CUDA, q, k, v, dec, initial), dtype)
     # fp32 with exact zero decays: exponents near log(FLT_MIN) lose ~1e-5 (tests/ops/test_rfa_chunked_programs.py)
     scale = 3 if dtype == torch.float32 and decay == "zeros-ones" else 1
-    for name, a, b in zip(["out", "state", "q", "k", "v", "decay", "initial"], got, expected):
-        assert (a is None) == (b is None), name
-        if a is not None:
-            assert rel_err(a, b) <= scale * REL_TOL[dtype], name
+    assert_rfa_close(got, expected, scale * REL_TOL[dtype])
 
 
 def h100_class():
@@ -255,13 +252,10 @@ def test_rfa_kernel_choice_and_fallback(T, F, d, expected):
         expected = {"rfa_chunked_fwd_kernel", "rfa_chunked_bwd_kernel" if h100_class() else "rfa_bwd_kernel"}
     q, k, v, dec, initial = rfa_inputs(1, T, 2, F, d, "gate", seed=F)
     call = lambda *a: ops.rfa_causal(*a, chunk_size=64)  # noqa: E731
-    cuda_inputs = on(CUDA, q, k, v, dec, initial)
-    assert launched_rfa_kernels(lambda: rfa_grads(call, *cuda_inputs, torch.float32)) == expected
-    expected_grads = rfa_grads(ops.rfa_causal_ref, *[t.float().double() for t in (q, k, v, dec, initial)],
-                               torch.float64)
-    for name, a, b in zip(["out", "state", "q", "k", "v", "decay", "initial"],
-                          rfa_grads(call, *cuda_inputs, torch.float32), expected_grads):
-        assert rel_err(a, b) <= REL_TOL[torch.float32], name
+    launched, got = launched_rfa_kernels(lambda: rfa_grads(call, *on(CUDA, q, k, v, dec, initial), torch.float32))
+    assert launched == expected
+    want = rfa_grads(ops.rfa_causal_ref, *[t.float().double() for t in (q, k, v, dec, initial)], torch.float64)
+    assert_rfa_close(got, want, REL_TOL[torch.float32])
 
 
 def test_rfa_inference_runs_the_chunked_kernel_without_checkpoints():
@@ -269,8 +263,8 @@ def test_rfa_inference_runs_the_chunked_kernel_without_checkpoints():
     q, k, v, dec, initial = rfa_inputs(2, 150, 2, 16, 8, "gate", seed=3)
     q, k, v, dec, initial = on(CUDA, q, k, v, dec, initial)
     fwd = torch.ops.talk_hf.rfa_causal_fwd
-    assert launched_rfa_kernels(lambda: fwd(q, k, v, dec, initial, 0.1, 0)) == {"rfa_chunked_fwd_kernel"}
-    out, state, saved = fwd(q, k, v, dec, initial, 0.1, 0)
+    launched, (out, state, saved) = launched_rfa_kernels(lambda: fwd(q, k, v, dec, initial, 0.1, 0))
+    assert launched == {"rfa_chunked_fwd_kernel"}
     out64, state64, checkpoints = fwd(q, k, v, dec, initial, 0.1, 64)
     assert saved.shape == (2, 2, 0, 16, 9) and checkpoints.shape == (2, 2, 3, 16, 9)
     torch.testing.assert_close(out, out64, rtol=0, atol=0)
@@ -285,8 +279,7 @@ def test_rfa_long_fp32_sequence():
     q, k, v, dec, initial = rfa_inputs(1, 10_000, 1, 64, 64, "gate", seed=10)
     expected = rfa_grads(ops.rfa_causal_ref, *[t.float().double() for t in (q, k, v, dec, initial)], torch.float64)
     got = rfa_grads(lambda *a: ops.rfa_causal(*a, chunk_size=64), *on(CUDA, q, k, v, dec, initial), torch.float32)
-    for name, a, b in zip(["out", "state", "q", "k", "v", "decay", "initial"], got, expected):
-        assert rel_err(a, b) <= REL_TOL[torch.float32] * 10, name  # 10,000 sequential fp32 steps
+    assert_rfa_close(got, expected, 10 * REL_TOL[torch.float32])  # 10,000 sequential fp32 steps
 
 
 def test_rfa_opcheck_chunked_backward_on_cuda():

@@ -7,38 +7,16 @@ references in fp64 and fp32, and in bf16 through a host bf16 type that converts 
 needed; on a GPU, tests/ops/test_cuda_kernels.py runs the kernels themselves."""
 
 import ctypes
-import shutil
-import subprocess
-from pathlib import Path
 
 import pytest
 import torch
 
 from talk_hf import ops
+from tests.ops.emulator import CXX, SUFFIX, ptr
 from tests.ops.test_dynamic_conv import CASES as DYNAMIC_CONV_CASES
 from tests.utils import assert_close, grads, offsets
 
-ROOT = Path(__file__).resolve().parents[2]
-CXX = shutil.which("c++") or shutil.which("g++")
 pytestmark = pytest.mark.skipif(CXX is None, reason="no C++ compiler")
-
-SUFFIX = {torch.float32: "f32", torch.float64: "f64", torch.bfloat16: "bf16"}
-CTYPE = {torch.float32: ctypes.c_float, torch.float64: ctypes.c_double, torch.bfloat16: ctypes.c_uint16}
-
-
-@pytest.fixture(scope="module")
-def emulator(tmp_path_factory):
-    lib = tmp_path_factory.mktemp("emulator") / "cuda_tile_emulator.so"
-    source = ROOT / "tests" / "ops" / "cuda_tile_emulator.cpp"
-    cmd = [CXX, "-std=c++20", "-O1", "-Wall", "-Werror", "-shared", "-fPIC", f"-I{ROOT / 'csrc'}", str(source),
-           "-o", str(lib)]
-    result = subprocess.run(cmd, capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
-    return ctypes.CDLL(str(lib))
-
-
-def ptr(t):
-    return None if t is None else ctypes.cast(t.data_ptr(), ctypes.POINTER(CTYPE[t.dtype]))
 
 
 def emulate_fwd(lib, x, ol, orr, max_left, max_right, tile=0, rows=0, warps=8, reverse=False):
