@@ -69,6 +69,34 @@ def test_many_tiles_channel_blocks_and_offsets_beyond_one(causal):
         assert_close(a, b, name=f"grad {name}")
 
 
+LAYOUTS = [  # B, T, C, H: how the CPU forward splits rows into tasks (talk_conv_cpu.cpp, head_groups)
+    pytest.param(4, 300, 600, 3, id="2+1-heads-per-task"),  # 512 // 200 = 2 heads per task: a group and a remainder
+    pytest.param(4, 260, 512, 8, id="whole-rows"),  # 8 heads of 64 in one task, two time tiles
+    pytest.param(1, 40, 1100, 1, id="head-split-512-512-76"),  # a head wider than a task: three channel blocks
+    pytest.param(1, 9, 256, 8, id="few-tasks"),  # one tile: groups halved until every thread has tasks
+]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("B,T,C,H", LAYOUTS)
+def test_every_task_layout_matches_reference(B, T, C, H, threads):
+    """Outputs and gradients for each way the forward groups heads or splits a head, with offsets beyond one (windows
+    larger than the halo), under 1 and 2 threads (the grouping depends on the thread count)."""
+    g = torch.Generator().manual_seed(B * T + C)
+    x = torch.randn(B, T, C, dtype=torch.float64, generator=g)
+    ol, orr = (torch.rand(B, T, H, dtype=torch.float64, generator=g) * 2.5 - 0.25 for _ in range(2))
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        out, got = grads(lambda *a: ops.talk_conv(*a, 11, 5), x, ol, orr)
+    finally:
+        torch.set_num_threads(previous)
+    expected, want = grads(lambda *a: ops.talk_conv_ref(*a, 11, 5), x, ol, orr)
+    assert_close(out, expected)
+    for name, a, b in zip(["x", "offset_left", "offset_right"], got, want):
+        assert_close(a, b, name=f"grad {name}")
+
+
 def test_full_and_empty_windows():
     """Offsets 1: a box filter of width max_left + max_right + 1 truncated at the ends; offsets 0: x / norm."""
     x = torch.randn(2, 20, 6, dtype=torch.float64)
