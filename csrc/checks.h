@@ -133,4 +133,23 @@ inline void check_rfa_backward_inputs(const at::Tensor& grad_out, const c10::opt
               checkpoints.sizes());
 }
 
+// x: (B, T, H, d); projection: (H, D, d); tau: (H,); one dtype, fp32 or fp64 (the accumulation dtype).
+inline void check_rfa_feature_map_inputs(const at::Tensor& x, const at::Tensor& projection,
+                                         const c10::optional<at::Tensor>& tau) {
+  TORCH_CHECK(x.dim() == 4, "rfa_feature_map: x must be (B, T, H, d), got ", x.sizes());
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble,
+              "rfa_feature_map: the kernel takes fp32 or fp64 inputs (the accumulation dtype), got ", x.scalar_type());
+  TORCH_CHECK(projection.dim() == 3 && projection.size(0) == x.size(2) && projection.size(2) == x.size(3),
+              "rfa_feature_map: projection must be (H, D, d) = (", x.size(2), ", D, ", x.size(3), "), got ",
+              projection.sizes());
+  TORCH_CHECK(projection.scalar_type() == x.scalar_type(), "rfa_feature_map: projection dtype must match x");
+  TORCH_CHECK(projection.device() == x.device(), "rfa_feature_map: projection must be on x's device");
+  if (tau.has_value()) {
+    TORCH_CHECK(tau->dim() == 1 && tau->size(0) == x.size(2), "rfa_feature_map: tau must be (H,) = (", x.size(2),
+                ",), got ", tau->sizes());
+    TORCH_CHECK(tau->scalar_type() == x.scalar_type(), "rfa_feature_map: tau dtype must match x");
+    TORCH_CHECK(tau->device() == x.device(), "rfa_feature_map: tau must be on x's device");
+  }
+}
+
 }  // namespace talk_hf

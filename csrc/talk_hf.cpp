@@ -33,4 +33,7 @@ TORCH_LIBRARY(talk_hf, m) {
       "-> (Tensor, Tensor)");
   // Causal decoding step(s) from the last K - 1 inputs -> (out, new state); no autograd (inference).
   m.def("dynamic_conv_step(Tensor x, Tensor weight, Tensor state, bool softmax=False) -> (Tensor, Tensor)");
+  // Random features (B, T, H, 2D) of x (B, T, H, d) with projections (H, D, d) and temperatures (H,); no autograd
+  // (decoding and inference: the models' training path is the PyTorch form).
+  m.def("rfa_feature_map(Tensor x, Tensor projection, Tensor? tau) -> Tensor");
 }

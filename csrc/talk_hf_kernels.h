@@ -90,6 +90,15 @@ struct RfaParams {
   void* grad_initial_state;        // (B, H, F, E) or nullptr
 };
 
+struct RfaFeatureParams {
+  int64_t rows, heads, frequencies, head_dim;  // B * T * H rows of x, H, D (2D features), d
+  DType dtype;                                 // kFloat32 or kFloat64 for every tensor
+  const void* x;                               // (B, T, H, d): row r belongs to head r % H
+  const void* projection;                      // (H, D, d)
+  const void* tau;                             // (H,) or nullptr (1)
+  void* out;                                   // (B, T, H, 2D)
+};
+
 // CUDA entry points (csrc/cuda/*.cu). Each takes a device workspace of at least *_workspace_bytes(p)
 // bytes (may be nullptr when that size is 0), enqueues on `stream` without host syncs, and returns
 // cudaGetLastError().
@@ -109,5 +118,6 @@ cudaError_t dynamic_conv_step_cuda(const ConvStepParams& p, cudaStream_t stream)
 size_t rfa_causal_bwd_workspace_bytes(const RfaParams& p);
 cudaError_t rfa_causal_fwd_cuda(const RfaParams& p, cudaStream_t stream);
 cudaError_t rfa_causal_bwd_cuda(const RfaParams& p, void* workspace, cudaStream_t stream);
+cudaError_t rfa_feature_map_cuda(const RfaFeatureParams& p, cudaStream_t stream);
 
 }  // namespace talk_hf

@@ -70,6 +70,10 @@ def _register():
         num_chunks = -(-T // chunk) if chunk > 0 else 0  # chunk 0: no states saved (no backward)
         return v.new_empty(v.shape), state, v.new_empty(B, H, num_chunks, F, v.shape[-1] + 1)
 
+    @torch.library.register_fake("talk_hf::rfa_feature_map")
+    def _(x, projection, tau):
+        return x.new_empty(*x.shape[:3], 2 * projection.shape[1])
+
     @torch.library.register_fake("talk_hf::rfa_causal_bwd")
     def _(grad_out, grad_state, q, k, v, decay, initial_state, checkpoints, eps, chunk):
         grad_decay = torch.empty_like(decay) if decay is not None else q.new_empty(0)
@@ -132,6 +136,12 @@ def rfa_causal(q, k, v, decay, initial_state, eps, chunk):
     saved for the backward, 0 when no gradient will be asked for. -> (out, final state)."""
     out, state, _ = torch.ops.talk_hf.rfa_causal_fwd(q, k, v, decay, initial_state, float(eps), chunk)
     return out, state
+
+
+def rfa_feature_map(x, projection, tau):
+    """Compiled random feature map (no autograd); x, projection and tau (or None) already in the accumulation dtype
+    (fp32 or fp64). -> (B, T, H, 2D) features."""
+    return torch.ops.talk_hf.rfa_feature_map(x, projection, tau)
 
 
 def dynamic_conv_step(x, weight, state, softmax):

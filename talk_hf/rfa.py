@@ -39,22 +39,44 @@ def rfa_random_projection(heads, num_frequencies, head_dim, generator=None, devi
     return torch.randn(heads, num_frequencies, head_dim, generator=generator, device=device, dtype=dtype)
 
 
-def rfa_feature_map(x, projection, tau=None):
-    """Random features of queries or keys.
-
-    x: (B, T, H, d); projection: (H, D, d); tau: (H,) temperatures or None (= 1)
-    -> (B, T, H, 2D) in fp32 (fp64 for fp64 x), sin/cos pairs interleaved.
-    """
+def _check_feature_args(x, projection, tau):
     check_float_tensor("x", x, 4)
     check_float_tensor("projection", projection, 3)
     if projection.shape[0] != x.shape[2] or projection.shape[2] != x.shape[3]:
         raise ValueError(f"projection must be (H, D, d) = ({x.shape[2]}, D, {x.shape[3]}), got {tuple(projection.shape)}")
+    if tau is not None and tau.shape != (x.shape[2],):
+        raise ValueError(f"tau must have shape ({x.shape[2]},), got {tuple(tau.shape)}")
+    for name, t in (("projection", projection), ("tau", tau)):
+        if t is not None and t.device != x.device:
+            raise ValueError(f"{name} is on {t.device} but x is on {x.device}")
+
+
+def rfa_feature_map(x, projection, tau=None):
+    """Random features of queries or keys; the compiled kernel when built for x's device and no gradient is needed
+    (decoding, inference), else `rfa_feature_map_ref` (same function).
+
+    x: (B, T, H, d); projection: (H, D, d); tau: (H,) temperatures or None (= 1)
+    -> (B, T, H, 2D) in fp32 (fp64 for fp64 x), sin/cos pairs interleaved.
+    """
+    _check_feature_args(x, projection, tau)
+    if not needs_grad(x, projection, tau) and use_kernels(x):
+        acc = _acc_dtype(x)
+        return _kernels.rfa_feature_map(x.to(acc), projection.to(acc), None if tau is None else tau.to(acc))
+    return _rfa_feature_map_ref(x, projection, tau)
+
+
+def rfa_feature_map_ref(x, projection, tau=None):
+    """The feature map in PyTorch (the specification; differentiable w.r.t. x, projection and tau); arguments and
+    result as `rfa_feature_map`."""
+    _check_feature_args(x, projection, tau)
+    return _rfa_feature_map_ref(x, projection, tau)
+
+
+def _rfa_feature_map_ref(x, projection, tau):
     acc = _acc_dtype(x)
     x = x.to(acc)
     w = projection.to(acc)
     if tau is not None:
-        if tau.shape != (x.shape[2],):
-            raise ValueError(f"tau must have shape ({x.shape[2]},), got {tuple(tau.shape)}")
         w = w / tau.to(acc).view(-1, 1, 1)
     x_hat = x / (x.norm(dim=-1, keepdim=True) + NORM_EPS)
     u = torch.einsum("bthd,hfd->bthf", x_hat, w)

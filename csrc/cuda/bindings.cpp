@@ -266,7 +266,30 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rfa_causa
   return {gq, gk, gv, gdecay, ginit};
 }
 
+at::Tensor rfa_feature_map_cuda_op(const at::Tensor& x_, const at::Tensor& projection_,
+                                   const c10::optional<at::Tensor>& tau_) {
+  check_rfa_feature_map_inputs(x_, projection_, tau_);
+  const c10::cuda::CUDAGuard guard(x_.device());
+  const at::Tensor x = x_.contiguous(), projection = projection_.contiguous();
+  const at::Tensor tau = contiguous_or_undefined(tau_);
+  at::Tensor out = at::empty({x.size(0), x.size(1), x.size(2), 2 * projection.size(1)}, x.options());
+  if (out.numel() == 0) return out;
+  RfaFeatureParams p{};
+  p.rows = x.size(0) * x.size(1) * x.size(2);
+  p.heads = x.size(2);
+  p.frequencies = projection.size(1);
+  p.head_dim = x.size(3);
+  p.dtype = to_dtype(x.scalar_type());
+  p.x = x.data_ptr();
+  p.projection = projection.data_ptr();
+  p.tau = tau.defined() ? tau.data_ptr() : nullptr;
+  p.out = out.data_ptr();
+  check_launch(rfa_feature_map_cuda(p, c10::cuda::getCurrentCUDAStream()), "rfa_feature_map");
+  return out;
+}
+
 }  // namespace
+
 
 TORCH_LIBRARY_IMPL(talk_hf, CUDA, m) {
   m.impl("rfa_causal_fwd", &rfa_causal_fwd_cuda_op);
@@ -277,6 +300,7 @@ TORCH_LIBRARY_IMPL(talk_hf, CUDA, m) {
   m.impl("dynamic_conv_fwd", &dynamic_conv_fwd_cuda_op);
   m.impl("dynamic_conv_bwd", &dynamic_conv_bwd_cuda_op);
   m.impl("dynamic_conv_step", &dynamic_conv_step_cuda_op);
+  m.impl("rfa_feature_map", &rfa_feature_map_cuda_op);
 }
 
 }  // namespace talk_hf

@@ -291,3 +291,21 @@ def test_rfa_opcheck_chunked_backward_on_cuda():
     torch.library.opcheck(torch.ops.talk_hf.rfa_causal_bwd.default,
                           (*grads, q, q, v, decay, initial, checkpoints, 0.1, 8))
     torch.library.opcheck(torch.ops.talk_hf.rfa_causal_fwd.default, (q.requires_grad_(), q, v, decay, initial, 0.1, 8))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("B,T,H,d,D", [pytest.param(8, 1, 4, 64, 256, id="small-decoding-step"),
+                                       pytest.param(2, 37, 3, 7, 300, id="small-odd-d-D300"),
+                                       pytest.param(4, 2000, 4, 64, 256, id="prefill")])
+def test_rfa_feature_map_kernel_matches_reference(B, T, H, d, D, dtype):
+    """The CUDA feature map (decoding and inference: no gradient) against the PyTorch form on the CPU; blocks of 128
+    frequencies, so D = 300 covers a partial block."""
+    g = torch.Generator().manual_seed(T + D)
+    x = torch.randn(B, T, H, d, generator=g, dtype=torch.float64).to(dtype)
+    proj = ops.rfa_random_projection(H, D, d, generator=g, dtype=torch.float64 if dtype == torch.float64 else torch.float32)
+    tau = torch.rand(H, generator=g, dtype=proj.dtype) + 0.3
+    expected = ops.rfa_feature_map_ref(x, proj, tau)
+    with torch.no_grad():
+        got = ops.rfa_feature_map(*on(CUDA, x, proj, tau))
+    assert got.is_cuda and got.dtype == expected.dtype
+    assert rel_err(got.cpu(), expected) <= REL_TOL[expected.dtype]

@@ -53,6 +53,83 @@ def test_feature_map_shape_interleaving_and_norm():
     torch.testing.assert_close((phi * phi).sum(-1), torch.full((2, 5, 3), 0.01 * 16))
 
 
+FEATURE_CASES = [  # B, T, H, d, D
+    pytest.param(8, 1, 4, 64, 256, id="decoding-step"),
+    pytest.param(2, 37, 3, 7, 5, id="T37-odd-d"),
+    pytest.param(1, 1, 1, 1, 1, id="all-one"),
+    pytest.param(3, 4, 2, 16, 300, id="D300"),
+]
+
+
+@pytest.mark.parametrize("with_tau", [True, False], ids=["tau", "no-tau"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("B,T,H,d,D", FEATURE_CASES)
+def test_feature_map_kernel_matches_reference(B, T, H, d, D, dtype, with_tau):
+    """The compiled feature map (what decoding runs: no gradient) against the PyTorch form, in the accumulation dtype
+    (fp32 features for fp32/bf16/fp16 x); batch rows computed alone give the same features."""
+    g = torch.Generator().manual_seed(B * T + d + D)
+    x = torch.randn(B, T, H, d, generator=g, dtype=torch.float64).to(dtype)
+    proj = ops.rfa_random_projection(H, D, d, generator=g, dtype=torch.float64 if dtype == torch.float64 else torch.float32)
+    tau = torch.rand(H, generator=g, dtype=proj.dtype) + 0.3 if with_tau else None
+    with torch.no_grad():
+        got = ops.rfa_feature_map(x, proj, tau)
+    expected = ops.rfa_feature_map_ref(x, proj, tau)
+    assert got.shape == (B, T, H, 2 * D) and got.dtype == expected.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
+    assert rel_err(got, expected) <= REL_TOL[got.dtype], rel_err(got, expected)
+    with torch.no_grad():
+        rows = torch.cat([ops.rfa_feature_map(x[b : b + 1], proj, tau) for b in range(B)])
+    torch.testing.assert_close(rows, got, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype,reach", [(torch.float32, 8000.0), (torch.float64, 1e8)], ids=["fp32", "fp64"])
+def test_feature_map_kernel_sine_and_cosine_over_a_wide_range(dtype, reach):
+    """The kernel's sine and cosine (polynomials after a reduction by pi/2, csrc/rfa_features.h) against float64
+    truth for |u| up to 8,000 (fp32) or 1e8 (fp64). With d = 1 and x = 1 the projection is u = w * (1 / 1.001) in
+    the input dtype, one rounding, so the truth is known exactly."""
+    w = torch.linspace(-reach, reach, 200_003, dtype=torch.float64).to(dtype).view(1, -1, 1)
+    x = torch.ones(1, 1, 1, 1, dtype=dtype)
+    with torch.no_grad():
+        phi = ops.rfa_feature_map(x, w).double().view(-1, 2)
+    u = (w.view(-1) * (1 / torch.tensor(1.001, dtype=dtype))).double()
+    ulp = torch.finfo(dtype).eps
+    assert (phi[:, 0] - 0.1 * torch.sin(u)).abs().max() <= 0.1 * 2 * ulp
+    assert (phi[:, 1] - 0.1 * torch.cos(u)).abs().max() <= 0.1 * 2 * ulp
+
+
+def test_feature_map_uses_the_kernel_without_gradients_and_pytorch_ops_with_them():
+    from torch.profiler import profile
+
+    g = torch.Generator().manual_seed(5)
+    x, proj = torch.randn(2, 3, 2, 8, generator=g), ops.rfa_random_projection(2, 4, 8, generator=g)
+    tau = torch.ones(2, requires_grad=True)
+
+    def kernel_calls(*args):
+        with profile() as prof:
+            out = ops.rfa_feature_map(*args)
+        return sum(e.name == "talk_hf::rfa_feature_map" for e in prof.events()), out
+
+    assert kernel_calls(x, proj)[0] == 1
+    with torch.no_grad():
+        assert kernel_calls(x, proj, tau)[0] == 1
+    calls, out = kernel_calls(x, proj, tau)  # tau requires grad: the differentiable PyTorch form
+    assert calls == 0 and out.requires_grad
+    out.sum().backward()
+    assert tau.grad is not None and tau.grad.abs().sum() > 0
+
+
+def test_feature_map_opcheck_and_kernel_checks():
+    g = torch.Generator().manual_seed(6)
+    x, proj, tau = torch.randn(2, 3, 2, 8, generator=g), torch.randn(2, 4, 8, generator=g), torch.rand(2, generator=g)
+    torch.library.opcheck(torch.ops.talk_hf.rfa_feature_map.default, (x, proj, tau))
+    torch.library.opcheck(torch.ops.talk_hf.rfa_feature_map.default, (x, proj, None))
+    with pytest.raises(RuntimeError, match="fp32 or fp64"):
+        torch.ops.talk_hf.rfa_feature_map(x.bfloat16(), proj.bfloat16(), None)
+    with pytest.raises(RuntimeError, match="projection dtype must match x"):
+        torch.ops.talk_hf.rfa_feature_map(x, proj.double(), None)
+    with pytest.raises(RuntimeError, match=r"tau must be \(H,\)"):
+        torch.ops.talk_hf.rfa_feature_map(x, proj, torch.ones(3))
+
+
 def test_feature_map_approximates_a_softmax_kernel():
     """phi(q).phi(k) ~= 0.01 D exp(-|q^ - k^|^2 / (2 tau^2)) for many random frequencies."""
     g = torch.Generator().manual_seed(1)
@@ -319,6 +396,7 @@ BAD_INPUTS = [
     (lambda q, v: ops.rfa_step(q, q, v, None), ValueError, "needs a state"),
     (lambda q, v: ops.rfa_causal(q, q, v, chunk_size=0), ValueError, "chunk_size must be >= 1"),
     (lambda q, v: ops.rfa_feature_map(v, torch.randn(2, 4, 5)), ValueError, "projection must be"),
+    (lambda q, v: ops.rfa_feature_map(v, torch.randn(2, 4, 4), torch.ones(3)), ValueError, "tau must have shape"),
     (lambda q, v: ops.rfa_cross(q, torch.zeros(2, 2, 7, 5)), ValueError, "state must be"),
 ]
 
