@@ -83,6 +83,17 @@ TALK_HD int64_t chunked_threads(const RfaDims& d) {
   return min64(kMaxThreads, cdiv(tiles, 32) * 32);
 }
 
+// Consecutive buffers from `next`, a pointer or an offset: take(n) hands out the next n accumulators.
+template <typename P>
+struct Carve {
+  P next;
+  TALK_HD P take(int64_t n) {
+    const P at = next;
+    next = next + n;
+    return at;
+  }
+};
+
 // Shared buffers of the forward. P = acc_t* gives the buffers from the base of shared memory; P = int64_t gives
 // their offsets from 0, and `end` the number of accumulators to allocate (one layout for both).
 template <typename P>
@@ -98,16 +109,17 @@ struct FwdBuffers {
 template <typename P>
 TALK_HD FwdBuffers<P> fwd_buffers(P base, const RfaDims& d) {
   const Sizes z = sizes(d);
+  Carve<P> c{base};
   FwdBuffers<P> s;
-  s.q = base;
-  s.k = s.q + z.L * z.ldF;
-  s.w = s.k + z.L * z.ldF;
-  s.num = s.w + z.L * z.ldE;
-  s.state = s.num + z.L * z.ldE;
-  s.scores = s.state + d.F * z.ldE;
-  s.logs = s.scores + z.L * z.ldL;
-  s.prefix = s.logs + z.L + 1;
-  s.end = s.prefix + z.L + 1;
+  s.q = c.take(z.L * z.ldF);
+  s.k = c.take(z.L * z.ldF);
+  s.w = c.take(z.L * z.ldE);
+  s.num = c.take(z.L * z.ldE);
+  s.state = c.take(d.F * z.ldE);
+  s.scores = c.take(z.L * z.ldL);
+  s.logs = c.take(z.L + 1);
+  s.prefix = c.take(z.L + 1);
+  s.end = c.next;
   return s;
 }
 
@@ -128,26 +140,26 @@ struct BwdBuffers {
 template <typename P>
 TALK_HD BwdBuffers<P> bwd_buffers(P base, const RfaDims& d) {
   const Sizes z = sizes(d);
+  Carve<P> c{base};
   BwdBuffers<P> s;
-  s.q = base;
-  s.k = s.q + z.L * z.ldF;
-  s.w = s.k + z.L * z.ldF;
-  s.qu = s.w + z.L * z.ldE;
-  s.num = s.qu + z.L * z.ldE;
-  s.g = s.num + z.L * z.ldE;
-  s.state = s.g + z.L * z.ldE;
-  s.dstate = s.state + d.F * z.ldE;
-  s.pairs = s.dstate + d.F * z.ldE;
-  s.mask = s.pairs + z.L * z.ldL;
-  s.scores = s.mask + z.L * z.ldL;
-  s.grad_out = s.scores + z.L * z.ldL;
-  s.gscores = s.grad_out;
-  s.logs = s.gscores + z.L * max64(z.ldL, d.D);
-  s.prefix = s.logs + z.L + 1;
-  s.x = s.prefix + z.L + 1;
-  s.y = s.x + z.L;
-  s.c = s.y + z.L;
-  s.end = s.c + z.L;
+  s.q = c.take(z.L * z.ldF);
+  s.k = c.take(z.L * z.ldF);
+  s.w = c.take(z.L * z.ldE);
+  s.qu = c.take(z.L * z.ldE);
+  s.num = c.take(z.L * z.ldE);
+  s.g = c.take(z.L * z.ldE);
+  s.state = c.take(d.F * z.ldE);
+  s.dstate = c.take(d.F * z.ldE);
+  s.pairs = c.take(z.L * z.ldL);
+  s.mask = c.take(z.L * z.ldL);
+  s.scores = c.take(z.L * z.ldL);
+  s.grad_out = s.gscores = c.take(z.L * max64(z.ldL, d.D));
+  s.logs = c.take(z.L + 1);
+  s.prefix = c.take(z.L + 1);
+  s.x = c.take(z.L);
+  s.y = c.take(z.L);
+  s.c = c.take(z.L);
+  s.end = c.next;
   return s;
 }
 
