@@ -29,7 +29,7 @@ namespace talk_hf {
 
 TALK_HD int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 TALK_HD int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
-TALK_HD constexpr int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }  // a, b > 0
+TALK_HD constexpr int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }  // a >= 0, b > 0
 
 // Lanes of a warp given to one item of n parts (a softmax row of K taps, a head of R channels): the smallest power of
 // two that leaves at most `per_lane` parts to a lane, at most 32; a warp then works on 32 / lanes items at once.

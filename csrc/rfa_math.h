@@ -8,7 +8,7 @@
 namespace talk_hf {
 
 // Number of states the forward saves for the backward: one per `chunk` steps; chunk 0 saves none (inference).
-TALK_HD int64_t rfa_num_chunks(int64_t seqlen, int64_t chunk) { return chunk > 0 ? (seqlen + chunk - 1) / chunk : 0; }
+TALK_HD int64_t rfa_num_chunks(int64_t seqlen, int64_t chunk) { return chunk > 0 ? cdiv(seqlen, chunk) : 0; }
 
 // Gradient g (D + 1 entries) of out = num[:D] / max(num[D], eps) w.r.t. num, given d out = go (D entries).
 // clamp_min passes the gradient where num[D] >= eps, as torch does; below eps the normaliser gets none.

@@ -146,9 +146,9 @@ struct Groups {
 Groups head_groups(const Dims& d, int64_t tiles) {
   int64_t heads = std::clamp<int64_t>(kRowSpan / std::max<int64_t>(d.R, 1), 1, d.H);
   const int64_t wanted = kTasksPerThread * at::get_num_threads();
-  while (heads > 1 && d.B * tiles * ((d.H + heads - 1) / heads) < wanted) heads = (heads + 1) / 2;
+  while (heads > 1 && d.B * tiles * cdiv(d.H, heads) < wanted) heads = cdiv(heads, 2);
   const int64_t block = std::min(kRowSpan, d.R);
-  return {heads, (d.H + heads - 1) / heads, block, (d.R + block - 1) / block};
+  return {heads, cdiv(d.H, heads), block, cdiv(d.R, block)};
 }
 
 template <typename scalar_t>
@@ -159,7 +159,7 @@ void forward_kernel(const at::Tensor& x, const at::Tensor& ol, const at::Tensor&
   const scalar_t* olp = ol.data_ptr<scalar_t>();
   const scalar_t* orp = d.has_right ? orr.data_ptr<scalar_t>() : nullptr;
   scalar_t* outp = out.data_ptr<scalar_t>();
-  const int64_t tiles = (d.T + kTile - 1) / kTile;
+  const int64_t tiles = cdiv(d.T, kTile);
   const Groups groups = head_groups(d, tiles);
   at::parallel_for(0, d.B * tiles * groups.count * groups.blocks, 1, [&](int64_t begin, int64_t end) {
     std::vector<WindowEnd<acc_t>> ends(2 * kTile * groups.heads);
@@ -270,7 +270,7 @@ void backward_kernel(const at::Tensor& g, const at::Tensor& x, const at::Tensor&
       }
     }
   });
-  const int64_t tiles = (d.T + kBackwardTile - 1) / kBackwardTile;
+  const int64_t tiles = cdiv(d.T, kBackwardTile);
   const scalar_t *gp = g.data_ptr<scalar_t>(), *xp = x.data_ptr<scalar_t>();
   scalar_t *gxp = gx.data_ptr<scalar_t>(), *golp = gol.data_ptr<scalar_t>();
   scalar_t* gorp = d.has_right ? gor.data_ptr<scalar_t>() : nullptr;
