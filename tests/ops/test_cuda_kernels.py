@@ -301,11 +301,12 @@ def test_rfa_feature_map_kernel_matches_reference(B, T, H, d, D, dtype):
     """The CUDA feature map (decoding and inference: no gradient) against the PyTorch form on the CPU; blocks of 128
     frequencies, so D = 300 covers a partial block."""
     g = torch.Generator().manual_seed(T + D)
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
     x = torch.randn(B, T, H, d, generator=g, dtype=torch.float64).to(dtype)
-    proj = ops.rfa_random_projection(H, D, d, generator=g, dtype=torch.float64 if dtype == torch.float64 else torch.float32)
-    tau = torch.rand(H, generator=g, dtype=proj.dtype) + 0.3
+    proj = ops.rfa_random_projection(H, D, d, generator=g, dtype=acc)
+    tau = torch.rand(H, generator=g, dtype=acc) + 0.3
     expected = ops.rfa_feature_map_ref(x, proj, tau)
     with torch.no_grad():
         got = ops.rfa_feature_map(*on(CUDA, x, proj, tau))
-    assert got.is_cuda and got.dtype == expected.dtype
-    assert rel_err(got.cpu(), expected) <= REL_TOL[expected.dtype]
+    assert got.is_cuda and got.dtype == expected.dtype == acc
+    assert rel_err(got.cpu(), expected) <= REL_TOL[acc]

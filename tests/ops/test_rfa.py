@@ -68,14 +68,15 @@ def test_feature_map_kernel_matches_reference(B, T, H, d, D, dtype, with_tau):
     """The compiled feature map (what decoding runs: no gradient) against the PyTorch form, in the accumulation dtype
     (fp32 features for fp32/bf16/fp16 x); batch rows computed alone give the same features."""
     g = torch.Generator().manual_seed(B * T + d + D)
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
     x = torch.randn(B, T, H, d, generator=g, dtype=torch.float64).to(dtype)
-    proj = ops.rfa_random_projection(H, D, d, generator=g, dtype=torch.float64 if dtype == torch.float64 else torch.float32)
-    tau = torch.rand(H, generator=g, dtype=proj.dtype) + 0.3 if with_tau else None
+    proj = ops.rfa_random_projection(H, D, d, generator=g, dtype=acc)
+    tau = torch.rand(H, generator=g, dtype=acc) + 0.3 if with_tau else None
     with torch.no_grad():
         got = ops.rfa_feature_map(x, proj, tau)
     expected = ops.rfa_feature_map_ref(x, proj, tau)
-    assert got.shape == (B, T, H, 2 * D) and got.dtype == expected.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
-    assert rel_err(got, expected) <= REL_TOL[got.dtype], rel_err(got, expected)
+    assert got.shape == (B, T, H, 2 * D) and got.dtype == expected.dtype == acc
+    assert rel_err(got, expected) <= REL_TOL[acc], rel_err(got, expected)
     with torch.no_grad():
         rows = torch.cat([ops.rfa_feature_map(x[b : b + 1], proj, tau) for b in range(B)])
     torch.testing.assert_close(rows, got, rtol=0, atol=0)
