@@ -60,6 +60,19 @@ inline void check_dynamic_conv_inputs(const at::Tensor& x, const at::Tensor& wei
   TORCH_CHECK(weight.device() == x.device(), "dynamic_conv: weight must be on x's device");
 }
 
+// DropConnect's arguments: weight_dropout in [0, 1]; when it is > 0, seed is a one-element int64 tensor on x's
+// device (csrc/dropconnect.h draws the mask from it).
+inline void check_dropconnect_args(const at::Tensor& x, const c10::optional<at::Tensor>& seed,
+                                   double weight_dropout) {
+  TORCH_CHECK(weight_dropout >= 0.0 && weight_dropout <= 1.0, "dynamic_conv: weight_dropout must be in [0, 1], got ",
+              weight_dropout);
+  if (weight_dropout == 0.0) return;
+  TORCH_CHECK(seed.has_value() && seed->defined(), "dynamic_conv: weight_dropout > 0 needs a seed");
+  TORCH_CHECK(seed->scalar_type() == at::kLong && seed->numel() == 1,
+              "dynamic_conv: seed must be a one-element int64 tensor, got ", seed->scalar_type(), " ", seed->sizes());
+  TORCH_CHECK(seed->device() == x.device(), "dynamic_conv: seed must be on x's device");
+}
+
 // The dynamic-convolution weight as the kernels read it: `data` is the (B, T, H, K) weight made contiguous, or,
 // when `broadcast`, the one (H, K) LightConv kernel that expand() spread over (B, T) (read in place by every
 // position instead of being copied out B*T times).

@@ -1,6 +1,6 @@
 // Element programs of the CUDA dynamic-convolution kernels (csrc/cuda/dynamic_conv.cu): one output element per
-// call (the softmax of `softmax=True` is a separate pass over the rows, softmax_row.h; the weight gradient is a
-// block program, csrc/cuda/dynamic_conv_tiles.h). The kernels are grid-stride loops around them;
+// call (the softmax of `softmax=True` and DropConnect are separate passes over the rows, softmax_row.h and the lane
+// programs at the end; the weight gradient is a block program, csrc/cuda/dynamic_conv_tiles.h). The kernels are grid-stride loops around them;
 // tests/ops/cuda_tile_emulator.cpp runs the same functions on the CPU over every element, against the reference.
 // Specification: talk_hf/dynamic_conv.py.
 //
@@ -15,6 +15,8 @@
 #include <stdint.h>
 
 #include "acc_cast.h"
+#include "dropconnect.h"
+#include "softmax_row.h"
 
 namespace talk_hf {
 
@@ -67,6 +69,44 @@ TALK_HD void conv_grad_x_element(const w_t* w, const scalar_t* grad_out, scalar_
     acc += to_acc(w[bt * d.ws + h * d.K + k]) * to_acc(grad_out[bt * d.C + c]);
   }
   grad_x[n] = from_acc<scalar_t>(acc);
+}
+
+// Lane programs of the rows passes around the convolution when the kernels form the taps themselves (softmax or
+// DropConnect): a group of `group` lanes per row of K weights (row = (b*T + t)*H + h, or h for a LightConv kernel),
+// lane `lane` taking the taps k = lane, lane + group, ...; `first` = row * K, the flat index of the row's tap 0
+// (DropConnect's draw of tap k is dc.factor(first + k)).
+//
+// taps[k] = (the weight, or its softmax probability with the row's stats s) * DropConnect's factor.
+template <typename T>
+TALK_HD void taps_lane_write(const T* w_row, int64_t K, bool softmax, const SoftmaxStats<acc_type<T>>& s,
+                             const DropConnect<acc_type<T>>& dc, int64_t first, acc_type<T>* taps, int lane,
+                             int group) {
+  for (int64_t k = lane; k < K; k += group) {
+    const acc_type<T> v = to_acc(w_row[k]);
+    taps[k] = (softmax ? softmax_prob(s, v) : v) * dc.factor(first + k);
+  }
+}
+
+// The weights' gradient of a row from its taps' gradient gp with DropConnect on: dropped taps get the factor 0.
+// Without a softmax, grad[k] = gp_k f_k (no reduction); with one, whose probabilities p_k come from the logits and
+// the row's stats s: grad[k] = p_k (gp_k f_k - sum_j p_j gp_j f_j), the lane's share of the sum first.
+template <typename T>
+TALK_HD acc_type<T> dropconnect_grad_lane_dot(const T* logits, const SoftmaxStats<acc_type<T>>& s,
+                                              const acc_type<T>* gp, const DropConnect<acc_type<T>>& dc,
+                                              int64_t first, int64_t K, int lane, int group) {
+  acc_type<T> dot = 0;
+  for (int64_t k = lane; k < K; k += group) dot += softmax_prob(s, to_acc(logits[k])) * gp[k] * dc.factor(first + k);
+  return dot;
+}
+
+template <typename T>
+TALK_HD void dropconnect_grad_lane_write(const T* w_row, bool softmax, const SoftmaxStats<acc_type<T>>& s,
+                                         const acc_type<T>* gp, const DropConnect<acc_type<T>>& dc, int64_t first,
+                                         int64_t K, acc_type<T> dot, T* grad, int lane, int group) {
+  for (int64_t k = lane; k < K; k += group) {
+    const acc_type<T> g = gp[k] * dc.factor(first + k);
+    grad[k] = from_acc<T>(softmax ? softmax_prob(s, to_acc(w_row[k])) * (g - dot) : g);
+  }
 }
 
 }  // namespace talk_hf

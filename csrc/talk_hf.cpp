@@ -27,10 +27,14 @@ TORCH_LIBRARY(talk_hf, m) {
       "rfa_causal_bwd(Tensor grad_out, Tensor? grad_state, Tensor q, Tensor k, Tensor v, Tensor? decay, "
       "Tensor? initial_state, Tensor checkpoints, float eps, int chunk) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
   // softmax: weight holds logits, normalised over K inside the kernels (grad_weight is then the logits' gradient).
-  m.def("dynamic_conv_fwd(Tensor x, Tensor weight, int padding_left, bool softmax=False) -> Tensor");
+  // weight_dropout > 0: DropConnect on the normalised taps, the mask drawn from `seed` (a one-element int64 tensor
+  // on x's device; csrc/dropconnect.h), the same in the forward and the backward.
   m.def(
-      "dynamic_conv_bwd(Tensor grad_out, Tensor x, Tensor weight, int padding_left, bool softmax=False) "
-      "-> (Tensor, Tensor)");
+      "dynamic_conv_fwd(Tensor x, Tensor weight, int padding_left, bool softmax=False, Tensor? seed=None, "
+      "float weight_dropout=0.0) -> Tensor");
+  m.def(
+      "dynamic_conv_bwd(Tensor grad_out, Tensor x, Tensor weight, int padding_left, bool softmax=False, "
+      "Tensor? seed=None, float weight_dropout=0.0) -> (Tensor, Tensor)");
   // Causal decoding step(s) from the last K - 1 inputs -> (out, new state); no autograd (inference).
   m.def("dynamic_conv_step(Tensor x, Tensor weight, Tensor state, bool softmax=False) -> (Tensor, Tensor)");
   // Random features (B, T, H, 2D) of x (B, T, H, d) with projections (H, D, d) and temperatures (H,); no autograd

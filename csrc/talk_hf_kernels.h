@@ -50,6 +50,8 @@ struct DynamicConvParams {
   const void* weight;       // (B, T, H, K): normalised by the caller, or logits when softmax
   bool weight_broadcast;    // weight is one (H, K) LightConv kernel that every position reads (false: per position)
   bool softmax;             // normalise each (b, t, h) row of weight over K (softmax) inside the kernels
+  double weight_dropout;    // DropConnect probability on the normalised taps (0: off; dropconnect.h)
+  const int64_t* seed;      // (1,) on the device: DropConnect's seed (read by the kernels), when weight_dropout > 0
   void* out;                // (B, T, C)     forward only
   const void* grad_out;     // (B, T, C)     backward only
   void* grad_x;             // (B, T, C)     backward only

@@ -2,7 +2,8 @@
 """Benchmark the token mixers against their baselines, in one process (ratios, not absolute claims).
 
 For each sequence length: TaLK (compiled), TaLK reference, DynamicConv k=3 and k=31 (compiled; k=31 also from logits:
-softmax fused into the op, and the unfused fp32 softmax + cast + op that it replaces), causal RFA with a
+softmax fused into the op, and the unfused fp32 softmax + cast + op that it replaces; and in training, with
+DropConnect 0.1 drawn inside the op, against softmax + cast + F.dropout + op), causal RFA with a
 decay gate (compiled, and its pure-PyTorch chunked form; F = 64 random features per head, values from x), and
 torch.nn.functional.scaled_dot_product_attention, forward and forward+backward; plus two copies of the input, the
 memory floor of a one-pass op: `x.clone()` (allocates its output, as every op here does; on CPU a large fresh
@@ -60,6 +61,9 @@ def cases(x, heads, max_offset):
         "dynamic_conv_k31": lambda: ops.dynamic_conv(x, w31, 15),
         "dynamic_conv_k31_fused_softmax": lambda: ops.dynamic_conv(x, l31, 15, softmax=True),
         "dynamic_conv_k31_unfused_softmax": lambda: ops.dynamic_conv(x, l31.float().softmax(-1).to(x.dtype), 15),
+        "dynamic_conv_k31_dropconnect": lambda: ops.dynamic_conv(x, l31, 15, softmax=True, weight_dropout=0.1),
+        "dynamic_conv_k31_unfused_dropconnect": lambda: ops.dynamic_conv(
+            x, F.dropout(l31.float().softmax(-1).to(x.dtype), 0.1, training=True), 15),
         "rfa": lambda: ops.rfa_causal_compiled(phi, phi, x.view(B, T, heads, C // heads), decay)[0],
         "rfa_chunked": lambda: ops.rfa_causal_chunked(phi, phi, x.view(B, T, heads, C // heads), decay)[0],
         "sdpa": lambda: F.scaled_dot_product_attention(qkv(), qkv(), qkv()),
@@ -105,6 +109,8 @@ def measure(args, T):
     for mode in ("fwd", "fwdbwd"):
         row[f"softmax_unfused_over_fused_{mode}"] = (row[f"dynamic_conv_k31_unfused_softmax_{mode}_ms"]
                                                      / row[f"dynamic_conv_k31_fused_softmax_{mode}_ms"])
+        row[f"dropconnect_unfused_over_fused_{mode}"] = (row[f"dynamic_conv_k31_unfused_dropconnect_{mode}_ms"]
+                                                         / row[f"dynamic_conv_k31_dropconnect_{mode}_ms"])
     row["ref_over_talk"] = row["talk_ref_fwd_ms"] / row["talk_fwd_ms"]
     row["rfa_chunked_over_rfa"] = row["rfa_chunked_fwd_ms"] / row["rfa_fwd_ms"]
     return row
@@ -115,7 +121,8 @@ def table(rows):
             "rfa_fwd_ms", "rfa_chunked_fwd_ms", "sdpa_fwd_ms", "talk_fwdbwd_ms", "rfa_fwdbwd_ms",
             "rfa_chunked_fwdbwd_ms", "sdpa_fwdbwd_ms", "talk_vs_copy", "talk_vs_copy_into", "talk_vs_copy_interleaved",
             "talk_vs_copy_into_interleaved", "sdpa_over_talk", "softmax_unfused_over_fused_fwd",
-            "softmax_unfused_over_fused_fwdbwd"]
+            "softmax_unfused_over_fused_fwdbwd", "dropconnect_unfused_over_fused_fwd",
+            "dropconnect_unfused_over_fused_fwdbwd"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         lines.append("| " + " | ".join(f"{r[c]:.3g}" if isinstance(r.get(c), float) else str(r.get(c, "-")) for c in cols) + " |")

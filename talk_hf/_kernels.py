@@ -52,7 +52,7 @@ def _register():
         return torch.empty_like(x), torch.empty_like(state)
 
     @torch.library.register_fake("talk_hf::dynamic_conv_fwd")
-    def _(x, weight, padding_left, softmax=False):
+    def _(x, weight, padding_left, softmax=False, seed=None, weight_dropout=0.0):
         return torch.empty_like(x)
 
     @torch.library.register_fake("talk_hf::dynamic_conv_step")
@@ -60,7 +60,7 @@ def _register():
         return torch.empty_like(x), torch.empty_like(state)
 
     @torch.library.register_fake("talk_hf::dynamic_conv_bwd")
-    def _(grad_out, x, weight, padding_left, softmax=False):
+    def _(grad_out, x, weight, padding_left, softmax=False, seed=None, weight_dropout=0.0):
         return torch.empty_like(x), torch.empty_like(weight)
 
     @torch.library.register_fake("talk_hf::rfa_causal_fwd")
@@ -91,13 +91,13 @@ def _register():
         return gx, gl, (gr if ctx.has_right else None), None, None
 
     def conv_setup(ctx, inputs, output):
-        x, weight, ctx.padding_left, ctx.softmax = inputs
-        ctx.save_for_backward(x, weight)
+        x, weight, ctx.padding_left, ctx.softmax, seed, ctx.weight_dropout = inputs
+        ctx.save_for_backward(x, weight, seed)
 
     def conv_backward(ctx, grad):
-        x, weight = ctx.saved_tensors
-        gx, gw = ops.dynamic_conv_bwd(grad, x, weight, ctx.padding_left, ctx.softmax)
-        return gx, gw, None, None
+        x, weight, seed = ctx.saved_tensors
+        gx, gw = ops.dynamic_conv_bwd(grad, x, weight, ctx.padding_left, ctx.softmax, seed, ctx.weight_dropout)
+        return gx, gw, None, None, None, None
 
     def rfa_setup(ctx, inputs, output):
         q, k, v, decay, initial_state, ctx.eps, ctx.chunk = inputs
@@ -150,6 +150,7 @@ def dynamic_conv_step(x, weight, state, softmax):
     return torch.ops.talk_hf.dynamic_conv_step(x, weight, state, softmax)
 
 
-def dynamic_conv(x, weight, padding_left, softmax):
-    """Compiled dynamic convolution; weight (B, T, H, K) (LightConv kernels arrive expanded; logits when softmax)."""
-    return torch.ops.talk_hf.dynamic_conv_fwd(x, weight, padding_left, softmax)
+def dynamic_conv(x, weight, padding_left, softmax, seed=None, weight_dropout=0.0):
+    """Compiled dynamic convolution; weight (B, T, H, K) (LightConv kernels arrive expanded; logits when softmax);
+    DropConnect with probability weight_dropout and the mask of `seed` (None when weight_dropout is 0)."""
+    return torch.ops.talk_hf.dynamic_conv_fwd(x, weight, padding_left, softmax, seed, float(weight_dropout))

@@ -6,6 +6,8 @@ Each op picks the compiled kernel or the pure-PyTorch reference per call (talk_h
 
 from .backend import backend, compiled_devices
 from .dynamic_conv import (
+    draw_seed,
+    dropconnect_keep,
     dynamic_conv,
     dynamic_conv_init_state,
     dynamic_conv_ref,
@@ -38,6 +40,8 @@ from .talk_conv import (
 __all__ = [
     "backend",
     "compiled_devices",
+    "draw_seed",
+    "dropconnect_keep",
     "dynamic_conv",
     "dynamic_conv_init_state",
     "dynamic_conv_ref",

@@ -2,8 +2,10 @@
 // Every output is a gather (no scatter): out and grad_x loop over taps of one position, grad_weight is a dot
 // product over a head's channels, so each element is written once by one task. Sums accumulate in the
 // accumulation type (fp64 for fp64, fp32 otherwise). With softmax=true the weights are logits, normalised here
-// (softmax_rows_cpu.h) one position at a time: the forward reads them once and writes no probabilities; the backward
-// keeps one (B, T, H, K) table of them in the accumulation type for grad_x. Specification: talk_hf/dynamic_conv.py.
+// (softmax_rows_cpu.h) one position at a time, and DropConnect's factors (csrc/dropconnect.h) are drawn here too:
+// the forward works out each position's taps once and writes none; the backward keeps (B, T, H, K) tables in the
+// accumulation type: the probabilities, and with DropConnect its factors and the taps (their products, for grad_x).
+// Specification: talk_hf/dynamic_conv.py.
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
@@ -16,6 +18,7 @@
 #include <vector>
 
 #include "../checks.h"
+#include "../dropconnect.h"
 #include "../dynamic_conv_step.h"
 #include "softmax_rows_cpu.h"
 #include "vector_clones.h"
@@ -75,12 +78,40 @@ TALK_HF_VECTOR_CLONES void grad_x_position(const scalar_t* g, const w_t* w, scal
   for (int64_t c = 0; c < d.C; ++c) o[c] = static_cast<scalar_t>(acc[c]);
 }
 
-// grad_weight[b, t, h, k] = sum over the head's channels of g[b, t, c] * x[b, t + k - P, c]; with probs (this
-// position's (H, K) softmax probabilities) the gradient of the logits instead: p_k * (gp_k - sum_j p_j gp_j).
-// gp: H*K scratch.
+// The normalised taps of `rows` consecutive rows of K weights w (storage type) into taps (accumulation type): the
+// weights, or their softmax over each row.
 template <typename scalar_t, typename acc_t>
-TALK_HF_VECTOR_CLONES void grad_weight_position(const scalar_t* g, const scalar_t* x, const acc_t* probs,
-                                                scalar_t* gw, const Dims& d, int64_t bt, acc_t* gp) {
+void normalised_taps(const scalar_t* w, bool softmax, int64_t rows, int64_t K, acc_t* taps) {
+  if (softmax) {
+    softmax_rows(w, rows, K, taps);
+    return;
+  }
+  for (int64_t i = 0; i < rows * K; ++i) taps[i] = static_cast<acc_t>(w[i]);
+}
+
+// factors[i] = DropConnect's factor of tap first + i, i < n (dc on).
+template <typename acc_t>
+TALK_HF_VECTOR_CLONES void dropconnect_factors(const DropConnect<acc_t>& dc, int64_t first, int64_t n,
+                                               acc_t* __restrict__ factors) {
+  const acc_t scale = dc.scale;
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) factors[i] = dc.kept(first + i) ? scale : acc_t(0);
+}
+
+// The taps of position bt: normalised, times DropConnect's factors (factors: H*K scratch).
+template <typename scalar_t, typename acc_t>
+void position_taps(const scalar_t* w, bool softmax, const DropConnect<acc_t>& dc, const Dims& d, int64_t bt,
+                   acc_t* taps, acc_t* factors) {
+  normalised_taps(w, softmax, d.H, d.K, taps);
+  if (!dc.on) return;
+  dropconnect_factors(dc, bt * d.ws, d.H * d.K, factors);
+  for (int64_t i = 0; i < d.H * d.K; ++i) taps[i] *= factors[i];
+}
+
+// gp[h*K + k] = sum over the head's channels of g[b, t, c] * x[b, t + k - P, c]: the gradient of position bt's taps.
+template <typename scalar_t, typename acc_t>
+TALK_HF_VECTOR_CLONES void tap_grads_position(const scalar_t* g, const scalar_t* x, const Dims& d, int64_t bt,
+                                              acc_t* gp) {
   const int64_t b = bt / d.T, t = bt % d.T;
   for (int64_t h = 0; h < d.H; ++h) {
     const scalar_t* __restrict__ gt = g + bt * d.C + h * d.R;
@@ -94,38 +125,57 @@ TALK_HF_VECTOR_CLONES void grad_weight_position(const scalar_t* g, const scalar_
       }
       gp[h * d.K + k] = sum;
     }
-    if (probs != nullptr) {
-      const acc_t* p = probs + h * d.K;
-      acc_t dot = 0;
-      for (int64_t k = 0; k < d.K; ++k) dot += p[k] * gp[h * d.K + k];
-      for (int64_t k = 0; k < d.K; ++k) gp[h * d.K + k] = p[k] * (gp[h * d.K + k] - dot);
-    }
   }
-  for (int64_t i = 0; i < d.H * d.K; ++i) gw[bt * d.H * d.K + i] = static_cast<scalar_t>(gp[i]);
+}
+
+// gp (the taps' gradient, H*K) -> the gradient of position bt's weights: times DropConnect's factors (this
+// position's, H*K, or nullptr), then through the softmax with probs (this position's probabilities, H*K, or
+// nullptr): p_k * (gp_k - sum_j p_j gp_j).
+template <typename acc_t>
+void weight_grads_from_tap_grads(const acc_t* probs, const acc_t* factors, const Dims& d, acc_t* gp) {
+  if (factors != nullptr)
+    for (int64_t i = 0; i < d.H * d.K; ++i) gp[i] *= factors[i];
+  if (probs == nullptr) return;
+  for (int64_t h = 0; h < d.H; ++h) {
+    const acc_t* p = probs + h * d.K;
+    acc_t* gh = gp + h * d.K;
+    acc_t dot = 0;
+    for (int64_t k = 0; k < d.K; ++k) dot += p[k] * gh[k];
+    for (int64_t k = 0; k < d.K; ++k) gh[k] = p[k] * (gh[k] - dot);
+  }
 }
 
 template <typename scalar_t, typename acc_t>
-void forward_kernel(const scalar_t* x, const scalar_t* w, bool softmax, scalar_t* out, const Dims& d) {
+void forward_kernel(const scalar_t* x, const scalar_t* w, bool softmax, const DropConnect<acc_t>& dc,
+                    scalar_t* out, const Dims& d) {
+  const bool own_taps = softmax || dc.on;  // else the weights are the taps
   at::parallel_for(0, d.B * d.T, kGrain, [&](int64_t begin, int64_t end) {
-    std::vector<acc_t> acc(d.C), probs(softmax ? d.H * d.K : 0);
+    const int64_t n = own_taps ? d.H * d.K : 0;
+    std::vector<acc_t> acc(d.C), taps(n), factors(dc.on ? n : 0);
     for (int64_t bt = begin; bt < end; ++bt) {
       const scalar_t* wpos = w + bt * d.ws;
-      if (!softmax) {
+      if (!own_taps) {
         forward_position(x, wpos, out, d, bt, acc.data());
         continue;
       }
-      if (d.ws != 0 || bt == begin) softmax_rows(wpos, d.H, d.K, probs.data());  // a LightConv kernel: once
-      forward_position(x, static_cast<const acc_t*>(probs.data()), out, d, bt, acc.data());
+      if (d.ws != 0 || bt == begin) position_taps(wpos, softmax, dc, d, bt, taps.data(), factors.data());
+      forward_position(x, static_cast<const acc_t*>(taps.data()), out, d, bt, acc.data());
     }
   });
 }
 
-// probs (laid out as the logits: B*T*H*K, or H*K for a LightConv kernel; accumulation type) = the softmax of
-// every row of logits.
+// The backward's tables, laid out as the weights (B*T*H*K, or H*K for a LightConv kernel; accumulation type):
+// probs = the normalised taps, factors = DropConnect's, taps = probs * factors (without DropConnect: taps = probs,
+// factors empty).
 template <typename scalar_t, typename acc_t>
-void softmax_kernel(const scalar_t* logits, acc_t* probs, const Dims& d) {
+void backward_tables(const scalar_t* w, bool softmax, const DropConnect<acc_t>& dc, const Dims& d, acc_t* probs,
+                     acc_t* factors, acc_t* taps) {
   at::parallel_for(0, d.ws != 0 ? d.B * d.T : 1, kGrain, [&](int64_t begin, int64_t end) {
-    softmax_rows(logits + begin * d.ws, (end - begin) * d.H, d.K, probs + begin * d.ws);
+    const int64_t first = begin * d.ws, n = (end - begin) * d.H * d.K;
+    normalised_taps(w + first, softmax, (end - begin) * d.H, d.K, probs + first);
+    if (!dc.on) return;
+    dropconnect_factors(dc, first, n, factors + first);
+    for (int64_t i = first; i < first + n; ++i) taps[i] = probs[i] * factors[i];
   });
 }
 
@@ -137,13 +187,18 @@ void grad_x_kernel(const scalar_t* g, const w_t* w, scalar_t* gx, const Dims& d)
   });
 }
 
+// gw (B, T, H, K) = the weights' gradient, from the backward's tables (probs when softmax, factors with
+// DropConnect; nullptr otherwise; laid out as the weights).
 template <typename scalar_t, typename acc_t>
-void grad_weight_kernel(const scalar_t* g, const scalar_t* x, const acc_t* probs, scalar_t* gw, const Dims& d) {
+void grad_weight_kernel(const scalar_t* g, const scalar_t* x, const acc_t* probs, const acc_t* factors,
+                        scalar_t* gw, const Dims& d) {
   at::parallel_for(0, d.B * d.T, kGrain, [&](int64_t begin, int64_t end) {
     std::vector<acc_t> gp(d.H * d.K);
     for (int64_t bt = begin; bt < end; ++bt) {
-      const acc_t* p = probs != nullptr ? probs + bt * d.ws : nullptr;
-      grad_weight_position<scalar_t, acc_t>(g, x, p, gw, d, bt, gp.data());
+      tap_grads_position(g, x, d, bt, gp.data());
+      weight_grads_from_tap_grads(probs ? probs + bt * d.ws : nullptr, factors ? factors + bt * d.ws : nullptr, d,
+                                  gp.data());
+      for (int64_t i = 0; i < d.H * d.K; ++i) gw[bt * d.H * d.K + i] = static_cast<scalar_t>(gp[i]);
     }
   });
 }
@@ -154,24 +209,31 @@ Dims make_dims(const at::Tensor& x, const at::Tensor& w, const ConvWeight& cw, i
           cw.broadcast ? 0 : w.size(2) * w.size(3)};
 }
 
-at::Tensor dynamic_conv_fwd_cpu(const at::Tensor& x_, const at::Tensor& w_, int64_t padding_left, bool softmax) {
+at::Tensor dynamic_conv_fwd_cpu(const at::Tensor& x_, const at::Tensor& w_, int64_t padding_left, bool softmax,
+                                const c10::optional<at::Tensor>& seed, double weight_dropout) {
   check_dynamic_conv_inputs(x_, w_);
+  check_dropconnect_args(x_, seed, weight_dropout);
   const at::Tensor x = x_.contiguous();
   at::Tensor out = at::empty_like(x);
   if (x.numel() == 0) return out;
   const ConvWeight cw = conv_weight(w_);
   const at::Tensor& w = cw.data;
   const Dims d = make_dims(x, w_, cw, padding_left);
+  const int64_t seed_value = weight_dropout > 0.0 ? seed->item<int64_t>() : 0;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "dynamic_conv_fwd_cpu", [&] {
-    forward_kernel<scalar_t, at::opmath_type<scalar_t>>(x.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(), softmax,
-                                                        out.data_ptr<scalar_t>(), d);
+    using acc_t = at::opmath_type<scalar_t>;
+    forward_kernel<scalar_t, acc_t>(x.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(), softmax,
+                                    make_dropconnect<acc_t>(weight_dropout, seed_value), out.data_ptr<scalar_t>(), d);
   });
   return out;
 }
 
 std::tuple<at::Tensor, at::Tensor> dynamic_conv_bwd_cpu(const at::Tensor& g_, const at::Tensor& x_,
-                                                        const at::Tensor& w_, int64_t padding_left, bool softmax) {
+                                                        const at::Tensor& w_, int64_t padding_left, bool softmax,
+                                                        const c10::optional<at::Tensor>& seed,
+                                                        double weight_dropout) {
   check_dynamic_conv_inputs(x_, w_);
+  check_dropconnect_args(x_, seed, weight_dropout);
   TORCH_CHECK(g_.sizes() == x_.sizes() && g_.scalar_type() == x_.scalar_type(),
               "dynamic_conv backward: grad_out must match x");
   const at::Tensor g = g_.contiguous(), x = x_.contiguous();
@@ -180,18 +242,23 @@ std::tuple<at::Tensor, at::Tensor> dynamic_conv_bwd_cpu(const at::Tensor& g_, co
   const ConvWeight cw = conv_weight(w_);
   const at::Tensor& w = cw.data;
   const Dims d = make_dims(x, w_, cw, padding_left);
+  const int64_t seed_value = weight_dropout > 0.0 ? seed->item<int64_t>() : 0;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "dynamic_conv_bwd_cpu", [&] {
     using acc_t = at::opmath_type<scalar_t>;
     const scalar_t *gp = g.data_ptr<scalar_t>(), *xp = x.data_ptr<scalar_t>(), *wp = w.data_ptr<scalar_t>();
-    if (!softmax) {
+    const DropConnect<acc_t> dc = make_dropconnect<acc_t>(weight_dropout, seed_value);
+    if (!softmax && !dc.on) {
       grad_x_kernel<scalar_t, acc_t>(gp, wp, gx.data_ptr<scalar_t>(), d);
-      grad_weight_kernel<scalar_t, acc_t>(gp, xp, nullptr, gw.data_ptr<scalar_t>(), d);
+      grad_weight_kernel<scalar_t, acc_t>(gp, xp, nullptr, nullptr, gw.data_ptr<scalar_t>(), d);
       return;
     }
-    std::vector<acc_t> probs(w.numel());  // laid out as w
-    softmax_kernel(wp, probs.data(), d);
-    grad_x_kernel<scalar_t, acc_t>(gp, static_cast<const acc_t*>(probs.data()), gx.data_ptr<scalar_t>(), d);
-    grad_weight_kernel<scalar_t, acc_t>(gp, xp, probs.data(), gw.data_ptr<scalar_t>(), d);
+    const int64_t n = w.numel();
+    std::vector<acc_t> probs(n), factors(dc.on ? n : 0), dropped(dc.on ? n : 0);
+    const acc_t* taps = dc.on ? dropped.data() : probs.data();
+    backward_tables(wp, softmax, dc, d, probs.data(), factors.data(), dropped.data());
+    grad_x_kernel<scalar_t, acc_t>(gp, taps, gx.data_ptr<scalar_t>(), d);
+    grad_weight_kernel<scalar_t, acc_t>(gp, xp, softmax ? probs.data() : nullptr, dc.on ? factors.data() : nullptr,
+                                        gw.data_ptr<scalar_t>(), d);
   });
   return {gx, gw};
 }

@@ -6,11 +6,13 @@
 //           grad_weight: a block per (b, 64 steps, h, up to 32 taps), the grad_out and x rows of 32 channels at a
 //           time staged in shared memory, 8 taps of one step per thread (dynamic_conv_tiles.h; deterministic).
 // Decoding step: one thread per column (b, c) runs dynamic_conv_step.h's column program.
-// softmax=true (weight holds logits, softmax_row.h): the forward writes each row's probabilities to a workspace
-// (a lane group per row) and convolves with them; the step normalises the row of its (b, t, h) in registers (each
-// thread reads the K logits of its row, a broadcast within the head; a few tokens per call); the backward writes
-// the probabilities and the raw tap gradients gp to a workspace (2 x B*T*H*K accumulators), runs grad_x on the
-// probabilities, then a lane group per row turns gp into the logits' gradient p * (gp - sum p gp).
+// softmax=true (weight holds logits, softmax_row.h) or DropConnect (dropconnect.h): the forward writes each row's
+// taps (probabilities, times DropConnect's factors) to a workspace (a lane group per row) and convolves with them;
+// the step normalises the row of its (b, t, h) in registers (each thread reads the K logits of its row, a broadcast
+// within the head; a few tokens per call; no DropConnect); the backward writes the taps and the raw tap gradients gp
+// to a workspace (2 x B*T*H*K accumulators), runs grad_x on the taps, then a lane group per row turns gp into the
+// weights' gradient: p * (gp - sum p gp) with the probabilities read from the taps, or, with DropConnect, its
+// factors applied to gp and the probabilities worked out again from the logits (the taps hold p times factors).
 #include "common.cuh"
 #include "dynamic_conv_tiles.h"
 #include "../dynamic_conv_math.h"
@@ -41,7 +43,24 @@ inline bool is_empty(const DynamicConvParams& p) { return p.batch == 0 || p.seql
 
 inline bool valid_common(const DynamicConvParams& p) {
   return valid_dtype(p.dtype) && p.batch > 0 && p.seqlen > 0 && p.channels > 0 && p.heads > 0 &&
-         p.channels % p.heads == 0 && p.kernel_size >= 1 && p.x != nullptr && p.weight != nullptr;
+         p.channels % p.heads == 0 && p.kernel_size >= 1 && p.x != nullptr && p.weight != nullptr &&
+         p.weight_dropout >= 0.0 && p.weight_dropout <= 1.0 && (p.weight_dropout == 0.0 || p.seed != nullptr);
+}
+
+// The kernels form the taps themselves (a workspace of them) when they normalise or drop; else the weights are the
+// taps.
+inline bool own_taps(const DynamicConvParams& p) { return p.softmax || p.weight_dropout > 0.0; }
+
+// DropConnect as the kernels receive it: the seed stays on the device (no host sync; CUDA-graph friendly) and is
+// read by every thread.
+struct DropConnectArgs {
+  const int64_t* seed;  // nullptr when p = 0
+  double p;
+};
+
+template <typename acc_t>
+__device__ __forceinline__ DropConnect<acc_t> load_dropconnect(const DropConnectArgs& a) {
+  return make_dropconnect<acc_t>(a.p, a.p > 0.0 ? *a.seed : 0);
 }
 
 // ------------------------------------------------------------------------------------------------ kernels
@@ -73,40 +92,60 @@ __device__ __forceinline__ RowGroup row_group(int64_t first_row, int64_t rows, i
   return {row < rows ? row : rows - 1, lane % group, row < rows};
 }
 
-// probs[row*K + k] = softmax of the row's logits: the B*T*H rows of the weights, or the H rows of a LightConv
-// kernel (ws = 0); probs is laid out as the weights.
+// taps[row*K + k] = the row's weights, or their softmax probabilities, times DropConnect's factors: the B*T*H rows of
+// the weights, or the H rows of a LightConv kernel (ws = 0); taps is laid out as the weights.
 template <typename scalar_t>
-__global__ void __launch_bounds__(kThreads) softmax_rows_kernel(const scalar_t* __restrict__ logits,
-                                                                acc_type<scalar_t>* __restrict__ probs, ConvDims d,
-                                                                int group) {
+__global__ void __launch_bounds__(kThreads)
+    taps_rows_kernel(const scalar_t* __restrict__ weight, acc_type<scalar_t>* __restrict__ taps, ConvDims d,
+                     int group, bool softmax, DropConnectArgs dca) {
   using acc_t = acc_type<scalar_t>;
+  const DropConnect<acc_t> dc = load_dropconnect<acc_t>(dca);
   const int64_t rows = weight_rows(d), per_warp = row_groups_per_warp(group);
   const int64_t warp = global_thread_id() / kWarpSize, n_warps = global_thread_count() / kWarpSize;
   for (int64_t first = warp * per_warp; first < rows; first += n_warps * per_warp) {
     const RowGroup g = row_group(first, rows, group);
-    const scalar_t* row = logits + g.row * d.K;
-    const acc_t m = group_allreduce_max(softmax_lane_max(row, d.K, g.lane, group), group);
-    const acc_t sum = group_allreduce_sum(softmax_lane_sum(row, d.K, m, g.lane, group), group);
-    if (g.active) softmax_lane_probs(row, d.K, SoftmaxStats<acc_t>{m, acc_t(1) / sum}, probs + g.row * d.K, g.lane,
-                                     group);
+    const scalar_t* row = weight + g.row * d.K;
+    SoftmaxStats<acc_t> s{acc_t(0), acc_t(1)};
+    if (softmax) {  // uniform over the grid: every lane reaches the shuffles
+      const acc_t m = group_allreduce_max(softmax_lane_max(row, d.K, g.lane, group), group);
+      s = {m, acc_t(1) / group_allreduce_sum(softmax_lane_sum(row, d.K, m, g.lane, group), group)};
+    }
+    if (g.active) taps_lane_write(row, d.K, softmax, s, dc, g.row * d.K, taps + g.row * d.K, g.lane, group);
   }
 }
 
-// grad_logits[row*K + k] = p_k * (gp_k - sum_j p_j gp_j), a group of lanes per row as above.
+// grad_weight rows (B*T*H of them) from the taps' gradient gp, a group of lanes per row as above. Without DropConnect
+// (so with a softmax) the taps are the probabilities: p * (gp - sum p gp). With it, its factors scale gp, and a
+// softmax's probabilities are worked out again from the logits (dynamic_conv_math.h's lane programs).
 template <typename scalar_t>
 __global__ void __launch_bounds__(kThreads)
-    softmax_grad_kernel(const acc_type<scalar_t>* __restrict__ probs, const acc_type<scalar_t>* __restrict__ gp,
-                        scalar_t* __restrict__ grad_logits, ConvDims d, int group) {
+    weight_grad_rows_kernel(const scalar_t* __restrict__ weight, const acc_type<scalar_t>* __restrict__ taps,
+                            const acc_type<scalar_t>* __restrict__ gp, scalar_t* __restrict__ grad_weight, ConvDims d,
+                            int group, bool softmax, DropConnectArgs dca) {
   using acc_t = acc_type<scalar_t>;
+  const DropConnect<acc_t> dc = load_dropconnect<acc_t>(dca);
   const int64_t rows = d.B * d.T * d.H, per_warp = row_groups_per_warp(group);
   const int64_t warp = global_thread_id() / kWarpSize, n_warps = global_thread_count() / kWarpSize;
-  for (int64_t first = warp * per_warp; first < rows; first += n_warps * per_warp) {
-    const RowGroup g = row_group(first, rows, group);
-    const int64_t bt = g.row / d.H;
-    const acc_t* p = probs + bt * d.ws + (g.row - bt * d.H) * d.K;
+  for (int64_t first_row = warp * per_warp; first_row < rows; first_row += n_warps * per_warp) {
+    const RowGroup g = row_group(first_row, rows, group);
+    const int64_t bt = g.row / d.H, first = bt * d.ws + (g.row - bt * d.H) * d.K;  // the row's tap 0 in weight
     const acc_t* gpr = gp + g.row * d.K;
-    const acc_t dot = group_allreduce_sum(softmax_grad_lane_dot(p, gpr, d.K, g.lane, group), group);
-    if (g.active) softmax_grad_lane_write(p, gpr, d.K, dot, grad_logits + g.row * d.K, g.lane, group);
+    scalar_t* out = grad_weight + g.row * d.K;
+    if (!dc.on) {
+      const acc_t* p = taps + first;
+      const acc_t dot = group_allreduce_sum(softmax_grad_lane_dot(p, gpr, d.K, g.lane, group), group);
+      if (g.active) softmax_grad_lane_write(p, gpr, d.K, dot, out, g.lane, group);
+      continue;
+    }
+    const scalar_t* row = weight + first;
+    SoftmaxStats<acc_t> s{acc_t(0), acc_t(1)};
+    acc_t dot = 0;
+    if (softmax) {
+      const acc_t m = group_allreduce_max(softmax_lane_max(row, d.K, g.lane, group), group);
+      s = {m, acc_t(1) / group_allreduce_sum(softmax_lane_sum(row, d.K, m, g.lane, group), group)};
+      dot = group_allreduce_sum(dropconnect_grad_lane_dot(row, s, gpr, dc, first, d.K, g.lane, group), group);
+    }
+    if (g.active) dropconnect_grad_lane_write(row, softmax, s, gpr, dc, first, d.K, dot, out, g.lane, group);
   }
 }
 
@@ -154,18 +193,19 @@ cudaError_t launch_fwd(const DynamicConvParams& p, void* workspace, cudaStream_t
   const ConvDims d = make_dims(p);
   const unsigned blocks = grid_blocks(cdiv(d.B * d.T * d.C, kThreads));
   const auto* x = static_cast<const scalar_t*>(p.x);
+  const auto* weight = static_cast<const scalar_t*>(p.weight);
   auto* out = static_cast<scalar_t*>(p.out);
-  if (!p.softmax) {
-    dynamic_conv_fwd_kernel<<<blocks, kThreads, 0, stream>>>(x, static_cast<const scalar_t*>(p.weight), out, d);
+  if (!own_taps(p)) {
+    dynamic_conv_fwd_kernel<<<blocks, kThreads, 0, stream>>>(x, weight, out, d);
     return cudaGetLastError();
   }
-  // Each row's probabilities once (a lane group per row), then the convolution with them: normalising in every
-  // output thread took the K exponentials R times per row (R = 64 channels per head: 2.6x slower on an H100).
-  acc_t* probs = static_cast<acc_t*>(workspace);
+  // Each row's taps once (a lane group per row), then the convolution with them: normalising in every output
+  // thread took the K exponentials R times per row (R = 64 channels per head: 2.6x slower on an H100).
+  acc_t* taps = static_cast<acc_t*>(workspace);
   const int group = softmax_group_lanes(d.K);
-  softmax_rows_kernel<<<row_group_blocks(weight_rows(d), group), kThreads, 0, stream>>>(
-      static_cast<const scalar_t*>(p.weight), probs, d, group);
-  dynamic_conv_fwd_kernel<<<blocks, kThreads, 0, stream>>>(x, static_cast<const acc_t*>(probs), out, d);
+  taps_rows_kernel<<<row_group_blocks(weight_rows(d), group), kThreads, 0, stream>>>(
+      weight, taps, d, group, p.softmax, DropConnectArgs{p.seed, p.weight_dropout});
+  dynamic_conv_fwd_kernel<<<blocks, kThreads, 0, stream>>>(x, static_cast<const acc_t*>(taps), out, d);
   return cudaGetLastError();
 }
 
@@ -179,21 +219,23 @@ cudaError_t launch_bwd(const DynamicConvParams& p, void* workspace, cudaStream_t
   const auto* grad_out = static_cast<const scalar_t*>(p.grad_out);
   auto* grad_x = static_cast<scalar_t*>(p.grad_x);
   auto* grad_weight = static_cast<scalar_t*>(p.grad_weight);
-  if (!p.softmax) {
+  if (!own_taps(p)) {
     dynamic_conv_bwd_input_kernel<<<blocks, kThreads, 0, stream>>>(weight, grad_out, grad_x, d);
     launch_weight_grad(x, grad_out, grad_weight, d, stream);
     return cudaGetLastError();
   }
-  acc_t* probs = static_cast<acc_t*>(workspace);
-  acc_t* gp = probs + d.B * d.T * d.H * d.K;
+  acc_t* taps = static_cast<acc_t*>(workspace);
+  acc_t* gp = taps + d.B * d.T * d.H * d.K;
   const int k_group = softmax_group_lanes(d.K);
-  softmax_rows_kernel<<<row_group_blocks(weight_rows(d), k_group), kThreads, 0, stream>>>(weight, probs, d,
-                                                                                          k_group);
-  dynamic_conv_bwd_input_kernel<<<blocks, kThreads, 0, stream>>>(static_cast<const acc_t*>(probs), grad_out,
+  const DropConnectArgs dca{p.seed, p.weight_dropout};
+  taps_rows_kernel<<<row_group_blocks(weight_rows(d), k_group), kThreads, 0, stream>>>(weight, taps, d, k_group,
+                                                                                       p.softmax, dca);
+  dynamic_conv_bwd_input_kernel<<<blocks, kThreads, 0, stream>>>(static_cast<const acc_t*>(taps), grad_out,
                                                                  grad_x, d);
   launch_weight_grad(x, grad_out, gp, d, stream);
-  softmax_grad_kernel<<<row_group_blocks(d.B * d.T * d.H, k_group), kThreads, 0, stream>>>(
-      static_cast<const acc_t*>(probs), static_cast<const acc_t*>(gp), grad_weight, d, k_group);
+  weight_grad_rows_kernel<<<row_group_blocks(d.B * d.T * d.H, k_group), kThreads, 0, stream>>>(
+      weight, static_cast<const acc_t*>(taps), static_cast<const acc_t*>(gp), grad_weight, d, k_group, p.softmax,
+      dca);
   return cudaGetLastError();
 }
 
@@ -207,19 +249,19 @@ __global__ void __launch_bounds__(kThreads) dynamic_conv_step_kernel(const ConvS
 
 // ------------------------------------------------------------------------------------------------ entry points
 
-size_t dynamic_conv_bwd_workspace_bytes(const DynamicConvParams& p) {  // softmax: probabilities and gp
-  if (!p.softmax || is_empty(p)) return 0;
+size_t dynamic_conv_bwd_workspace_bytes(const DynamicConvParams& p) {  // own taps: the taps and gp
+  if (!own_taps(p) || is_empty(p)) return 0;
   return align_up(static_cast<size_t>(2 * p.batch * p.seqlen * p.heads * p.kernel_size) * acc_bytes(p.dtype));
 }
 
-size_t dynamic_conv_fwd_workspace_bytes(const DynamicConvParams& p) {  // softmax: the probabilities
-  if (!p.softmax || is_empty(p)) return 0;
+size_t dynamic_conv_fwd_workspace_bytes(const DynamicConvParams& p) {  // own taps: the taps
+  if (!own_taps(p) || is_empty(p)) return 0;
   return align_up(static_cast<size_t>(weight_rows(make_dims(p)) * p.kernel_size) * acc_bytes(p.dtype));
 }
 
 cudaError_t dynamic_conv_fwd_cuda(const DynamicConvParams& p, void* workspace, cudaStream_t stream) {
   if (is_empty(p)) return cudaSuccess;
-  if (!valid_common(p) || p.out == nullptr || (p.softmax && workspace == nullptr)) return cudaErrorInvalidValue;
+  if (!valid_common(p) || p.out == nullptr || (own_taps(p) && workspace == nullptr)) return cudaErrorInvalidValue;
   cudaError_t err = cudaErrorInvalidValue;
   DISPATCH_DTYPE(p.dtype, scalar_t, err = launch_fwd<scalar_t>(p, workspace, stream));
   return err;
@@ -228,7 +270,7 @@ cudaError_t dynamic_conv_fwd_cuda(const DynamicConvParams& p, void* workspace, c
 cudaError_t dynamic_conv_bwd_cuda(const DynamicConvParams& p, void* workspace, cudaStream_t stream) {
   if (is_empty(p)) return cudaSuccess;
   if (!valid_common(p) || p.grad_out == nullptr || p.grad_x == nullptr || p.grad_weight == nullptr ||
-      (p.softmax && workspace == nullptr))
+      (own_taps(p) && workspace == nullptr))
     return cudaErrorInvalidValue;
   cudaError_t err = cudaErrorInvalidValue;
   DISPATCH_DTYPE(p.dtype, scalar_t, err = launch_bwd<scalar_t>(p, workspace, stream));

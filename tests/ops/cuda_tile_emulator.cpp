@@ -281,35 +281,43 @@ void conv_step(const ConvStepArgs<T>& a, bool reverse) {
 }
 
 // The dynamic-convolution kernels of csrc/cuda/dynamic_conv.cu: every element (in either order), the weight-gradient
-// block program on fibers, the softmax rows around them.
+// block program on fibers, the rows passes (taps, weight gradients) around them, each row's lanes' partial maxima,
+// sums and dot products combined as the all-reduce shuffles combine them, then every lane writing its taps.
 
-// softmax_rows_kernel: per row, the lanes' partial maxima and sums combined (as the all-reduce shuffles combine
-// them), then every lane writes its taps.
 template <typename T>
-void softmax_rows(const T* logits, int64_t rows, int64_t K, acc_type<T>* probs) {
+SoftmaxStats<acc_type<T>> row_stats(const T* row, int64_t K, int group) {
   using acc_t = acc_type<T>;
-  const int group = softmax_group_lanes(K);
-  for (int64_t row = 0; row < rows; ++row) {
-    const T* l = logits + row * K;
-    acc_t m = softmax_lane_max(l, K, 0, group), sum = 0;
-    for (int lane = 1; lane < group; ++lane) m = std::max(m, softmax_lane_max(l, K, lane, group));
-    for (int lane = 0; lane < group; ++lane) sum += softmax_lane_sum(l, K, m, lane, group);
+  acc_t m = softmax_lane_max(row, K, 0, group), sum = 0;
+  for (int lane = 1; lane < group; ++lane) m = std::max(m, softmax_lane_max(row, K, lane, group));
+  for (int lane = 0; lane < group; ++lane) sum += softmax_lane_sum(row, K, m, lane, group);
+  return {m, acc_t(1) / sum};
+}
+
+// taps_rows_kernel: taps (laid out as the weights, NaN-poisoned first) of every weight row.
+template <typename T>
+std::vector<acc_type<T>> taps_rows(const T* w, const ConvDims& d, bool softmax, const DropConnect<acc_type<T>>& dc) {
+  using acc_t = acc_type<T>;
+  const int group = softmax_group_lanes(d.K);
+  std::vector<acc_t> taps(weight_rows(d) * d.K, std::numeric_limits<acc_t>::quiet_NaN());
+  for (int64_t row = 0; row < weight_rows(d); ++row) {
+    const T* r = w + row * d.K;
+    const SoftmaxStats<acc_t> s = softmax ? row_stats(r, d.K, group) : SoftmaxStats<acc_t>{acc_t(0), acc_t(1)};
     for (int lane = 0; lane < group; ++lane)
-      softmax_lane_probs(l, K, SoftmaxStats<acc_t>{m, acc_t(1) / sum}, probs + row * K, lane, group);
+      taps_lane_write(r, d.K, softmax, s, dc, row * d.K, taps.data() + row * d.K, lane, group);
   }
+  return taps;
 }
 
 template <typename T>
-void conv_fwd(const T* x, const T* w, T* out, const ConvDims& d, bool softmax, bool reverse) {
+void conv_fwd(const T* x, const T* w, T* out, const ConvDims& d, bool softmax, const DropConnect<acc_type<T>>& dc,
+              bool reverse) {
   const int64_t n = d.B * d.T * d.C;
-  if (!softmax) {
+  if (!softmax && !dc.on) {
     for (int64_t i = 0; i < n; ++i) conv_fwd_element(x, w, out, d, reverse ? n - 1 - i : i);
     return;
   }
-  std::vector<acc_type<T>> probs(weight_rows(d) * d.K, std::numeric_limits<acc_type<T>>::quiet_NaN());
-  softmax_rows(w, weight_rows(d), d.K, probs.data());
-  const acc_type<T>* p = probs.data();
-  for (int64_t i = 0; i < n; ++i) conv_fwd_element(x, p, out, d, reverse ? n - 1 - i : i);
+  const std::vector<acc_type<T>> taps = taps_rows(w, d, softmax, dc);
+  for (int64_t i = 0; i < n; ++i) conv_fwd_element(x, taps.data(), out, d, reverse ? n - 1 - i : i);
 }
 
 // The weight-gradient kernel. -> false if some block's threads reached different barriers.
@@ -320,30 +328,45 @@ bool conv_weight_grad(const T* g, const T* x, gw_t* gw, const ConvDims& d, bool 
                                  [&](auto& t, int64_t block, auto* smem) { wg_block_program(t, x, g, gw, d, block, smem); });
 }
 
+// weight_grad_rows_kernel over the B*T*H rows of gp.
+template <typename T>
+void weight_grad_rows(const T* w, const acc_type<T>* taps, const acc_type<T>* gp, T* gw, const ConvDims& d,
+                      bool softmax, const DropConnect<acc_type<T>>& dc) {
+  using acc_t = acc_type<T>;
+  const int group = softmax_group_lanes(d.K);
+  for (int64_t row = 0; row < d.B * d.T * d.H; ++row) {
+    const int64_t bt = row / d.H, first = bt * d.ws + (row - bt * d.H) * d.K;
+    const acc_t* gpr = gp + row * d.K;
+    acc_t dot = 0;
+    if (!dc.on) {
+      for (int lane = 0; lane < group; ++lane) dot += softmax_grad_lane_dot(taps + first, gpr, d.K, lane, group);
+      for (int lane = 0; lane < group; ++lane)
+        softmax_grad_lane_write(taps + first, gpr, d.K, dot, gw + row * d.K, lane, group);
+      continue;
+    }
+    const SoftmaxStats<acc_t> s = softmax ? row_stats(w + first, d.K, group) : SoftmaxStats<acc_t>{acc_t(0), acc_t(1)};
+    for (int lane = 0; softmax && lane < group; ++lane)
+      dot += dropconnect_grad_lane_dot(w + first, s, gpr, dc, first, d.K, lane, group);
+    for (int lane = 0; lane < group; ++lane)
+      dropconnect_grad_lane_write(w + first, softmax, s, gpr, dc, first, d.K, dot, gw + row * d.K, lane, group);
+  }
+}
+
 // -> 0, or 1 if the weight-gradient threads reached different barriers.
 template <typename T>
-int conv_bwd(const T* g, const T* x, const T* w, T* gx, T* gw, const ConvDims& d, bool softmax, bool reverse) {
+int conv_bwd(const T* g, const T* x, const T* w, T* gx, T* gw, const ConvDims& d, bool softmax,
+             const DropConnect<acc_type<T>>& dc, bool reverse) {
   using acc_t = acc_type<T>;
-  const int64_t rows = d.B * d.T * d.H, n = d.B * d.T * d.C;
-  // probs laid out as the weights, as in dynamic_conv.cu
-  std::vector<acc_t> probs(softmax ? weight_rows(d) * d.K : 0), gp(softmax ? rows * d.K : 0);
-  if (softmax) softmax_rows(w, weight_rows(d), d.K, probs.data());
-  for (int64_t i = 0; i < n; ++i) {
-    if (softmax)
-      conv_grad_x_element(static_cast<const acc_t*>(probs.data()), g, gx, d, i);
-    else
-      conv_grad_x_element(w, g, gx, d, i);
+  const int64_t n = d.B * d.T * d.C;
+  if (!softmax && !dc.on) {
+    for (int64_t i = 0; i < n; ++i) conv_grad_x_element(w, g, gx, d, reverse ? n - 1 - i : i);
+    return conv_weight_grad(g, x, gw, d, reverse) ? 0 : 1;
   }
-  if (!(softmax ? conv_weight_grad(g, x, gp.data(), d, reverse) : conv_weight_grad(g, x, gw, d, reverse))) return 1;
-  const int k_group = softmax_group_lanes(d.K);
-  for (int64_t row = 0; softmax && row < rows; ++row) {  // softmax_grad_kernel: the lanes' dot, then their taps
-    const int64_t bt = row / d.H;
-    const acc_t* p = probs.data() + bt * d.ws + (row - bt * d.H) * d.K;
-    const acc_t* gpr = gp.data() + row * d.K;
-    acc_t dot = 0;
-    for (int lane = 0; lane < k_group; ++lane) dot += softmax_grad_lane_dot(p, gpr, d.K, lane, k_group);
-    for (int lane = 0; lane < k_group; ++lane) softmax_grad_lane_write(p, gpr, d.K, dot, gw + row * d.K, lane, k_group);
-  }
+  const std::vector<acc_t> taps = taps_rows(w, d, softmax, dc);
+  for (int64_t i = 0; i < n; ++i) conv_grad_x_element(taps.data(), g, gx, d, reverse ? n - 1 - i : i);
+  std::vector<acc_t> gp(d.B * d.T * d.H * d.K, std::numeric_limits<acc_t>::quiet_NaN());
+  if (!conv_weight_grad(g, x, gp.data(), d, reverse)) return 1;
+  weight_grad_rows(w, taps.data(), gp.data(), gw, d, softmax, dc);
   return 0;
 }
 
@@ -406,14 +429,17 @@ rfa_blocks::RfaArgs<acc_t> rfa_args(int64_t B, int64_t L, int64_t H, int64_t F, 
   }                                                                                                                \
   extern "C" int dynamic_conv_fwd_emulate_##SUFFIX(const T* x, const T* w, T* out, int64_t B, int64_t L, int64_t C, \
                                                    int64_t H, int64_t K, int64_t P, int softmax, int light,        \
-                                                   int reverse) {                                                  \
-    conv_fwd(x, w, out, conv_dims(B, L, C, H, K, P, light), softmax != 0, reverse != 0);                           \
+                                                   int64_t seed, double weight_dropout, int reverse) {             \
+    conv_fwd(x, w, out, conv_dims(B, L, C, H, K, P, light), softmax != 0,                                          \
+             make_dropconnect<acc_type<T>>(weight_dropout, seed), reverse != 0);                                   \
     return 0;                                                                                                      \
   }                                                                                                                \
   extern "C" int dynamic_conv_bwd_emulate_##SUFFIX(const T* g, const T* x, const T* w, T* gx, T* gw, int64_t B,     \
                                                    int64_t L, int64_t C, int64_t H, int64_t K, int64_t P,          \
-                                                   int softmax, int light, int reverse) {                          \
-    return conv_bwd(g, x, w, gx, gw, conv_dims(B, L, C, H, K, P, light), softmax != 0, reverse != 0);              \
+                                                   int softmax, int light, int64_t seed, double weight_dropout,    \
+                                                   int reverse) {                                                  \
+    return conv_bwd(g, x, w, gx, gw, conv_dims(B, L, C, H, K, P, light), softmax != 0,                             \
+                    make_dropconnect<acc_type<T>>(weight_dropout, seed), reverse != 0);                            \
   }
 
 #define RFA_EMULATE(SUFFIX, T)                                                                                      \

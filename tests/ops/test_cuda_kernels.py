@@ -68,16 +68,20 @@ CONV_CASES = [pytest.param(2, 11, 6, 3, 3, 1, id="small-K3"), pytest.param(1, 7,
               pytest.param(2, 500, 96, 8, 31, 15, id="K31"), pytest.param(1, 50, 8, 2, 1, -3, id="small-K1-P<0")]
 
 
+@pytest.mark.parametrize("weight_dropout", [0.0, 0.3], ids=["", "dropconnect"])
 @pytest.mark.parametrize("light", [False, True], ids=["dynamic", "light"])
 @pytest.mark.parametrize("softmax", [False, True], ids=["normalised", "logits"])
 @pytest.mark.parametrize("B,T,C,H,K,P", CONV_CASES)
-def test_dynamic_conv_matches_reference(B, T, C, H, K, P, softmax, light):
+def test_dynamic_conv_matches_reference(B, T, C, H, K, P, softmax, light, weight_dropout):
+    """DropConnect: the seed on the GPU draws the mask that the CPU reference draws from the same seed."""
     g = torch.Generator().manual_seed(K * T)
     x = torch.randn(B, T, C, dtype=torch.float64, generator=g)
     w = 3 * torch.randn(*((H, K) if light else (B, T, H, K)), dtype=torch.float64, generator=g)  # light: read in place
     w = w if softmax else w.softmax(-1)
-    expected, want = grads(lambda x, w: ops.dynamic_conv_ref(x, w, P, softmax), x, w)
-    out, got = grads(lambda x, w: ops.dynamic_conv(x, w, P, softmax), *on(CUDA, x, w))
+    seed = torch.tensor(K * T - 2**40)
+    expected, want = grads(lambda x, w: ops.dynamic_conv_ref(x, w, P, softmax, weight_dropout, seed), x, w)
+    out, got = grads(lambda x, w: ops.dynamic_conv(x, w, P, softmax, weight_dropout, seed.to(CUDA)),
+                     *on(CUDA, x, w))
     assert_close(out.cpu(), expected)
     for name, a, b in zip(["x", "weight"], got, want):
         assert_close(a.cpu(), b, name=f"grad {name}")
@@ -153,6 +157,8 @@ def test_opcheck_on_cuda():
     w = torch.rand(2, 9, 3, 4, device=CUDA).softmax(-1)
     torch.library.opcheck(torch.ops.talk_hf.dynamic_conv_fwd.default, (x, w.requires_grad_(), 2))
     torch.library.opcheck(torch.ops.talk_hf.dynamic_conv_fwd.default, (x, w, 2, True))
+    torch.library.opcheck(torch.ops.talk_hf.dynamic_conv_fwd.default, (x, w, 2, True, torch.tensor(3, device=CUDA),
+                                                                        0.5))
     g = torch.Generator().manual_seed(0)
     q = features(2, 9, 2, 4, g, torch.float32).to(CUDA)
     v = torch.randn(2, 9, 2, 3, device=CUDA)

@@ -206,31 +206,37 @@ CONV_CASES = DYNAMIC_CONV_CASES + [
 ]
 
 
+@pytest.mark.parametrize("weight_dropout", [0.0, 0.3], ids=["", "dropconnect"])
 @pytest.mark.parametrize("light", [False, True], ids=["dynamic", "light"])
 @pytest.mark.parametrize("softmax", [False, True], ids=["normalised", "logits"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
 @pytest.mark.parametrize("B,T,C,H,K,P", CONV_CASES)
-def test_dynamic_conv_element_programs(emulator, B, T, C, H, K, P, dtype, softmax, light):
-    """dynamic_conv_math.h's element programs (the CUDA forward and grad x), the weight-gradient block program
-    (dynamic_conv_tiles.h) and softmax_row.h's row programs, run by the emulator as dynamic_conv.cu launches them
-    (every phase in thread order and reversed: bitwise the same), against the reference; LightConv: one (H, K)
-    kernel read by every position (the weight gradient stays per position)."""
+def test_dynamic_conv_element_programs(emulator, B, T, C, H, K, P, dtype, softmax, light, weight_dropout):
+    """dynamic_conv_math.h's element and rows programs (the CUDA forward, grad x, taps and weight-gradient rows;
+    softmax_row.h's lane programs; DropConnect's draws), the weight-gradient block program (dynamic_conv_tiles.h),
+    run by the emulator as dynamic_conv.cu launches them (every phase in thread order and reversed: bitwise the
+    same), against the reference with the same DropConnect seed; LightConv: one (H, K) kernel and one mask read by
+    every position (the weight gradient stays per position: its sum over positions is the kernel's)."""
     gen = torch.Generator().manual_seed(K * T + C)
     x = torch.randn(B, T, C, generator=gen, dtype=torch.float64)
     w = 3 * torch.randn(*((H, K) if light else (B, T, H, K)), generator=gen, dtype=torch.float64)
     w = w if softmax else w.softmax(-1)
     g = torch.randn(B, T, C, generator=gen, dtype=torch.float64)
-    xr, wr = x.clone().requires_grad_(), w.expand(B, T, H, K).clone().requires_grad_()
-    want_out = ops.dynamic_conv_ref(xr, wr, P, softmax)
+    seed = torch.tensor(K * 1_000_003 + T - 2**62)
+    shared_mask = light and weight_dropout > 0  # the reference then takes the (H, K) kernel itself
+    xr = x.clone().requires_grad_()
+    wr = (w.clone() if shared_mask else w.expand(B, T, H, K).clone()).requires_grad_()
+    want_out = ops.dynamic_conv_ref(xr, wr, P, softmax, weight_dropout, seed)
     want_out.backward(g)
     x, w, g = x.to(dtype), w.to(dtype), g.to(dtype)  # kept alive: the emulator reads them through raw pointers
     ints = [ctypes.c_int64(v) for v in (B, T, C, H, K, P)]
+    flags = [ctypes.c_int(int(softmax)), ctypes.c_int(int(light)), ctypes.c_int64(seed.item()),
+             ctypes.c_double(weight_dropout)]
     outs = []
     for reverse in (False, True):
         out = torch.full_like(x, float("nan"))
         getattr(emulator, f"dynamic_conv_fwd_emulate_{SUFFIX[dtype]}")(
-            ptr(x), ptr(w), ptr(out), *ints, ctypes.c_int(int(softmax)), ctypes.c_int(int(light)),
-            ctypes.c_int(int(reverse)))
+            ptr(x), ptr(w), ptr(out), *ints, *flags, ctypes.c_int(int(reverse)))
         outs.append(out)
     assert torch.equal(outs[0], outs[1])
     assert_close(outs[0], want_out.detach(), dtype)
@@ -238,13 +244,13 @@ def test_dynamic_conv_element_programs(emulator, B, T, C, H, K, P, dtype, softma
     for reverse in (False, True):
         gx, gw = torch.full_like(x, float("nan")), torch.full((B, T, H, K), float("nan"), dtype=dtype)
         status = getattr(emulator, f"dynamic_conv_bwd_emulate_{SUFFIX[dtype]}")(
-            ptr(g), ptr(x), ptr(w), ptr(gx), ptr(gw), *ints, ctypes.c_int(int(softmax)), ctypes.c_int(int(light)),
-            ctypes.c_int(int(reverse)))
+            ptr(g), ptr(x), ptr(w), ptr(gx), ptr(gw), *ints, *flags, ctypes.c_int(int(reverse)))
         assert status == 0, "the weight-gradient threads reached different barriers"
         grads.append((gx, gw))
     assert all(torch.equal(a, b) for a, b in zip(*grads))
     assert_close(grads[0][0], xr.grad, dtype, name="grad x")
-    assert_close(grads[0][1], wr.grad, dtype, name="grad weight")
+    got_gw = grads[0][1].double().sum((0, 1)).to(dtype) if shared_mask else grads[0][1]
+    assert_close(got_gw, wr.grad, dtype, name="grad weight")
 
 
 RFA_CASES = [  # B, T, H, F, D, chunk, grid (blocks; < B*H exercises the grid-stride loop), threads
@@ -332,10 +338,9 @@ def test_dynamic_conv_programs_in_bf16(emulator, softmax):
     want.backward(g.double())
     ints = [ctypes.c_int64(v) for v in (B, T, C, H, K, P)]
     out, gx, gw = torch.empty_like(x), torch.empty_like(x), torch.empty_like(w)
-    emulator.dynamic_conv_fwd_emulate_bf16(ptr(x), ptr(w), ptr(out), *ints, ctypes.c_int(int(softmax)), ctypes.c_int(0),
-                                           ctypes.c_int(0))
-    emulator.dynamic_conv_bwd_emulate_bf16(ptr(g), ptr(x), ptr(w), ptr(gx), ptr(gw), *ints, ctypes.c_int(int(softmax)),
-                                           ctypes.c_int(0), ctypes.c_int(0))
+    flags = [ctypes.c_int(int(softmax)), ctypes.c_int(0), ctypes.c_int64(0), ctypes.c_double(0.0), ctypes.c_int(0)]
+    emulator.dynamic_conv_fwd_emulate_bf16(ptr(x), ptr(w), ptr(out), *ints, *flags)
+    emulator.dynamic_conv_bwd_emulate_bf16(ptr(g), ptr(x), ptr(w), ptr(gx), ptr(gw), *ints, *flags)
     assert_close(out, want.detach(), bf16)
     assert_close(gx, xr.grad, bf16, name="grad x")
     assert_close(gw, wr.grad, bf16, name="grad weight")

@@ -2,6 +2,8 @@
 padding, dtypes, strides, padding invariance, decoding steps and argument checks; with normalised kernels and with
 logits the op normalises itself (softmax=True)."""
 
+import math
+
 import pytest
 import torch
 
@@ -90,16 +92,20 @@ def test_softmax_of_large_logits_stays_finite():
     assert_close(gw, ww, torch.float32, "grad logits")
 
 
+@pytest.mark.parametrize("weight_dropout", [0.0, 0.25], ids=["", "dropconnect"])
 @SOFTMAX
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("light", [False, True], ids=["dynamic", "light"])
-def test_dtype_tolerances(dtype, light, softmax):
+def test_dtype_tolerances(dtype, light, softmax, weight_dropout):
+    """Kernel and reference in every dtype against the fp64 reference (DropConnect: the same seed's mask)."""
     g = torch.Generator().manual_seed(5)
     x = torch.randn(2, 37, 16, dtype=torch.float64, generator=g).to(dtype)
     w, _ = kernel_weights(*((4, 15) if light else (2, 37, 4, 15)), softmax=softmax, generator=g, dtype=dtype)
-    out64, grads64 = grads(lambda a, b: ops.dynamic_conv_ref(a, b, 14, softmax), x.double(), w.double())
+    seed = torch.tensor(-5)
+    out64, grads64 = grads(lambda a, b: ops.dynamic_conv_ref(a, b, 14, softmax, weight_dropout, seed), x.double(),
+                           w.double())
     for fn in (ops.dynamic_conv, ops.dynamic_conv_ref):
-        out, gs = grads(lambda a, b: fn(a, b, 14, softmax), x, w)
+        out, gs = grads(lambda a, b: fn(a, b, 14, softmax, weight_dropout, seed), x, w)
         assert out.dtype == dtype
         assert_close(out, out64, dtype, "output")
         assert_close(gs[0], grads64[0], dtype, "grad x")
@@ -247,5 +253,143 @@ BAD_INPUTS = [
 
 @pytest.mark.parametrize("call,error,match", BAD_INPUTS)
 def test_bad_input_names_the_argument(call, error, match):
+    with pytest.raises(error, match=match):
+        call(torch.randn(2, 5, 6), torch.rand(2, 5, 3, 3))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# DropConnect inside the op (weight_dropout, seed): the mask of csrc/dropconnect.h and `dropconnect_keep`
+
+
+def splitmix64_keep(seed, n, p):
+    """Tap n's draw, in Python integers (the definition that the int64 tensor arithmetic emulates)."""
+    mask = (1 << 64) - 1
+    z = (seed + (n + 1) * 0x9E3779B97F4A7C15) & mask
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+    z ^= z >> 31
+    return (z >> 40) < math.ceil((1 - p) * 2**24)
+
+
+def draws(seed, n, p):
+    return ops.dropconnect_keep(torch.tensor(seed), (n,), p)
+
+
+@pytest.mark.parametrize("seed", [0, 12345, -1, -(2**63), 2**63 - 1])
+def test_dropconnect_mask_is_splitmix64(seed):
+    """The tensor arithmetic (wrapping products, masked shifts) equals splitmix64 in exact integers, negative seeds
+    included (they are 64 bits, read as unsigned)."""
+    got = draws(seed, 3000, 0.37)
+    want = [splitmix64_keep(seed % 2**64, n, 0.37) for n in range(3000)]
+    assert got.tolist() == want
+
+
+def test_dropconnect_mask_statistics():
+    """Keep rate 1 - p within 5 sigma; masks of two seeds agree as independent ones do; neighbouring taps are
+    uncorrelated; p = 0 keeps every tap and p = 1 none."""
+    n = 1 << 20
+    for p in (0.1, 0.5):
+        a, b = draws(7, n, p).double(), draws(8, n, p).double()
+        sigma = math.sqrt(p * (1 - p) / n)
+        assert abs(a.mean().item() - (1 - p)) < 5 * sigma
+        agree = (a == b).double().mean().item()
+        assert abs(agree - ((1 - p) ** 2 + p**2)) < 5 * math.sqrt(0.25 / n)
+        centred = a - a.mean()
+        assert abs((centred[1:] * centred[:-1]).mean().item() / centred.var().item()) < 5 / math.sqrt(n)
+    assert draws(3, 1000, 0.0).all() and not draws(3, 1000, 1.0).any()
+
+
+@pytest.mark.parametrize("weight_dropout", [0.3, 1.0])
+@SOFTMAX
+@pytest.mark.parametrize("light", [False, True], ids=["dynamic", "light"])
+@pytest.mark.parametrize("B,T,C,H,K,P", [CASES[0], CASES[3], CASES[9]])
+def test_dropconnect_matches_naive_loop(B, T, C, H, K, P, light, softmax, weight_dropout):
+    """Taps = the normalised kernel times keep / (1 - p) (0 for p = 1), the mask of the given (H, K) or (B, T, H, K)
+    shape: one mask for every position of a LightConv kernel. Kernel and reference draw the same mask."""
+    g = torch.Generator().manual_seed(T * 5 + K)
+    x = torch.randn(B, T, C, dtype=torch.float64, generator=g)
+    shape = (H, K) if light else (B, T, H, K)
+    w, taps = kernel_weights(*shape, softmax=softmax, generator=g)
+    seed = torch.tensor(T * 1000 + K)
+    keep = ops.dropconnect_keep(seed, shape, weight_dropout)
+    assert 0 < keep.sum() < keep.numel() or weight_dropout == 1.0
+    scale = 0.0 if weight_dropout == 1.0 else 1 / (1 - weight_dropout)
+    expected = conv_naive(x, taps * keep * scale, P)
+    assert_close(ops.dynamic_conv_ref(x, w, P, softmax, weight_dropout, seed), expected, name="reference")
+    if weight_dropout < 1:
+        assert_close(ops.dynamic_conv(x, w, P, softmax, weight_dropout, seed), expected, name="kernel")
+    else:
+        assert torch.equal(ops.dynamic_conv(x, w, P, softmax, weight_dropout, seed), expected)  # zeros
+
+
+@SOFTMAX
+@pytest.mark.parametrize("fn", [ops.dynamic_conv, ops.dynamic_conv_ref], ids=["kernel", "reference"])
+def test_dropconnect_gradcheck(fn, softmax):
+    """The backward uses the forward's mask (drawn again from the seed)."""
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(2, 8, 6, dtype=torch.float64, generator=g, requires_grad=True)
+    w = torch.randn(2, 8, 3, 5, dtype=torch.float64, generator=g, requires_grad=True)
+    lw = torch.randn(3, 5, dtype=torch.float64, generator=g, requires_grad=True)
+    seed = torch.tensor(99)
+    assert torch.autograd.gradcheck(lambda a, b: fn(a, b, 2, softmax, 0.4, seed), (x, w))
+    assert torch.autograd.gradcheck(lambda a, b: fn(a, b, 4, softmax, 0.4, seed), (x, lw))
+
+
+def test_dropconnect_seed_comes_from_torch_generator():
+    """Without a seed the op draws one from torch's generator: torch.manual_seed repeats the mask, the next call
+    draws another; weight_dropout = 0 is the plain op whatever the seed."""
+    g = torch.Generator().manual_seed(2)
+    x, w = torch.randn(2, 9, 6, generator=g), torch.randn(2, 9, 3, 5, generator=g)
+    torch.manual_seed(4)
+    first, second = ops.dynamic_conv(x, w, 2, True, 0.5), ops.dynamic_conv(x, w, 2, True, 0.5)
+    torch.manual_seed(4)
+    again = ops.dynamic_conv_ref(x, w, 2, True, 0.5)
+    assert not torch.equal(first, second)
+    torch.testing.assert_close(again, first)
+    plain = ops.dynamic_conv(x, w, 2, True)
+    assert torch.equal(ops.dynamic_conv(x, w, 2, True, 0.0, torch.tensor(3)), plain)
+
+
+def test_dropconnect_step_matches_the_op():
+    """A decoding step with DropConnect (the PyTorch form runs) drops the taps of the new tokens' mask."""
+    g = torch.Generator().manual_seed(8)
+    x, logits = torch.randn(2, 6, 6, generator=g, dtype=torch.float64), torch.randn(2, 6, 3, 4, generator=g)
+    logits = logits.double()
+    state = ops.dynamic_conv_state_from_prefix(x[:, :5], 4)
+    step_seed = torch.tensor(17)
+    out, _ = ops.dynamic_conv_step(x[:, 5:], logits[:, 5:], state, True, 0.5, step_seed)
+    keep = ops.dropconnect_keep(step_seed, (2, 1, 3, 4), 0.5)
+    taps = logits[:, 5:].softmax(-1) * keep * 2
+    want = torch.einsum("bkhr,bhk->bhr", torch.cat([state, x[:, 5:]], 1).view(2, 4, 3, 2), taps[:, 0])
+    torch.testing.assert_close(out[:, 0], want.reshape(2, 6))
+    assert 0 < keep.sum() < keep.numel()
+
+
+def test_dropconnect_opcheck_and_compile():
+    x = torch.randn(2, 7, 6, requires_grad=True)
+    logits = torch.randn(2, 7, 3, 4, requires_grad=True)
+    seed = torch.tensor(5)
+    torch.library.opcheck(torch.ops.talk_hf.dynamic_conv_fwd.default, (x, logits, 3, True, seed, 0.2))
+    torch.library.opcheck(torch.ops.talk_hf.dynamic_conv_fwd.default, (x, logits, 3, False, seed, 0.2))
+    torch.library.opcheck(torch.ops.talk_hf.dynamic_conv_bwd.default, (torch.randn(2, 7, 6), x.detach(),
+                                                                        logits.detach(), 1, True, seed, 0.2))
+    compiled = torch.compile(lambda a, b, s: ops.dynamic_conv(a, b, 4, True, 0.3, s) + 1, fullgraph=True)
+    torch.testing.assert_close(compiled(x, logits, seed), ops.dynamic_conv(x, logits, 4, True, 0.3, seed) + 1)
+
+
+DROPCONNECT_BAD_INPUTS = [
+    (lambda x, w: ops.dynamic_conv(x, w, 1, True, 1.5), ValueError, "weight_dropout must be a probability"),
+    (lambda x, w: ops.dynamic_conv(x, w, 1, True, 0.1, torch.tensor(1.0)), ValueError, "seed must be a one-element int64"),
+    (lambda x, w: ops.dynamic_conv(x, w, 1, True, 0.1, torch.tensor([1, 2])), ValueError, "seed must be"),
+    (lambda x, w: torch.ops.talk_hf.dynamic_conv_fwd(x, w, 1, True, None, 0.5), RuntimeError, "needs a seed"),
+    (lambda x, w: torch.ops.talk_hf.dynamic_conv_fwd(x, w, 1, True, torch.tensor(1), -0.5), RuntimeError,
+     r"weight_dropout must be in \[0, 1\]"),
+    (lambda x, w: torch.ops.talk_hf.dynamic_conv_fwd(x, w, 1, True, torch.tensor(1, dtype=torch.int32), 0.5),
+     RuntimeError, "one-element int64"),
+]
+
+
+@pytest.mark.parametrize("call,error,match", DROPCONNECT_BAD_INPUTS)
+def test_dropconnect_bad_input_names_the_argument(call, error, match):
     with pytest.raises(error, match=match):
         call(torch.randn(2, 5, 6), torch.rand(2, 5, 3, 3))
