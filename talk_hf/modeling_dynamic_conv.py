@@ -4,7 +4,8 @@ Porting notes (reference_impls.md §B.5, §E.10-14):
 - The conv sub-block is: input dropout -> linear1 (or to 2*conv_dim + GLU) -> zero padded positions -> kernels
   (DynamicConv: Linear(conv_dim, H*K, no bias) of the current position; LightConv: one (H, K) parameter) softmaxed
   over all K taps, then DropConnect -> convolution (encoder padding K//2, decoder K-1) -> linear2. The FFN is ReLU.
-  Without DropConnect (inference, or weight_dropout=0) the op normalises the logits itself (`softmax=True`).
+  The op takes the logits and does the softmax and DropConnect itself (`softmax=True`, `weight_dropout`; its mask is
+  drawn from a seed inside the op: one mask per forward for a LightConv kernel, as fairseq's).
 - Kernels are softmaxed over all K taps and then truncated at the sequence start (zeros), in training and in
   decoding alike (fairseq's unfold path normalised short prefixes differently, §B.2).
 - Decoding carries the last K-1 conv inputs per layer; any number of new tokens per call (fairseq #3908).
@@ -48,30 +49,24 @@ class DynamicConvMixer(nn.Module):
         self.linear2 = nn.Linear(conv_dim, config.d_model)
 
     def kernels(self, x):
-        """x: (B, T, conv_dim) -> (kernels, softmax): (B, T, H, K) (DynamicConv) or (H, K) (LightConv) kernels, and
-        whether they are logits for the op to normalise itself (the fused path: softmax without DropConnect)."""
+        """x: (B, T, conv_dim) -> (B, T, H, K) (DynamicConv) or (H, K) (LightConv) kernels: logits when
+        weight_softmax (the op normalises them), else the taps themselves."""
         if self.weight_linear is not None:
-            w = self.weight_linear(x).view(*x.shape[:2], self.heads, self.kernel_size)
-        else:
-            w = self.weight.to(x.dtype)
-        dropconnect = self.training and self.weight_dropout > 0
-        if self.weight_softmax and not dropconnect:
-            return w, True
-        if self.weight_softmax:
-            w = torch.softmax(w.float(), dim=-1).to(x.dtype)
-        return F.dropout(w, p=self.weight_dropout, training=self.training), False
+            return self.weight_linear(x).view(*x.shape[:2], self.heads, self.kernel_size)
+        return self.weight.to(x.dtype)
 
     def forward(self, x, attention_mask=None, past_key_values=None, separators=None):
         x = self.linear1(F.dropout(x, p=self.input_dropout, training=self.training))
         x = zero_padding(F.glu(x, dim=-1) if self.glu else x, attention_mask)
-        w, softmax = self.kernels(x)
+        w = self.kernels(x)
+        conv_args = dict(softmax=self.weight_softmax, weight_dropout=self.weight_dropout if self.training else 0.0)
         state = past_key_values if self.causal else None
         if state is None or state.get("conv") is None:
-            y = dynamic_conv(x, w, self.padding_left, softmax)
+            y = dynamic_conv(x, w, self.padding_left, **conv_args)
             if state is not None:
                 state.set("conv", dynamic_conv_state_from_prefix(x, self.kernel_size))
         else:
-            y, new_state = dynamic_conv_step(x, w, state.get("conv"), softmax)
+            y, new_state = dynamic_conv_step(x, w, state.get("conv"), **conv_args)
             state.set("conv", new_state)
         return self.linear2(y)
 

@@ -1,7 +1,9 @@
 """Behaviour specific to one model family."""
 
+import pytest
 import torch
 
+from talk_hf import ops
 from talk_hf.modeling_talk import TalkOffsetProjection
 from tests.models.tiny import SEP, VOCAB, make, source_batch
 
@@ -74,3 +76,25 @@ def test_talk_encoder_windows_can_be_asymmetric():
     assert [m.max_right for m in (layer.mixer for layer in model.model.decoder.layers)] == [0, 0]
     default = make("talk-glu-prenorm")
     assert default.config.encoder_max_right_offsets == default.config.encoder_max_offsets
+
+
+@pytest.mark.parametrize("name", ["dynamic_conv", "lightconv"])
+def test_dropconnect_in_training_is_the_ops_with_a_drawn_seed(name):
+    """In training a conv mixer hands its logits and weight_dropout to the op, which draws the seed from torch's
+    generator: the output is the reference op with that seed (one mask for a LightConv kernel); eval drops nothing."""
+    model = make(name, weight_dropout=0.4, input_dropout=0.0)
+    mixer = model.model.encoder.layers[1].mixer
+    x = torch.randn(3, 9, 16, generator=torch.Generator().manual_seed(5))
+    evaluated = mixer(x)
+    mixer.train()
+    torch.manual_seed(3)
+    trained = mixer(x)
+    torch.manual_seed(3)
+    seed = ops.draw_seed()
+    hidden = torch.nn.functional.glu(mixer.linear1(x), dim=-1) if mixer.glu else mixer.linear1(x)
+    want = mixer.linear2(ops.dynamic_conv_ref(hidden, mixer.kernels(hidden), mixer.padding_left, True, 0.4, seed))
+    torch.testing.assert_close(trained, want)
+    assert not torch.allclose(trained, evaluated)
+    trained.sum().backward()
+    weights = mixer.weight if mixer.weight is not None else mixer.weight_linear.weight
+    assert weights.grad is not None and torch.isfinite(weights.grad).all() and weights.grad.abs().sum() > 0
