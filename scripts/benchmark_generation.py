@@ -7,8 +7,8 @@ number of tokens, `min_new_tokens = max_new_tokens`):
   lm           TaLK causal LM vs GPT-2: `--lm_tokens` new tokens after a 16-token prompt, at each batch size of
                `--lm_batch` (at batch 1 a step of either model is mostly its weights and generate()'s own work; with
                more rows the key/value cache that GPT-2 reads at every step grows with each of them).
-  translation  TaLK and DynamicConv encoder-decoders vs Marian: greedy and beam-4 translation of a batch of 32
-               sources of 24 tokens, 32 new tokens each.
+  translation  TaLK and DynamicConv encoder-decoders vs Marian: greedy and beam-4 translation of `--sentences`
+               sources of 24 tokens in batches of 32, 32 new tokens each.
   document     RFA-doc vs Marian at document windows (`--windows`): sources and outputs of 24 tokens per sentence,
                batches of 8, greedy.
 Reported: new tokens per second (median of `--repeats` runs), the ratio talk_hf / transformers, and the bytes of
@@ -101,16 +101,18 @@ def cache_bytes(cache):
 
 
 @torch.no_grad()
-def timed_generate(model, inputs, new_tokens, repeats, **kwargs):
-    """(median new tokens per second, cache bytes at the end)."""
-    args = dict(inputs, min_new_tokens=new_tokens, max_new_tokens=new_tokens, do_sample=False,
-                return_dict_in_generate=True, **kwargs)
-    out = model.generate(**args)  # warm-up, and the cache size
-    rows = out.sequences.shape[0]
+def timed_generate(model, batches, new_tokens, repeats, **kwargs):
+    """(median over `repeats` of new tokens per second over all `batches` (input dicts), cache bytes at the end of
+    the first batch)."""
+    args = [dict(inputs, min_new_tokens=new_tokens, max_new_tokens=new_tokens, do_sample=False,
+                 return_dict_in_generate=True, **kwargs) for inputs in batches]
+    out = model.generate(**args[0])  # warm-up, and the cache size
+    rows = sum(inputs["input_ids"].shape[0] for inputs in batches)
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        model.generate(**args)
+        for a in args:
+            model.generate(**a)
         times.append(time.perf_counter() - start)
     return rows * new_tokens / statistics.median(times), cache_bytes(out.past_key_values)
 
@@ -123,15 +125,15 @@ def compiled_decoding(device):
     return {"cache_implementation": "static", "compile_config": config}
 
 
-def compare(name, kind, inputs, new_tokens, repeats, talk, base, compiled=False, **kwargs):
+def compare(name, kind, batches, new_tokens, repeats, talk, base, compiled=False, **kwargs):
     if compiled:
         name, kwargs = f"{name}, compiled", dict(kwargs, **compiled_decoding(talk.device))
         # transformers sizes a static cache for the longest generate() call so far (to avoid recompiling): each row
         # gets one for its own length, or a baseline would attend over the padding of an earlier, longer row
         for model in (talk, base):
             model.__dict__.pop("_previous_max_cache_length", None)
-    talk_tps, talk_bytes = timed_generate(talk, inputs, new_tokens, repeats, **kwargs)
-    base_tps, base_bytes = timed_generate(base, inputs, new_tokens, repeats, **kwargs)
+    talk_tps, talk_bytes = timed_generate(talk, batches, new_tokens, repeats, **kwargs)
+    base_tps, base_bytes = timed_generate(base, batches, new_tokens, repeats, **kwargs)
     row = {"row": name, "kind": kind, "compiled": compiled, "new_tokens": new_tokens, "talk_hf_tokens_per_s": talk_tps,
            "baseline_tokens_per_s": base_tps, "speedup": talk_tps / base_tps, "talk_hf_cache_MB": talk_bytes / 2**20,
            "baseline_cache_MB": base_bytes / 2**20}
@@ -151,21 +153,22 @@ def run(args):
     rows = []
     variants = (False, True) if args.compile else (False,)  # transformers compiles greedy/sampling steps only
     talk, base = (m.to(device) for m in models("lm"))
-    for batch in args.lm_batch:
+    for batch in args.lm_batch if "lm" in args.rows else ():
         for n in args.lm_tokens:
-            prompt = source(batch, 16, device, g)
+            prompt = [source(batch, 16, device, g)]
             for compiled in variants:
                 rows.append(compare(f"LM {n} new tokens, batch {batch} (TaLK LM vs GPT-2)", "lm", prompt, n,
                                     args.repeats, talk, base, compiled))
-    sources = source(32, 24, device, g)
-    for kind, name in (("translation", "TaLK"), ("dynamic_conv", "DynamicConv")):
+    sources = [source(min(32, args.sentences - i), 24, device, g) for i in range(0, args.sentences, 32)]
+    for kind, name in (("translation", "TaLK"), ("dynamic_conv", "DynamicConv")) if "translation" in args.rows else ():
         talk, base = (m.to(device) for m in models(kind))
         for beams, compiled in [(1, c) for c in variants] + [(4, False)]:
-            rows.append(compare(f"translation, beam {beams}, batch 32 ({name} vs Marian)", "translation", sources, 32,
-                                args.repeats, talk, base, compiled, num_beams=beams))
+            rows.append(compare(f"translation of {args.sentences} sentences, beam {beams}, batches of 32 ({name} vs "
+                                f"Marian)", "translation", sources, 32, args.repeats, talk, base, compiled,
+                                num_beams=beams))
     talk, base = (m.to(device) for m in models("document"))
-    for w in args.windows:
-        document = source(8, 24 * w, device, g)
+    for w in args.windows if "document" in args.rows else ():
+        document = [source(8, 24 * w, device, g)]
         for compiled in variants:
             rows.append(compare(f"document window {w}, batch 8 (RFA-doc vs Marian)", "document", document, 24 * w,
                                 args.repeats, talk, base, compiled))
@@ -198,9 +201,13 @@ def plot(rows, path):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--rows", nargs="+", choices=["lm", "translation", "document"],
+                        default=["lm", "translation", "document"])
     parser.add_argument("--lm_tokens", type=int, nargs="+", default=[1024])
     parser.add_argument("--lm_batch", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--windows", type=int, nargs="+", default=[1, 4, 8, 15])
+    parser.add_argument("--sentences", type=int, default=32, help="sources translated per translation row (the "
+                        "issue's suite: 1000), in batches of 32")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--compile", action="store_true", help="also run the greedy rows with compiled decoding")
     parser.add_argument("--output", default=None)

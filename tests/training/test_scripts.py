@@ -214,12 +214,18 @@ def test_lm_results_runner_reports_perplexity(tmp_path, monkeypatch):
     assert "| gpt2 |" in (tmp_path / "lm" / "results.md").read_text()
 
 
-def test_generation_benchmark_reports_speed_and_cache_sizes(tmp_path, monkeypatch):
+def small_generation_benchmark(monkeypatch):
+    """scripts/benchmark_generation.py with one-layer models of width 16."""
     module = script("benchmark_generation")
     monkeypatch.setattr(module, "D", 16)
     monkeypatch.setattr(module, "LAYERS", 1)
     monkeypatch.setattr(module, "SEQ2SEQ", {**module.SEQ2SEQ, "d_model": 16, "encoder_layers": 1, "decoder_layers": 1,
                                             "encoder_ffn_dim": 32, "decoder_ffn_dim": 32})
+    return module
+
+
+def test_generation_benchmark_reports_speed_and_cache_sizes(tmp_path, monkeypatch):
+    module = small_generation_benchmark(monkeypatch)
     compiled_calls = []
 
     def traced_decoding(device):  # the script's compile settings, with a tracing-only backend (no inductor build)
@@ -314,3 +320,20 @@ def test_train_push_to_hub_uploads_the_run(run, local_hub, tmp_path):  # noqa: F
     assert b"user/talk-tiny" in files["README.md"]  # the card's usage snippet names the repository
     local = (tmp_path / "pushed" / "model" / "model.safetensors").read_bytes()
     assert files["model.safetensors"] == local
+
+
+def test_generation_benchmark_translates_the_asked_number_of_sentences(monkeypatch):
+    """--rows picks the rows; --sentences 40 translates two batches (32 + 8) in every translation row."""
+    module = small_generation_benchmark(monkeypatch)
+    generated = []
+    generate = module.timed_generate
+
+    def counting(model, batches, new_tokens, repeats, **kwargs):
+        generated.append([b["input_ids"].shape[0] for b in batches])
+        return generate(model, batches, new_tokens, repeats, **kwargs)
+
+    monkeypatch.setattr(module, "timed_generate", counting)
+    rows = module.main(["--rows", "translation", "--sentences", "40", "--repeats", "1"])
+    assert [r["kind"] for r in rows] == ["translation"] * 4  # greedy and beam 4, TaLK and DynamicConv
+    assert all("40 sentences" in r["row"] for r in rows)
+    assert generated == [[32, 8]] * 8  # each model of each row
