@@ -103,10 +103,15 @@ def cache_bytes(cache):
 @torch.no_grad()
 def timed_generate(model, batches, new_tokens, repeats, **kwargs):
     """(median over `repeats` of new tokens per second over all `batches` (input dicts), cache bytes at the end of
-    the first batch)."""
+    the first batch). The untimed warm-up runs one batch of each input shape: a compiled decoding step is compiled
+    again for a new batch size (a last, partial batch), which the timed runs must not include."""
     args = [dict(inputs, min_new_tokens=new_tokens, max_new_tokens=new_tokens, do_sample=False,
                  return_dict_in_generate=True, **kwargs) for inputs in batches]
     out = model.generate(**args[0])  # warm-up, and the cache size
+    shapes = {tuple(a["input_ids"].shape): a for a in args}
+    shapes.pop(tuple(args[0]["input_ids"].shape))
+    for a in shapes.values():
+        model.generate(**a)
     rows = sum(inputs["input_ids"].shape[0] for inputs in batches)
     times = []
     for _ in range(repeats):
