@@ -1,6 +1,6 @@
 // TALK_HD marks small math helpers shared by the CPU kernels (plain C++) and the CUDA kernels (nvcc); max64, min64
-// and cdiv (ceiling division) are three of them (int64 index arithmetic). TALK_UNROLL asks nvcc to unroll the loop that follows (device code only;
-// host compilers warn about the pragma).
+// and cdiv (ceiling division) are three of them (int64 index arithmetic). TALK_UNROLL asks nvcc to unroll the loop
+// that follows (device code only; host compilers warn about the pragma).
 #pragma once
 
 #if defined(__CUDACC__)

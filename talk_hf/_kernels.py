@@ -152,5 +152,5 @@ def dynamic_conv_step(x, weight, state, softmax):
 
 def dynamic_conv(x, weight, padding_left, softmax, seed=None, weight_dropout=0.0):
     """Compiled dynamic convolution; weight (B, T, H, K) (LightConv kernels arrive expanded; logits when softmax);
-    DropConnect with probability weight_dropout and the mask of `seed` (None when weight_dropout is 0)."""
+    DropConnect with probability weight_dropout and the mask of `seed` (unused, and may be None, when it is 0)."""
     return torch.ops.talk_hf.dynamic_conv_fwd(x, weight, padding_left, softmax, seed, float(weight_dropout))

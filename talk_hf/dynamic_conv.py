@@ -149,8 +149,6 @@ def dynamic_conv(x, weight, padding_left, softmax=False, weight_dropout=0.0, see
     seed = _seed(seed, weight_dropout, x)
     if not use_kernels(x):
         return _dynamic_conv_ref(x, weight, padding_left, softmax, weight_dropout, seed)
-    if weight_dropout == 0:
-        seed = None
     return _kernels.dynamic_conv(x, _expand_weight(weight, x), padding_left, softmax, seed, weight_dropout)
 
 

@@ -98,14 +98,17 @@ TALK_HF_VECTOR_CLONES void dropconnect_factors(const DropConnect<acc_t>& dc, int
   for (int64_t i = 0; i < n; ++i) factors[i] = dc.kept(first + i) ? scale : acc_t(0);
 }
 
-// The taps of position bt: normalised, times DropConnect's factors (factors: H*K scratch).
+// The taps of positions [bt, bt + n) (laid out as the weights from position bt's, accumulation type): probs = the
+// normalised taps, factors = DropConnect's (only when dc is on), taps = probs * factors (taps may be probs: in place).
+// Without DropConnect the taps are probs.
 template <typename scalar_t, typename acc_t>
-void position_taps(const scalar_t* w, bool softmax, const DropConnect<acc_t>& dc, const Dims& d, int64_t bt,
-                   acc_t* taps, acc_t* factors) {
-  normalised_taps(w, softmax, d.H, d.K, taps);
+void tap_tables(const scalar_t* w, bool softmax, const DropConnect<acc_t>& dc, const Dims& d, int64_t bt, int64_t n,
+                acc_t* probs, acc_t* factors, acc_t* taps) {
+  const int64_t first = bt * d.ws, count = n * d.H * d.K;
+  normalised_taps(w + first, softmax, n * d.H, d.K, probs);
   if (!dc.on) return;
-  dropconnect_factors(dc, bt * d.ws, d.H * d.K, factors);
-  for (int64_t i = 0; i < d.H * d.K; ++i) taps[i] *= factors[i];
+  dropconnect_factors(dc, first, count, factors);
+  for (int64_t i = 0; i < count; ++i) taps[i] = probs[i] * factors[i];
 }
 
 // gp[h*K + k] = sum over the head's channels of g[b, t, c] * x[b, t + k - P, c]: the gradient of position bt's taps.
@@ -158,24 +161,10 @@ void forward_kernel(const scalar_t* x, const scalar_t* w, bool softmax, const Dr
         forward_position(x, wpos, out, d, bt, acc.data());
         continue;
       }
-      if (d.ws != 0 || bt == begin) position_taps(wpos, softmax, dc, d, bt, taps.data(), factors.data());
+      if (d.ws != 0 || bt == begin)  // a LightConv kernel: once
+        tap_tables(w, softmax, dc, d, bt, 1, taps.data(), factors.data(), taps.data());
       forward_position(x, static_cast<const acc_t*>(taps.data()), out, d, bt, acc.data());
     }
-  });
-}
-
-// The backward's tables, laid out as the weights (B*T*H*K, or H*K for a LightConv kernel; accumulation type):
-// probs = the normalised taps, factors = DropConnect's, taps = probs * factors (without DropConnect: taps = probs,
-// factors empty).
-template <typename scalar_t, typename acc_t>
-void backward_tables(const scalar_t* w, bool softmax, const DropConnect<acc_t>& dc, const Dims& d, acc_t* probs,
-                     acc_t* factors, acc_t* taps) {
-  at::parallel_for(0, d.ws != 0 ? d.B * d.T : 1, kGrain, [&](int64_t begin, int64_t end) {
-    const int64_t first = begin * d.ws, n = (end - begin) * d.H * d.K;
-    normalised_taps(w + first, softmax, (end - begin) * d.H, d.K, probs + first);
-    if (!dc.on) return;
-    dropconnect_factors(dc, first, n, factors + first);
-    for (int64_t i = first; i < first + n; ++i) taps[i] = probs[i] * factors[i];
   });
 }
 
@@ -255,7 +244,10 @@ std::tuple<at::Tensor, at::Tensor> dynamic_conv_bwd_cpu(const at::Tensor& g_, co
     const int64_t n = w.numel();
     std::vector<acc_t> probs(n), factors(dc.on ? n : 0), dropped(dc.on ? n : 0);
     const acc_t* taps = dc.on ? dropped.data() : probs.data();
-    backward_tables(wp, softmax, dc, d, probs.data(), factors.data(), dropped.data());
+    at::parallel_for(0, d.ws != 0 ? d.B * d.T : 1, kGrain, [&](int64_t begin, int64_t end) {
+      const auto from = [&](std::vector<acc_t>& t) { return t.empty() ? nullptr : t.data() + begin * d.ws; };
+      tap_tables(wp, softmax, dc, d, begin, end - begin, from(probs), from(factors), from(dropped));
+    });
     grad_x_kernel<scalar_t, acc_t>(gp, taps, gx.data_ptr<scalar_t>(), d);
     grad_weight_kernel<scalar_t, acc_t>(gp, xp, softmax ? probs.data() : nullptr, dc.on ? factors.data() : nullptr,
                                         gw.data_ptr<scalar_t>(), d);

@@ -113,14 +113,14 @@ std::tuple<at::Tensor, at::Tensor> talk_conv_step_cuda_op(const at::Tensor& x_, 
   return {out, new_state};
 }
 
-// x contiguous; w: the (B, T, H, K) weight as given (sizes); cw: how the kernels read it; seed: DropConnect's
-// (contiguous, when weight_dropout > 0); all kept alive by the caller.
+// x contiguous; w: the (B, T, H, K) weight as given (sizes); cw: how the kernels read it (kept alive by the caller);
+// seed: DropConnect's, checked (one element, so contiguous) when weight_dropout > 0.
 DynamicConvParams conv_params(const at::Tensor& x, const at::Tensor& w, const ConvWeight& cw, int64_t padding_left,
-                              bool softmax, const at::Tensor& seed, double weight_dropout) {
+                              bool softmax, const c10::optional<at::Tensor>& seed, double weight_dropout) {
   DynamicConvParams p{};
   p.softmax = softmax;
   p.weight_dropout = weight_dropout;
-  p.seed = weight_dropout > 0.0 ? seed.data_ptr<int64_t>() : nullptr;
+  p.seed = weight_dropout > 0.0 ? seed->data_ptr<int64_t>() : nullptr;
   p.batch = x.size(0);
   p.seqlen = x.size(1);
   p.channels = x.size(2);
@@ -143,8 +143,7 @@ at::Tensor dynamic_conv_fwd_cuda_op(const at::Tensor& x_, const at::Tensor& w_, 
   at::Tensor out = at::empty_like(x);
   if (x.numel() == 0) return out;
   const ConvWeight cw = conv_weight(w_);
-  const at::Tensor seed_ = weight_dropout > 0.0 ? seed->contiguous() : at::Tensor();
-  DynamicConvParams p = conv_params(x, w_, cw, padding_left, softmax, seed_, weight_dropout);
+  DynamicConvParams p = conv_params(x, w_, cw, padding_left, softmax, seed, weight_dropout);
   p.out = out.data_ptr();
   at::Tensor ws = workspace(dynamic_conv_fwd_workspace_bytes(p), x);
   check_launch(dynamic_conv_fwd_cuda(p, ws.numel() ? ws.data_ptr() : nullptr, c10::cuda::getCurrentCUDAStream()),
@@ -191,8 +190,7 @@ std::tuple<at::Tensor, at::Tensor> dynamic_conv_bwd_cuda_op(const at::Tensor& g_
   at::Tensor gx = at::empty_like(x), gw = at::empty(w_.sizes(), w_.options());  // per position, also for LightConv
   if (x.numel() == 0) return {gx, gw.zero_()};
   const ConvWeight cw = conv_weight(w_);
-  const at::Tensor seed_ = weight_dropout > 0.0 ? seed->contiguous() : at::Tensor();
-  DynamicConvParams p = conv_params(x, w_, cw, padding_left, softmax, seed_, weight_dropout);
+  DynamicConvParams p = conv_params(x, w_, cw, padding_left, softmax, seed, weight_dropout);
   p.grad_out = g.data_ptr();
   p.grad_x = gx.data_ptr();
   p.grad_weight = gw.data_ptr();
@@ -297,7 +295,6 @@ at::Tensor rfa_feature_map_cuda_op(const at::Tensor& x_, const at::Tensor& proje
 }
 
 }  // namespace
-
 
 TORCH_LIBRARY_IMPL(talk_hf, CUDA, m) {
   m.impl("rfa_causal_fwd", &rfa_causal_fwd_cuda_op);

@@ -92,6 +92,16 @@ __device__ __forceinline__ RowGroup row_group(int64_t first_row, int64_t rows, i
   return {row < rows ? row : rows - 1, lane % group, row < rows};
 }
 
+// The softmax stats of a row of K logits whose taps a group of `group` lanes shares (all-reduced: every lane of the
+// group gets them; every lane of the warp must call it).
+template <typename T>
+__device__ __forceinline__ SoftmaxStats<acc_type<T>> group_softmax_stats(const T* row, int64_t K, int lane,
+                                                                         int group) {
+  using acc_t = acc_type<T>;
+  const acc_t m = group_allreduce_max(softmax_lane_max(row, K, lane, group), group);
+  return {m, acc_t(1) / group_allreduce_sum(softmax_lane_sum(row, K, m, lane, group), group)};
+}
+
 // taps[row*K + k] = the row's weights, or their softmax probabilities, times DropConnect's factors: the B*T*H rows of
 // the weights, or the H rows of a LightConv kernel (ws = 0); taps is laid out as the weights.
 template <typename scalar_t>
@@ -105,11 +115,8 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t first = warp * per_warp; first < rows; first += n_warps * per_warp) {
     const RowGroup g = row_group(first, rows, group);
     const scalar_t* row = weight + g.row * d.K;
-    SoftmaxStats<acc_t> s{acc_t(0), acc_t(1)};
-    if (softmax) {  // uniform over the grid: every lane reaches the shuffles
-      const acc_t m = group_allreduce_max(softmax_lane_max(row, d.K, g.lane, group), group);
-      s = {m, acc_t(1) / group_allreduce_sum(softmax_lane_sum(row, d.K, m, g.lane, group), group)};
-    }
+    // softmax is uniform over the grid: every lane reaches the shuffles
+    const SoftmaxStats<acc_t> s = softmax ? group_softmax_stats(row, d.K, g.lane, group) : SoftmaxStats<acc_t>{0, 1};
     if (g.active) taps_lane_write(row, d.K, softmax, s, dc, g.row * d.K, taps + g.row * d.K, g.lane, group);
   }
 }
@@ -138,13 +145,10 @@ __global__ void __launch_bounds__(kThreads)
       continue;
     }
     const scalar_t* row = weight + first;
-    SoftmaxStats<acc_t> s{acc_t(0), acc_t(1)};
-    acc_t dot = 0;
-    if (softmax) {
-      const acc_t m = group_allreduce_max(softmax_lane_max(row, d.K, g.lane, group), group);
-      s = {m, acc_t(1) / group_allreduce_sum(softmax_lane_sum(row, d.K, m, g.lane, group), group)};
-      dot = group_allreduce_sum(dropconnect_grad_lane_dot(row, s, gpr, dc, first, d.K, g.lane, group), group);
-    }
+    const SoftmaxStats<acc_t> s = softmax ? group_softmax_stats(row, d.K, g.lane, group) : SoftmaxStats<acc_t>{0, 1};
+    const acc_t dot =
+        softmax ? group_allreduce_sum(dropconnect_grad_lane_dot(row, s, gpr, dc, first, d.K, g.lane, group), group)
+                : acc_t(0);
     if (g.active) dropconnect_grad_lane_write(row, softmax, s, gpr, dc, first, d.K, dot, out, g.lane, group);
   }
 }

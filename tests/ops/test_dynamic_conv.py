@@ -350,15 +350,15 @@ def test_dropconnect_seed_comes_from_torch_generator():
     assert torch.equal(ops.dynamic_conv(x, w, 2, True, 0.0, torch.tensor(3)), plain)
 
 
-def test_dropconnect_step_matches_the_op():
-    """A decoding step with DropConnect (the PyTorch form runs) drops the taps of the new tokens' mask."""
+def test_dropconnect_in_a_decoding_step():
+    """A decoding step with DropConnect (the PyTorch form runs) uses the mask of the new tokens' (B, 1, H, K) taps."""
     g = torch.Generator().manual_seed(8)
-    x, logits = torch.randn(2, 6, 6, generator=g, dtype=torch.float64), torch.randn(2, 6, 3, 4, generator=g)
-    logits = logits.double()
+    x = torch.randn(2, 6, 6, generator=g, dtype=torch.float64)
+    logits = torch.randn(2, 6, 3, 4, generator=g, dtype=torch.float64)
     state = ops.dynamic_conv_state_from_prefix(x[:, :5], 4)
-    step_seed = torch.tensor(17)
-    out, _ = ops.dynamic_conv_step(x[:, 5:], logits[:, 5:], state, True, 0.5, step_seed)
-    keep = ops.dropconnect_keep(step_seed, (2, 1, 3, 4), 0.5)
+    seed = torch.tensor(17)
+    out, _ = ops.dynamic_conv_step(x[:, 5:], logits[:, 5:], state, True, 0.5, seed)
+    keep = ops.dropconnect_keep(seed, (2, 1, 3, 4), 0.5)
     taps = logits[:, 5:].softmax(-1) * keep * 2
     want = torch.einsum("bkhr,bhk->bhr", torch.cat([state, x[:, 5:]], 1).view(2, 4, 3, 2), taps[:, 0])
     torch.testing.assert_close(out[:, 0], want.reshape(2, 6))
