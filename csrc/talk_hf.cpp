@@ -12,7 +12,8 @@ PyObject* PyInit__C(void) {
 }
 
 // rfa_causal_fwd saves the state before every `chunk` steps for rfa_causal_bwd (checkpoints, (B, H, N, F, D + 1));
-// chunk 0 saves none (N = 0), for calls that need no backward.
+// chunk 0 saves none (N = 0), for calls that need no backward. tf32: the CUDA kernels may do their matrix products
+// on tensor cores with TF32 operands (fp32 accumulation; fp32 tensors, sm_80 and newer); ignored on CPU.
 TORCH_LIBRARY(talk_hf, m) {
   m.def("talk_conv_fwd(Tensor x, Tensor offset_left, Tensor? offset_right, int max_left, int max_right) -> Tensor");
   m.def(
@@ -21,11 +22,12 @@ TORCH_LIBRARY(talk_hf, m) {
   // Decoding step(s) from the fixed-size state (B, max_left + 2, C) -> (out, new state); no autograd (inference).
   m.def("talk_conv_step(Tensor x, Tensor offset_left, Tensor state, int max_left) -> (Tensor, Tensor)");
   m.def(
-      "rfa_causal_fwd(Tensor q, Tensor k, Tensor v, Tensor? decay, Tensor? initial_state, float eps, int chunk) "
-      "-> (Tensor, Tensor, Tensor)");
+      "rfa_causal_fwd(Tensor q, Tensor k, Tensor v, Tensor? decay, Tensor? initial_state, float eps, int chunk, "
+      "bool tf32=False) -> (Tensor, Tensor, Tensor)");
   m.def(
       "rfa_causal_bwd(Tensor grad_out, Tensor? grad_state, Tensor q, Tensor k, Tensor v, Tensor? decay, "
-      "Tensor? initial_state, Tensor checkpoints, float eps, int chunk) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+      "Tensor? initial_state, Tensor checkpoints, float eps, int chunk, bool tf32=False) "
+      "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
   // softmax: weight holds logits, normalised over K inside the kernels (grad_weight is then the logits' gradient).
   // weight_dropout > 0: DropConnect on the normalised taps, the mask drawn from `seed` (a one-element int64 tensor
   // on x's device; csrc/dropconnect.h), the same in the forward and the backward.

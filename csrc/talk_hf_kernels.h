@@ -75,6 +75,7 @@ struct RfaParams {
   int64_t chunk, num_chunks;                         // steps per checkpoint (0: none), N = rfa_num_chunks(T, chunk)
   double eps;                                        // lower bound of the normaliser
   DType dtype;                                       // kFloat32 or kFloat64 (the state dtype) for every tensor
+  bool tf32;                                         // chunked products on tensor cores, TF32 operands (fp32)
   const void* q;                   // (B, T, H, F)
   const void* k;                   // (B, T, H, F)
   const void* v;                   // (B, T, H, D)

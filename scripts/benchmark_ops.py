@@ -4,7 +4,8 @@
 For each sequence length: TaLK (compiled), TaLK reference, DynamicConv k=3 and k=31 (compiled; k=31 also from logits:
 softmax fused into the op, and the unfused fp32 softmax + cast + op that it replaces; and in training, with
 DropConnect 0.1 drawn inside the op, against softmax + cast + F.dropout + op), causal RFA with a
-decay gate (compiled, and its pure-PyTorch chunked form; F = 64 random features per head, values from x), and
+decay gate (compiled, and its pure-PyTorch chunked form; F = 64 random features per head, values from x; on CUDA in
+fp32 also with TF32 allowed, the chunked kernels' tensor-core products, against their exact fp32 products), and
 torch.nn.functional.scaled_dot_product_attention, forward and forward+backward; plus two copies of the input, the
 memory floor of a one-pass op: `x.clone()` (allocates its output, as every op here does; on CPU a large fresh
 allocation pays its page faults) and `out.copy_(x)` into a buffer allocated once (the bandwidth floor alone). Median of timed iterations after warm-up (CUDA events on GPU).
@@ -54,7 +55,7 @@ def cases(x, heads, max_offset):
     phi = ops.rfa_feature_map(torch.randn(B, T, heads, C // heads, generator=g).to(x.device), proj)
     decay = torch.where(torch.rand(B, T, 1, generator=g) < 0.05, 0.9, 1.0).expand(B, T, heads).to(phi)
 
-    return {
+    fns = {
         "talk": lambda: ops.talk_conv(x, ol, orr, max_offset, max_offset),
         "talk_ref": lambda: ops.talk_conv_ref(x, ol, orr, max_offset, max_offset),
         "dynamic_conv_k3": lambda: ops.dynamic_conv(x, w3, 1),
@@ -68,6 +69,21 @@ def cases(x, heads, max_offset):
         "rfa_chunked": lambda: ops.rfa_causal_chunked(phi, phi, x.view(B, T, heads, C // heads), decay)[0],
         "sdpa": lambda: F.scaled_dot_product_attention(qkv(), qkv(), qkv()),
     }
+    if x.is_cuda and x.dtype == torch.float32:  # the chunked kernels' tensor-core products (bf16 runs take them anyway)
+        fns["rfa_tf32"] = with_tf32(fns["rfa"])
+    return fns
+
+
+def with_tf32(fn):
+    """fn run with TF32 allowed for fp32 matmuls (the RFA kernels then multiply on tensor cores)."""
+    def call():
+        previous = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = True
+        try:
+            return fn()
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = previous
+    return call
 
 
 def measure(args, T):
@@ -113,6 +129,9 @@ def measure(args, T):
                                                          / row[f"dynamic_conv_k31_dropconnect_{mode}_ms"])
     row["ref_over_talk"] = row["talk_ref_fwd_ms"] / row["talk_fwd_ms"]
     row["rfa_chunked_over_rfa"] = row["rfa_chunked_fwd_ms"] / row["rfa_fwd_ms"]
+    if "rfa_tf32_fwd_ms" in row:
+        for mode in ("fwd", "fwdbwd"):
+            row[f"rfa_exact_over_tf32_{mode}"] = row[f"rfa_{mode}_ms"] / row[f"rfa_tf32_{mode}_ms"]
     return row
 
 
@@ -122,7 +141,7 @@ def table(rows):
             "rfa_chunked_fwdbwd_ms", "sdpa_fwdbwd_ms", "talk_vs_copy", "talk_vs_copy_into", "talk_vs_copy_interleaved",
             "talk_vs_copy_into_interleaved", "sdpa_over_talk", "softmax_unfused_over_fused_fwd",
             "softmax_unfused_over_fused_fwdbwd", "dropconnect_unfused_over_fused_fwd",
-            "dropconnect_unfused_over_fused_fwdbwd"]
+            "dropconnect_unfused_over_fused_fwdbwd", "rfa_exact_over_tf32_fwd", "rfa_exact_over_tf32_fwdbwd"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         lines.append("| " + " | ".join(f"{r[c]:.3g}" if isinstance(r.get(c), float) else str(r.get(c, "-")) for c in cols) + " |")

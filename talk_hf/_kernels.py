@@ -64,7 +64,7 @@ def _register():
         return torch.empty_like(x), torch.empty_like(weight)
 
     @torch.library.register_fake("talk_hf::rfa_causal_fwd")
-    def _(q, k, v, decay, initial_state, eps, chunk):
+    def _(q, k, v, decay, initial_state, eps, chunk, tf32=False):
         B, T, H, F = q.shape
         state = v.new_empty(B, H, F, v.shape[-1] + 1)
         num_chunks = -(-T // chunk) if chunk > 0 else 0  # chunk 0: no states saved (no backward)
@@ -75,7 +75,7 @@ def _register():
         return x.new_empty(*x.shape[:3], 2 * projection.shape[1])
 
     @torch.library.register_fake("talk_hf::rfa_causal_bwd")
-    def _(grad_out, grad_state, q, k, v, decay, initial_state, checkpoints, eps, chunk):
+    def _(grad_out, grad_state, q, k, v, decay, initial_state, checkpoints, eps, chunk, tf32=False):
         grad_decay = torch.empty_like(decay) if decay is not None else q.new_empty(0)
         grad_state = torch.empty_like(initial_state) if initial_state is not None else q.new_empty(0)
         return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), grad_decay, grad_state
@@ -100,7 +100,7 @@ def _register():
         return gx, gw, None, None, None, None
 
     def rfa_setup(ctx, inputs, output):
-        q, k, v, decay, initial_state, ctx.eps, ctx.chunk = inputs
+        q, k, v, decay, initial_state, ctx.eps, ctx.chunk, ctx.tf32 = inputs
         ctx.has_decay, ctx.has_state = decay is not None, initial_state is not None
         ctx.mark_non_differentiable(output[2])
         ctx.save_for_backward(q, k, v, decay, initial_state, output[2])
@@ -108,8 +108,8 @@ def _register():
     def rfa_backward(ctx, grad_out, grad_state, _):
         q, k, v, decay, initial_state, checkpoints = ctx.saved_tensors
         gq, gk, gv, gdecay, gstate = ops.rfa_causal_bwd(grad_out, grad_state, q, k, v, decay, initial_state,
-                                                        checkpoints, ctx.eps, ctx.chunk)
-        return gq, gk, gv, (gdecay if ctx.has_decay else None), (gstate if ctx.has_state else None), None, None
+                                                        checkpoints, ctx.eps, ctx.chunk, ctx.tf32)
+        return gq, gk, gv, (gdecay if ctx.has_decay else None), (gstate if ctx.has_state else None), None, None, None
 
     torch.library.register_autograd("talk_hf::rfa_causal_fwd", rfa_backward, setup_context=rfa_setup)
     torch.library.register_autograd("talk_hf::talk_conv_fwd", talk_backward, setup_context=talk_setup)
@@ -131,10 +131,11 @@ def talk_conv_step(x, offset_left, state, max_left):
     return torch.ops.talk_hf.talk_conv_step(x, offset_left, state, max_left)
 
 
-def rfa_causal(q, k, v, decay, initial_state, eps, chunk):
+def rfa_causal(q, k, v, decay, initial_state, eps, chunk, tf32=False):
     """Compiled causal RFA; every tensor already in the state dtype (fp32 or fp64); chunk: steps between the states
-    saved for the backward, 0 when no gradient will be asked for. -> (out, final state)."""
-    out, state, _ = torch.ops.talk_hf.rfa_causal_fwd(q, k, v, decay, initial_state, float(eps), chunk)
+    saved for the backward, 0 when no gradient will be asked for; tf32: the CUDA kernels may multiply on tensor cores
+    with TF32 operands (forward and backward). -> (out, final state)."""
+    out, state, _ = torch.ops.talk_hf.rfa_causal_fwd(q, k, v, decay, initial_state, float(eps), chunk, tf32)
     return out, state
 
 

@@ -171,7 +171,9 @@ def rfa_causal(q, k, v, decay=None, initial_state=None, eps=DEFAULT_EPS, chunk_s
     Runs the compiled kernels when they are built for q's device, except on CPU when gradients flow: there the
     chunked PyTorch form, whose matrix products make forward + backward faster than the CPU recurrence kernels
     (csrc/PERF_NOTES.md). On CUDA the kernels are also the training path (a chunked kernel for more than one step,
-    forward and backward). `rfa_causal_compiled` and `rfa_causal_chunked` pick one.
+    forward and backward), whose products run on tensor cores in TF32 (fp32 accumulation, sums and states fp32)
+    when v is fp16/bf16 or `torch.backends.cuda.matmul.allow_tf32` is set, exact fp32 otherwise.
+    `rfa_causal_compiled` and `rfa_causal_chunked` pick one.
 
     q, k: (B, T, H, F) features; v: (B, T, H, d); decay: (B, T, H) factors in [0, 1] or None;
     initial_state: (B, H, F, d + 1) or None; chunk_size: steps per chunk (of the matmul form, or between the
@@ -199,8 +201,19 @@ def _rfa_causal_compiled(q, k, v, decay, initial_state, eps, chunk_size):
     acc = _acc_dtype(q, k, v, initial_state)
     cast = lambda t: None if t is None else t.to(acc)  # noqa: E731
     saved = chunk_size if needs_grad(q, k, v, decay, initial_state) else 0  # states for a backward, else none
-    out, state = _kernels.rfa_causal(cast(q), cast(k), cast(v), cast(decay), cast(initial_state), eps, saved)
+    out, state = _kernels.rfa_causal(cast(q), cast(k), cast(v), cast(decay), cast(initial_state), eps, saved,
+                                     _tf32_products(v, acc))
     return out.to(v.dtype), state
+
+
+def _tf32_products(v, acc):
+    """Whether the CUDA kernels may multiply on tensor cores with TF32 operands (fp32 accumulation): for an fp32
+    state, when the output is half precision (v's dtype, e.g. under autocast: its rounding is coarser than TF32's) or
+    TF32 is allowed for fp32 matmuls (`torch.backends.cuda.matmul.allow_tf32`, which
+    `torch.set_float32_matmul_precision("high")` sets)."""
+    if v.device.type != "cuda" or acc != torch.float32:
+        return False
+    return v.dtype in (torch.float16, torch.bfloat16) or torch.backends.cuda.matmul.allow_tf32
 
 
 def rfa_causal_chunked(q, k, v, decay=None, initial_state=None, eps=DEFAULT_EPS, chunk_size=64):

@@ -210,7 +210,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rfa_causal_fwd_cpu(const at::Tens
                                                                   const at::Tensor& v_,
                                                                   const c10::optional<at::Tensor>& decay_,
                                                                   const c10::optional<at::Tensor>& init_, double eps,
-                                                                  int64_t chunk) {
+                                                                  int64_t chunk, bool /*tf32: CUDA only*/) {
   check_rfa_inputs(q_, k_, v_, decay_, init_, chunk);
   const at::Tensor q = q_.contiguous(), k = k_.contiguous(), v = v_.contiguous();
   const at::Tensor decay = contiguous_or_undefined(decay_);
@@ -231,7 +231,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rfa_causal_fwd_cpu(const at::Tens
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rfa_causal_bwd_cpu(
     const at::Tensor& go_, const c10::optional<at::Tensor>& gfinal_, const at::Tensor& q_, const at::Tensor& k_,
     const at::Tensor& v_, const c10::optional<at::Tensor>& decay_, const c10::optional<at::Tensor>& init_,
-    const at::Tensor& checkpoints_, double eps, int64_t chunk) {
+    const at::Tensor& checkpoints_, double eps, int64_t chunk, bool /*tf32: CUDA only*/) {
   check_rfa_inputs(q_, k_, v_, decay_, init_, chunk);
   const Dims d = make_dims(q_, v_, chunk);
   check_rfa_backward_inputs(go_, gfinal_, checkpoints_, q_, v_, chunk);

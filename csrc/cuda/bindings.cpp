@@ -201,7 +201,7 @@ std::tuple<at::Tensor, at::Tensor> dynamic_conv_bwd_cuda_op(const at::Tensor& g_
 }
 
 RfaParams rfa_params(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& decay,
-                     const at::Tensor& init, double eps, int64_t chunk) {
+                     const at::Tensor& init, double eps, int64_t chunk, bool tf32) {
   RfaParams p{};
   p.batch = q.size(0);
   p.seqlen = q.size(1);
@@ -212,6 +212,7 @@ RfaParams rfa_params(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   p.num_chunks = rfa_num_chunks(p.seqlen, chunk);
   p.eps = eps;
   p.dtype = to_dtype(q.scalar_type());
+  p.tf32 = tf32;
   p.q = q.data_ptr();
   p.k = k.data_ptr();
   p.v = v.data_ptr();
@@ -224,12 +225,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rfa_causal_fwd_cuda_op(const at::
                                                                       const at::Tensor& v_,
                                                                       const c10::optional<at::Tensor>& decay_,
                                                                       const c10::optional<at::Tensor>& init_,
-                                                                      double eps, int64_t chunk) {
+                                                                      double eps, int64_t chunk, bool tf32) {
   check_rfa_inputs(q_, k_, v_, decay_, init_, chunk);
   const c10::cuda::CUDAGuard guard(q_.device());
   const at::Tensor q = q_.contiguous(), k = k_.contiguous(), v = v_.contiguous();
   const at::Tensor decay = contiguous_or_undefined(decay_), init = contiguous_or_undefined(init_);
-  RfaParams p = rfa_params(q, k, v, decay, init, eps, chunk);
+  RfaParams p = rfa_params(q, k, v, decay, init, eps, chunk, tf32);
   at::Tensor out = at::empty_like(v);
   at::Tensor state = at::empty({p.batch, p.heads, p.features, p.head_dim + 1}, v.options());
   at::Tensor checkpoints = at::empty({p.batch, p.heads, p.num_chunks, p.features, p.head_dim + 1}, v.options());
@@ -243,7 +244,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rfa_causal_fwd_cuda_op(const at::
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rfa_causal_bwd_cuda_op(
     const at::Tensor& go_, const c10::optional<at::Tensor>& gstate_, const at::Tensor& q_, const at::Tensor& k_,
     const at::Tensor& v_, const c10::optional<at::Tensor>& decay_, const c10::optional<at::Tensor>& init_,
-    const at::Tensor& checkpoints_, double eps, int64_t chunk) {
+    const at::Tensor& checkpoints_, double eps, int64_t chunk, bool tf32) {
   check_rfa_inputs(q_, k_, v_, decay_, init_, chunk);
   check_rfa_backward_inputs(go_, gstate_, checkpoints_, q_, v_, chunk);
   const c10::cuda::CUDAGuard guard(q_.device());
@@ -257,7 +258,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rfa_causa
     if (init.defined()) gstate.defined() ? ginit.copy_(gstate) : ginit.zero_();
     return {gq, gk, gv, gdecay, ginit};
   }
-  RfaParams p = rfa_params(q, k, v, decay, init, eps, chunk);
+  RfaParams p = rfa_params(q, k, v, decay, init, eps, chunk, tf32);
   p.checkpoints = const_cast<void*>(checkpoints.data_ptr());
   p.grad_out = go.data_ptr();
   p.grad_state = gstate.defined() ? gstate.data_ptr() : nullptr;

@@ -3,7 +3,10 @@
 // programs of csrc/cuda/rfa_chunked_blocks.h run (chunks of `chunk` steps, 64 without checkpoints; products over
 // shared-memory tiles) when their shared memory fits the device; otherwise, and for decoding steps (T = 1), the
 // per-step programs of csrc/cuda/rfa_blocks.h (algorithm, layouts and the checkpoint convention are described
-// there; both write the same checkpoints). Next for speed: tensor-core products in the chunked programs.
+// there; both write the same checkpoints). The chunked programs' products are SIMT loops, or with the op's `tf32`
+// (fp32, sm_80 and newer) tensor-core mma.sync steps (csrc/cuda/tile_products.h).
+#include <type_traits>
+
 #include "common.cuh"
 #include "rfa_blocks.h"
 #include "rfa_chunked_blocks.h"
@@ -21,10 +24,26 @@ inline RfaDims make_dims(const RfaParams& p) {
 }
 
 // CudaThreads and a block-wide sum (warp shuffles, then one value per warp in `scratch`, blockDim.x / kWarpSize
-// accumulators of shared memory); every thread gets the sum.
+// accumulators of shared memory); every thread gets the sum. mma_tf32: the warp's tensor-core step of
+// tile_products.h (d += A B, 16 x 8 x 8, TF32 operands from load(lane, a, b), fp32 accumulation).
 template <typename acc_t>
 struct CudaBlock : CudaThreads {
   acc_t* scratch;
+  template <typename Load>
+  __device__ void mma_tf32(float (&d)[4], Load load) const {
+#if __CUDA_ARCH__ >= 800
+    float a[4], b[2];
+    load(static_cast<int>(threadIdx.x % kWarpSize), a, b);
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(__float_as_uint(a[0])), "r"(__float_as_uint(a[1])), "r"(__float_as_uint(a[2])),
+          "r"(__float_as_uint(a[3])), "r"(__float_as_uint(b[0])), "r"(__float_as_uint(b[1])));
+#else
+    __trap();  // the launcher picks tensor-core kernels on sm_80 and newer only
+#endif
+  }
   __device__ acc_t reduce_sum(acc_t v) const {
     const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
     v = warp_reduce_sum(v);
@@ -55,20 +74,21 @@ __global__ void __launch_bounds__(kThreads) rfa_bwd_kernel(const RfaArgs<acc_t> 
 
 // Two forward blocks per SM (at most 102 registers a thread; their shared memory fits twice at F = D = L = 64): the
 // 160 (b, h) blocks of the Table 6 shape run in one wave on 132 SMs. The backward's shared memory allows one.
-template <typename acc_t>
+// Tile: rfa_chunked::MicroTile<acc_t> (SIMT) or rfa_chunked::WarpTile (tensor cores, fp32).
+template <typename acc_t, typename Tile>
 __global__ void __launch_bounds__(rfa_chunked::kMaxThreads, 2) rfa_chunked_fwd_kernel(const RfaArgs<acc_t> a) {
   extern __shared__ unsigned char smem_raw[];
   acc_t* smem = reinterpret_cast<acc_t*>(smem_raw);
-  CudaBlock<acc_t> blk{{}, smem + rfa_chunked::fwd_shared_elems(a.d)};
-  rfa_chunked::rfa_chunked_fwd_block(blk, a, blockIdx.x, gridDim.x, smem);
+  CudaBlock<acc_t> blk{{}, smem + rfa_chunked::fwd_shared_elems<Tile>(a.d)};
+  rfa_chunked::rfa_chunked_fwd_block<Tile>(blk, a, blockIdx.x, gridDim.x, smem);
 }
 
-template <typename acc_t>
+template <typename acc_t, typename Tile>
 __global__ void __launch_bounds__(rfa_chunked::kMaxThreads) rfa_chunked_bwd_kernel(const RfaArgs<acc_t> a) {
   extern __shared__ unsigned char smem_raw[];
   acc_t* smem = reinterpret_cast<acc_t*>(smem_raw);
-  CudaBlock<acc_t> blk{{}, smem + rfa_chunked::bwd_shared_elems(a.d)};
-  rfa_chunked::rfa_chunked_bwd_block(blk, a, blockIdx.x, gridDim.x, smem);
+  CudaBlock<acc_t> blk{{}, smem + rfa_chunked::bwd_shared_elems<Tile>(a.d)};
+  rfa_chunked::rfa_chunked_bwd_block<Tile>(blk, a, blockIdx.x, gridDim.x, smem);
 }
 
 template <typename acc_t>
@@ -127,18 +147,29 @@ inline size_t device_shared_limit() {
   return static_cast<size_t>(bytes);
 }
 
+// Tensor-core products: asked for (p.tf32), fp32, and a device of compute capability 8.0 or newer.
+inline bool use_tensor_cores(const RfaParams& p) {
+  int device = 0, major = 0;
+  return p.tf32 && p.dtype == DType::kFloat32 && cudaGetDevice(&device) == cudaSuccess &&
+         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major >= 8;
+}
+
 // The chunked programs run for T > 1 when their shared memory fits the device; the per-step ones otherwise.
 inline bool use_chunked(const RfaParams& p, bool backward) {
   if (p.seqlen <= 1) return false;
-  const int64_t bytes = rfa_chunked::shared_bytes(make_dims(p), static_cast<int64_t>(acc_bytes(p.dtype)), backward);
+  const RfaDims d = make_dims(p);
+  const int64_t acc = static_cast<int64_t>(acc_bytes(p.dtype));
+  const int64_t bytes = use_tensor_cores(p)  // the SIMT strides are the same for fp32 and fp64
+                            ? rfa_chunked::shared_bytes<rfa_chunked::WarpTile>(d, acc, backward)
+                            : rfa_chunked::shared_bytes<rfa_chunked::MicroTile<float>>(d, acc, backward);
   return static_cast<size_t>(bytes) <= device_shared_limit();
 }
 
 // One launch of a chunked `kernel` over the (b, h) pairs, opting in to more than 48 KiB of shared memory if needed.
-template <typename acc_t>
+template <typename Tile, typename acc_t>
 cudaError_t launch_chunked(void (*kernel)(const RfaArgs<acc_t>), const RfaArgs<acc_t>& a, bool backward,
                            cudaStream_t stream) {
-  const int64_t bytes = rfa_chunked::shared_bytes(a.d, sizeof(acc_t), backward);
+  const int64_t bytes = rfa_chunked::shared_bytes<Tile>(a.d, sizeof(acc_t), backward);
   if (static_cast<size_t>(bytes) > kMaxSharedBytes) {
     const cudaError_t err =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
@@ -151,16 +182,24 @@ cudaError_t launch_chunked(void (*kernel)(const RfaArgs<acc_t>), const RfaArgs<a
 
 template <typename acc_t>
 cudaError_t forward(const RfaParams& p, cudaStream_t stream) {
+  using rfa_chunked::MicroTile;
+  using rfa_chunked::WarpTile;
   const RfaArgs<acc_t> a = make_args<acc_t>(p, nullptr);
-  if (use_chunked(p, false)) return launch_chunked(rfa_chunked_fwd_kernel<acc_t>, a, false, stream);
-  return launch(rfa_fwd_kernel<acc_t>, a, stream);
+  if (!use_chunked(p, false)) return launch(rfa_fwd_kernel<acc_t>, a, stream);
+  if constexpr (std::is_same_v<acc_t, float>)
+    if (use_tensor_cores(p)) return launch_chunked<WarpTile>(rfa_chunked_fwd_kernel<acc_t, WarpTile>, a, false, stream);
+  return launch_chunked<MicroTile<acc_t>>(rfa_chunked_fwd_kernel<acc_t, MicroTile<acc_t>>, a, false, stream);
 }
 
 template <typename acc_t>
 cudaError_t backward(const RfaParams& p, void* workspace, cudaStream_t stream) {
+  using rfa_chunked::MicroTile;
+  using rfa_chunked::WarpTile;
   const RfaArgs<acc_t> a = make_args<acc_t>(p, workspace);
-  if (use_chunked(p, true)) return launch_chunked(rfa_chunked_bwd_kernel<acc_t>, a, true, stream);
-  return launch(rfa_bwd_kernel<acc_t>, a, stream);
+  if (!use_chunked(p, true)) return launch(rfa_bwd_kernel<acc_t>, a, stream);
+  if constexpr (std::is_same_v<acc_t, float>)
+    if (use_tensor_cores(p)) return launch_chunked<WarpTile>(rfa_chunked_bwd_kernel<acc_t, WarpTile>, a, true, stream);
+  return launch_chunked<MicroTile<acc_t>>(rfa_chunked_bwd_kernel<acc_t, MicroTile<acc_t>>, a, true, stream);
 }
 
 }  // namespace

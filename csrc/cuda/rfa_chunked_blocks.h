@@ -22,10 +22,11 @@
 // with B = A M^T, y_m = (q_m^T U) g_m, x_j = k_j^T dU w_j, c = M x, beta_i = exp(C_{i-1}) (1, B_{m,-1} = c_{-1} = 0
 // for i = 0), and i = len (alpha = 1, no m terms) for decay[T-1] in the last chunk. No decay is ever divided by.
 //
-// Products are SIMT loops over shared-memory tiles (`accumulate`): each thread owns kMicro x kMicro interleaved
-// outputs, so it reads 2 kMicro operands per kMicro^2 multiply-adds; a tensor-core product can replace
-// `accumulate` later. Tiles have odd row strides, so a warp reading a column of consecutive rows hits distinct
-// banks. Every shared word a phase writes is written by one thread and read by no other thread in that phase.
+// Products run over shared-memory tiles (csrc/cuda/tile_products.h), of the kind `Tile` the programs are
+// instantiated with: SIMT micro-tiles (products exact in the accumulation type), or for fp32 tensor-core warp tiles
+// (TF32 operands, fp32 accumulation; rfa.cu picks them when the op's `tf32` is set). Shared tiles take the row
+// strides of that kind, and a block is the same whole warps for both. Every shared word a phase writes is written
+// by one thread and read by no other thread in that phase.
 #pragma once
 #include <float.h>
 #include <math.h>
@@ -33,6 +34,7 @@
 
 #include "../acc_cast.h"
 #include "rfa_blocks.h"
+#include "tile_products.h"
 
 namespace talk_hf {
 namespace rfa_chunked {
@@ -41,9 +43,15 @@ using rfa_blocks::bth;
 using rfa_blocks::decay_at;
 using rfa_blocks::RfaArgs;
 using rfa_blocks::RfaDims;
+using products::accumulate;
+using products::for_each_entry;
+using products::for_each_tile;
+using products::kMicro;
+using products::MicroTile;
+using products::Operand;
+using products::WarpTile;
 
 constexpr int64_t kDefaultChunk = 64;  // L when the op saves no checkpoints (chunk 0)
-constexpr int kMicro = 4;              // a thread's products are kMicro x kMicro output tiles
 constexpr int kMaxThreads = 320;       // block size cap (the kernels' launch bound; 288 for F = D = L = 64)
 
 // log max(decay, tiny): a zero decay becomes exp(log tiny) ~ tiny, never a division.
@@ -52,14 +60,17 @@ TALK_HD double log_decay(double v) { return log(v > DBL_MIN ? v : DBL_MIN); }
 
 // ------------------------------------------------------------------------------------------------ shapes
 
-// Chunk length and the row strides (odd) of the shared tiles: (., F), (., E) and (., L) rows.
+// Chunk length and the row strides of the shared tiles (those of Tile's loads): (., F), (., E) and (., L) rows.
 struct Sizes {
   int64_t L, ldF, ldE, ldL;
 };
 
+TALK_HD int64_t chunk_length(const RfaDims& d) { return d.chunk > 0 ? d.chunk : kDefaultChunk; }
+
+template <typename Tile>
 TALK_HD Sizes sizes(const RfaDims& d) {
-  const int64_t L = d.chunk > 0 ? d.chunk : kDefaultChunk;
-  return {L, d.F | 1, d.E | 1, L | 1};
+  const int64_t L = chunk_length(d);
+  return {L, Tile::stride(d.F), Tile::stride(d.E), Tile::stride(L)};
 }
 
 // Chunk n of (b, h) = bh: steps t0 .. t0 + len - 1.
@@ -75,10 +86,11 @@ TALK_HD Chunk chunk_at(const RfaDims& d, const Sizes& z, int64_t bh, int64_t n) 
 // Micro-tiles of an m x n product.
 TALK_HD int64_t micro_tiles(int64_t m, int64_t n) { return cdiv(m, kMicro) * cdiv(n, kMicro); }
 
-// Threads of a block: one micro-tile of every product each ((L, L), (L, E), (L, F), (F, E)), in whole warps, at
-// most kMaxThreads (larger products loop). Used by the launcher; the emulator may run any count.
+// Threads of a block: one SIMT micro-tile of every product each ((L, L), (L, E), (L, F), (F, E)), in whole warps,
+// at most kMaxThreads (larger products loop); warp tiles run on the same block (at F = D = L = 64, 9 warps for 32-36
+// warp tiles a product). Used by the launcher; the emulator may run any count (whole warps for warp tiles).
 TALK_HD int64_t chunked_threads(const RfaDims& d) {
-  const int64_t L = sizes(d).L;
+  const int64_t L = chunk_length(d);
   const int64_t tiles = max64(micro_tiles(L, max64(L, max64(d.E, d.F))), micro_tiles(d.F, d.E));
   return min64(kMaxThreads, cdiv(tiles, 32) * 32);
 }
@@ -106,9 +118,9 @@ struct FwdBuffers {
   P end;
 };
 
-template <typename P>
+template <typename Tile, typename P>
 TALK_HD FwdBuffers<P> fwd_buffers(P base, const RfaDims& d) {
-  const Sizes z = sizes(d);
+  const Sizes z = sizes<Tile>(d);
   Carve<P> c{base};
   FwdBuffers<P> s;
   s.q = c.take(z.L * z.ldF);
@@ -137,9 +149,9 @@ struct BwdBuffers {
   P end;
 };
 
-template <typename P>
+template <typename Tile, typename P>
 TALK_HD BwdBuffers<P> bwd_buffers(P base, const RfaDims& d) {
-  const Sizes z = sizes(d);
+  const Sizes z = sizes<Tile>(d);
   Carve<P> c{base};
   BwdBuffers<P> s;
   s.q = c.take(z.L * z.ldF);
@@ -163,80 +175,21 @@ TALK_HD BwdBuffers<P> bwd_buffers(P base, const RfaDims& d) {
   return s;
 }
 
-TALK_HD int64_t fwd_shared_elems(const RfaDims& d) { return fwd_buffers<int64_t>(0, d).end; }
-TALK_HD int64_t bwd_shared_elems(const RfaDims& d) { return bwd_buffers<int64_t>(0, d).end; }
+template <typename Tile>
+TALK_HD int64_t fwd_shared_elems(const RfaDims& d) {
+  return fwd_buffers<Tile, int64_t>(0, d).end;
+}
+template <typename Tile>
+TALK_HD int64_t bwd_shared_elems(const RfaDims& d) {
+  return bwd_buffers<Tile, int64_t>(0, d).end;
+}
 
 // Bytes of dynamic shared memory a block needs: its buffers, then one accumulator per warp (the scratch of the
 // block reduction). rfa.cu launches with this (or falls back to the per-step kernels when the device cannot give
 // it); the emulator allocates it.
+template <typename Tile>
 TALK_HD int64_t shared_bytes(const RfaDims& d, int64_t acc_bytes, bool backward) {
-  return ((backward ? bwd_shared_elems(d) : fwd_shared_elems(d)) + chunked_threads(d) / 32) * acc_bytes;
-}
-
-// ------------------------------------------------------------------------------------------------ products
-
-// A matrix in shared memory: element (r, k) at p[r * row + k * col] (col = 1: a row-major tile; row = 1: the
-// transpose of one).
-template <typename acc_t>
-struct Operand {
-  const acc_t* p;
-  int64_t row, col;
-};
-
-// A thread's outputs of an m x n product: (i0 + r * rs, j0 + c * cs) for r, c < kMicro. Interleaved, so that a
-// warp's threads (consecutive j0) read consecutive rows of the right operand.
-template <typename acc_t>
-struct MicroTile {
-  int64_t i0, j0, rs, cs, m, n;
-  acc_t v[kMicro][kMicro];
-};
-
-// Calls body(tile) for each of the thread's micro-tiles of an m x n product, its accumulators zeroed.
-template <typename acc_t, typename Block, typename Body>
-TALK_BLOCK void for_each_tile(const Block& blk, int64_t m, int64_t n, Body body) {
-  const int64_t rs = cdiv(m, kMicro), cs = cdiv(n, kMicro);
-  for (int64_t idx = blk.tid(); idx < rs * cs; idx += blk.size()) {
-    MicroTile<acc_t> t{idx / cs, idx % cs, rs, cs, m, n, {}};
-    body(t);
-  }
-}
-
-// t.v[r][c] += sum_{k < K} a(row r, k) b(column c, k). Rows and columns past the product read its last one (their
-// sums are never used), so the operands need no padding.
-template <typename acc_t>
-TALK_BLOCK void accumulate(MicroTile<acc_t>& t, int64_t K, const Operand<acc_t>& a, const Operand<acc_t>& b) {
-  const acc_t* ar[kMicro];
-  const acc_t* bc[kMicro];
-  TALK_UNROLL
-  for (int r = 0; r < kMicro; ++r) ar[r] = a.p + min64(t.i0 + r * t.rs, t.m - 1) * a.row;
-  TALK_UNROLL
-  for (int c = 0; c < kMicro; ++c) bc[c] = b.p + min64(t.j0 + c * t.cs, t.n - 1) * b.row;
-  for (int64_t k = 0; k < K; ++k) {
-    acc_t x[kMicro], y[kMicro];
-    TALK_UNROLL
-    for (int r = 0; r < kMicro; ++r) x[r] = ar[r][k * a.col];
-    TALK_UNROLL
-    for (int c = 0; c < kMicro; ++c) y[c] = bc[c][k * b.col];
-    TALK_UNROLL
-    for (int r = 0; r < kMicro; ++r) {
-      TALK_UNROLL
-      for (int c = 0; c < kMicro; ++c) t.v[r][c] += x[r] * y[c];
-    }
-  }
-}
-
-// fn(i, j, value) for the tile's outputs inside the product.
-template <typename acc_t, typename Fn>
-TALK_BLOCK void for_each_entry(MicroTile<acc_t>& t, Fn fn) {
-  TALK_UNROLL
-  for (int r = 0; r < kMicro; ++r) {
-    const int64_t i = t.i0 + r * t.rs;
-    TALK_UNROLL
-    for (int c = 0; c < kMicro; ++c) {
-      const int64_t j = t.j0 + c * t.cs;
-      if (i < t.m && j < t.n) fn(i, j, t.v[r][c]);
-    }
-  }
+  return ((backward ? bwd_shared_elems<Tile>(d) : fwd_shared_elems<Tile>(d)) + chunked_threads(d) / 32) * acc_bytes;
 }
 
 // ------------------------------------------------------------------------------------------------ chunk phases
@@ -289,21 +242,21 @@ TALK_BLOCK void prefix_sums(const Block& blk, const acc_t* logs, int64_t len, ac
 }
 
 // pairs = Q K^T (len x len, raw).
-template <typename acc_t, typename Block>
+template <typename Tile, typename acc_t, typename Block>
 TALK_BLOCK void query_key_products(const Block& blk, const acc_t* q, const acc_t* k, int64_t len, const RfaDims& d,
                                    const Sizes& z, acc_t* pairs) {
-  for_each_tile<acc_t>(blk, len, len, [&](MicroTile<acc_t>& t) {
-    accumulate(t, d.F, Operand<acc_t>{q, z.ldF, 1}, Operand<acc_t>{k, z.ldF, 1});
+  for_each_tile<Tile>(blk, len, len, [&](Tile& t) {
+    accumulate(blk, t, d.F, Operand<acc_t>{q, z.ldF, 1}, Operand<acc_t>{k, z.ldF, 1});
     for_each_entry(t, [&](int64_t i, int64_t j, acc_t v) { pairs[i * z.ldL + j] = v; });
   });
 }
 
 // qu = Q U (len x E): the queries against the entering state, before its decay.
-template <typename acc_t, typename Block>
+template <typename Tile, typename acc_t, typename Block>
 TALK_BLOCK void queries_times_state(const Block& blk, const acc_t* q, const acc_t* state, int64_t len,
                                     const RfaDims& d, const Sizes& z, acc_t* qu) {
-  for_each_tile<acc_t>(blk, len, d.E, [&](MicroTile<acc_t>& t) {
-    accumulate(t, d.F, Operand<acc_t>{q, z.ldF, 1}, Operand<acc_t>{state, 1, z.ldE});
+  for_each_tile<Tile>(blk, len, d.E, [&](Tile& t) {
+    accumulate(blk, t, d.F, Operand<acc_t>{q, z.ldF, 1}, Operand<acc_t>{state, 1, z.ldE});
     for_each_entry(t, [&](int64_t i, int64_t e, acc_t v) { qu[i * z.ldE + e] = v; });
   });
 }
@@ -322,11 +275,11 @@ TALK_BLOCK void decay_scores(const Block& blk, const acc_t* prefix, int64_t len,
 
 // num = exp(C) * qu + scores W (len x E): q^T P per step (num may be qu: each entry is read, then written, by its
 // owner).
-template <typename acc_t, typename Block>
+template <typename Tile, typename acc_t, typename Block>
 TALK_BLOCK void numerators(const Block& blk, const acc_t* scores, const acc_t* w, const acc_t* qu,
                            const acc_t* prefix, int64_t len, const RfaDims& d, const Sizes& z, acc_t* num) {
-  for_each_tile<acc_t>(blk, len, d.E, [&](MicroTile<acc_t>& t) {
-    accumulate(t, len, Operand<acc_t>{scores, z.ldL, 1}, Operand<acc_t>{w, 1, z.ldE});
+  for_each_tile<Tile>(blk, len, d.E, [&](Tile& t) {
+    accumulate(blk, t, len, Operand<acc_t>{scores, z.ldL, 1}, Operand<acc_t>{w, 1, z.ldE});
     for_each_entry(t, [&](int64_t i, int64_t e, acc_t v) {
       num[i * z.ldE + e] = acc_exp(prefix[i]) * qu[i * z.ldE + e] + v;
     });
@@ -358,23 +311,23 @@ TALK_BLOCK void write_outputs(const Block& blk, const RfaArgs<acc_t>& a, const C
 }
 
 // U = exp(C_end) U + K^T W (F x E), K already scaled by alpha.
-template <typename acc_t, typename Block>
+template <typename Tile, typename acc_t, typename Block>
 TALK_BLOCK void advance_state(const Block& blk, const acc_t* k, const acc_t* w, const acc_t* prefix, int64_t len,
                               const RfaDims& d, const Sizes& z, acc_t* state) {
   const acc_t keep = acc_exp(prefix[len]);
-  for_each_tile<acc_t>(blk, d.F, d.E, [&](MicroTile<acc_t>& t) {
-    accumulate(t, len, Operand<acc_t>{k, 1, z.ldF}, Operand<acc_t>{w, 1, z.ldE});
+  for_each_tile<Tile>(blk, d.F, d.E, [&](Tile& t) {
+    accumulate(blk, t, len, Operand<acc_t>{k, 1, z.ldF}, Operand<acc_t>{w, 1, z.ldE});
     for_each_entry(t, [&](int64_t f, int64_t e, acc_t v) { state[f * z.ldE + e] = keep * state[f * z.ldE + e] + v; });
   });
 }
 
 // The forward kernel's body for block `block` of `grid`: (b, h) = block, block + grid, ...; five barriers per chunk.
-template <typename acc_t, typename Block>
+template <typename Tile, typename acc_t, typename Block>
 TALK_BLOCK void rfa_chunked_fwd_block(Block& blk, const RfaArgs<acc_t>& a, int64_t block, int64_t grid,
                                       acc_t* smem) {
   const RfaDims& d = a.d;
-  const Sizes z = sizes(d);
-  const FwdBuffers<acc_t*> s = fwd_buffers(smem, d);
+  const Sizes z = sizes<Tile>(d);
+  const FwdBuffers<acc_t*> s = fwd_buffers<Tile>(smem, d);
   const int64_t S = d.F * d.E, N = cdiv(d.T, z.L);
   for (int64_t bh = block; bh < d.B * d.H; bh += grid) {
     state_to_shared(blk, a.init ? a.init + bh * S : nullptr, s.state, d, z);
@@ -385,16 +338,16 @@ TALK_BLOCK void rfa_chunked_fwd_block(Block& blk, const RfaArgs<acc_t>& a, int64
       load_chunk(blk, a, c, z, s.q, s.k, s.w, s.logs, false);
       blk.sync();
       prefix_sums(blk, s.logs, c.len, s.prefix);
-      query_key_products(blk, s.q, s.k, c.len, d, z, s.scores);
-      queries_times_state(blk, s.q, s.state, c.len, d, z, s.num);
+      query_key_products<Tile>(blk, s.q, s.k, c.len, d, z, s.scores);
+      queries_times_state<Tile>(blk, s.q, s.state, c.len, d, z, s.num);
       blk.sync();
       decay_scores<acc_t>(blk, s.prefix, c.len, z, s.scores, s.scores, nullptr);
       keys_to_chunk_end(blk, s.prefix, c.len, d, z, s.k);
       blk.sync();
-      numerators(blk, s.scores, s.w, s.num, s.prefix, c.len, d, z, s.num);
+      numerators<Tile>(blk, s.scores, s.w, s.num, s.prefix, c.len, d, z, s.num);
       blk.sync();
       write_outputs(blk, a, c, z, s.num);
-      advance_state(blk, s.k, s.w, s.prefix, c.len, d, z, s.state);
+      advance_state<Tile>(blk, s.k, s.w, s.prefix, c.len, d, z, s.state);
       blk.sync();
     }
     const acc_t last = d.T > 0 ? decay_at(a.decay, d, bh / d.H, d.T - 1, bh % d.H) : acc_t(1);
@@ -429,11 +382,11 @@ TALK_BLOCK void num_gradients(const Block& blk, const RfaArgs<acc_t>& a, const C
 }
 
 // R = G W^T (len x len): gscores = M * R, and pairs *= R (A = Q K^T * R, for the decay gradients).
-template <typename acc_t, typename Block>
+template <typename Tile, typename acc_t, typename Block>
 TALK_BLOCK void value_products(const Block& blk, int64_t len, const RfaDims& d, const Sizes& z,
                                const BwdBuffers<acc_t*>& s) {
-  for_each_tile<acc_t>(blk, len, len, [&](MicroTile<acc_t>& t) {
-    accumulate(t, d.E, Operand<acc_t>{s.g, z.ldE, 1}, Operand<acc_t>{s.w, z.ldE, 1});
+  for_each_tile<Tile>(blk, len, len, [&](Tile& t) {
+    accumulate(blk, t, d.E, Operand<acc_t>{s.g, z.ldE, 1}, Operand<acc_t>{s.w, z.ldE, 1});
     for_each_entry(t, [&](int64_t m, int64_t j, acc_t r) {
       s.gscores[m * z.ldL + j] = s.mask[m * z.ldL + j] * r;
       s.pairs[m * z.ldL + j] *= r;
@@ -442,44 +395,44 @@ TALK_BLOCK void value_products(const Block& blk, int64_t len, const RfaDims& d, 
 }
 
 // dq = exp(C) * (G U^T) + (M * R) K (len x F) -> grad_q rows.
-template <typename acc_t, typename Block>
+template <typename Tile, typename acc_t, typename Block>
 TALK_BLOCK void query_gradients(const Block& blk, const RfaArgs<acc_t>& a, const Chunk& c, const Sizes& z,
                                 const BwdBuffers<acc_t*>& s) {
   const RfaDims& d = a.d;
-  for_each_tile<acc_t>(blk, c.len, d.F, [&](MicroTile<acc_t>& t) {
-    accumulate(t, d.E, Operand<acc_t>{s.g, z.ldE, 1}, Operand<acc_t>{s.state, z.ldE, 1});
+  for_each_tile<Tile>(blk, c.len, d.F, [&](Tile& t) {
+    accumulate(blk, t, d.E, Operand<acc_t>{s.g, z.ldE, 1}, Operand<acc_t>{s.state, z.ldE, 1});
     for_each_entry(t, [&](int64_t i, int64_t, acc_t& v) { v *= acc_exp(s.prefix[i]); });
-    accumulate(t, c.len, Operand<acc_t>{s.gscores, z.ldL, 1}, Operand<acc_t>{s.k, 1, z.ldF});
+    accumulate(blk, t, c.len, Operand<acc_t>{s.gscores, z.ldL, 1}, Operand<acc_t>{s.k, 1, z.ldF});
     for_each_entry(t, [&](int64_t i, int64_t f, acc_t v) { a.grad_q[bth(d, c.b, c.t0 + i, c.h, d.F) + f] = v; });
   });
 }
 
 // dk = alpha * (W dU^T) + (M * R)^T Q (len x F) -> grad_k rows.
-template <typename acc_t, typename Block>
+template <typename Tile, typename acc_t, typename Block>
 TALK_BLOCK void key_gradients(const Block& blk, const RfaArgs<acc_t>& a, const Chunk& c, const Sizes& z,
                               const BwdBuffers<acc_t*>& s) {
   const RfaDims& d = a.d;
-  for_each_tile<acc_t>(blk, c.len, d.F, [&](MicroTile<acc_t>& t) {
-    accumulate(t, d.E, Operand<acc_t>{s.w, z.ldE, 1}, Operand<acc_t>{s.dstate, z.ldE, 1});
+  for_each_tile<Tile>(blk, c.len, d.F, [&](Tile& t) {
+    accumulate(blk, t, d.E, Operand<acc_t>{s.w, z.ldE, 1}, Operand<acc_t>{s.dstate, z.ldE, 1});
     for_each_entry(t, [&](int64_t j, int64_t, acc_t& v) { v *= acc_exp(s.prefix[c.len] - s.prefix[j]); });
-    accumulate(t, c.len, Operand<acc_t>{s.gscores, 1, z.ldL}, Operand<acc_t>{s.q, 1, z.ldF});
+    accumulate(blk, t, c.len, Operand<acc_t>{s.gscores, 1, z.ldL}, Operand<acc_t>{s.q, 1, z.ldF});
     for_each_entry(t, [&](int64_t j, int64_t f, acc_t v) { a.grad_k[bth(d, c.b, c.t0 + j, c.h, d.F) + f] = v; });
   });
 }
 
 // dw = alpha * (K dU) + (M * Q K^T)^T G (len x E) -> grad_v rows (the first D columns); num[j, e] = (K dU)[j, e]
 // w[j, e], the terms of x_j = k_j^T dU w_j.
-template <typename acc_t, typename Block>
+template <typename Tile, typename acc_t, typename Block>
 TALK_BLOCK void value_gradients(const Block& blk, const RfaArgs<acc_t>& a, const Chunk& c, const Sizes& z,
                                 const BwdBuffers<acc_t*>& s) {
   const RfaDims& d = a.d;
-  for_each_tile<acc_t>(blk, c.len, d.E, [&](MicroTile<acc_t>& t) {
-    accumulate(t, d.F, Operand<acc_t>{s.k, z.ldF, 1}, Operand<acc_t>{s.dstate, 1, z.ldE});
+  for_each_tile<Tile>(blk, c.len, d.E, [&](Tile& t) {
+    accumulate(blk, t, d.F, Operand<acc_t>{s.k, z.ldF, 1}, Operand<acc_t>{s.dstate, 1, z.ldE});
     for_each_entry(t, [&](int64_t j, int64_t e, acc_t& v) {
       s.num[j * z.ldE + e] = v * s.w[j * z.ldE + e];
       v *= acc_exp(s.prefix[c.len] - s.prefix[j]);
     });
-    accumulate(t, c.len, Operand<acc_t>{s.scores, 1, z.ldL}, Operand<acc_t>{s.g, 1, z.ldE});
+    accumulate(blk, t, c.len, Operand<acc_t>{s.scores, 1, z.ldL}, Operand<acc_t>{s.g, 1, z.ldE});
     for_each_entry(t, [&](int64_t j, int64_t e, acc_t v) {
       if (e < d.D) a.grad_v[bth(d, c.b, c.t0 + j, c.h, d.D) + e] = v;
     });
@@ -513,12 +466,12 @@ TALK_BLOCK void key_terms_and_scaled_gradients(const Block& blk, int64_t len, co
 }
 
 // dU = exp(C_end) dU + Q^T G (F x E), G already scaled by exp(C).
-template <typename acc_t, typename Block>
+template <typename Tile, typename acc_t, typename Block>
 TALK_BLOCK void retreat_state_adjoint(const Block& blk, int64_t len, const RfaDims& d, const Sizes& z,
                                       const BwdBuffers<acc_t*>& s) {
   const acc_t keep = acc_exp(s.prefix[len]);
-  for_each_tile<acc_t>(blk, d.F, d.E, [&](MicroTile<acc_t>& t) {
-    accumulate(t, len, Operand<acc_t>{s.q, 1, z.ldF}, Operand<acc_t>{s.g, 1, z.ldE});
+  for_each_tile<Tile>(blk, d.F, d.E, [&](Tile& t) {
+    accumulate(blk, t, len, Operand<acc_t>{s.q, 1, z.ldF}, Operand<acc_t>{s.g, 1, z.ldE});
     for_each_entry(t, [&](int64_t f, int64_t e, acc_t v) {
       s.dstate[f * z.ldE + e] = keep * s.dstate[f * z.ldE + e] + v;
     });
@@ -526,10 +479,10 @@ TALK_BLOCK void retreat_state_adjoint(const Block& blk, int64_t len, const RfaDi
 }
 
 // scores = B = A M^T (len x len) and c = M x (one thread per row): the decay gradients' pair and key sums.
-template <typename acc_t, typename Block>
+template <typename Tile, typename acc_t, typename Block>
 TALK_BLOCK void decay_sums(const Block& blk, int64_t len, const Sizes& z, const BwdBuffers<acc_t*>& s) {
-  for_each_tile<acc_t>(blk, len, len, [&](MicroTile<acc_t>& t) {
-    accumulate(t, len, Operand<acc_t>{s.pairs, z.ldL, 1}, Operand<acc_t>{s.mask, z.ldL, 1});
+  for_each_tile<Tile>(blk, len, len, [&](Tile& t) {
+    accumulate(blk, t, len, Operand<acc_t>{s.pairs, z.ldL, 1}, Operand<acc_t>{s.mask, z.ldL, 1});
     for_each_entry(t, [&](int64_t m, int64_t i, acc_t v) { s.scores[m * z.ldL + i] = v; });
   });
   for (int64_t i = blk.tid(); i < len; i += blk.size()) {
@@ -554,12 +507,12 @@ TALK_BLOCK void decay_gradients(const Block& blk, const RfaArgs<acc_t>& a, const
 }
 
 // The backward kernel's body for block `block` of `grid` (checkpoints every d.chunk >= 1 steps, T >= 1).
-template <typename acc_t, typename Block>
+template <typename Tile, typename acc_t, typename Block>
 TALK_BLOCK void rfa_chunked_bwd_block(Block& blk, const RfaArgs<acc_t>& a, int64_t block, int64_t grid,
                                       acc_t* smem) {
   const RfaDims& d = a.d;
-  const Sizes z = sizes(d);
-  const BwdBuffers<acc_t*> s = bwd_buffers(smem, d);
+  const Sizes z = sizes<Tile>(d);
+  const BwdBuffers<acc_t*> s = bwd_buffers<Tile>(smem, d);
   const int64_t S = d.F * d.E;
   for (int64_t bh = block; bh < d.B * d.H; bh += grid) {
     state_to_shared(blk, a.grad_final ? a.grad_final + bh * S : nullptr, s.dstate, d, z);
@@ -571,25 +524,25 @@ TALK_BLOCK void rfa_chunked_bwd_block(Block& blk, const RfaArgs<acc_t>& a, int64
       load_grad_out(blk, a, c, s.grad_out);
       blk.sync();
       prefix_sums(blk, s.logs, c.len, s.prefix);
-      query_key_products(blk, s.q, s.k, c.len, d, z, s.pairs);
-      queries_times_state(blk, s.q, s.state, c.len, d, z, s.qu);
+      query_key_products<Tile>(blk, s.q, s.k, c.len, d, z, s.pairs);
+      queries_times_state<Tile>(blk, s.q, s.state, c.len, d, z, s.qu);
       blk.sync();
       decay_scores(blk, s.prefix, c.len, z, s.pairs, s.scores, s.mask);
       blk.sync();
-      numerators(blk, s.scores, s.w, s.qu, s.prefix, c.len, d, z, s.num);
+      numerators<Tile>(blk, s.scores, s.w, s.qu, s.prefix, c.len, d, z, s.num);
       blk.sync();
       num_gradients(blk, a, c, z, s);
       blk.sync();
-      value_products(blk, c.len, d, z, s);
+      value_products<Tile>(blk, c.len, d, z, s);
       blk.sync();
-      query_gradients(blk, a, c, z, s);
-      key_gradients(blk, a, c, z, s);
-      value_gradients(blk, a, c, z, s);
+      query_gradients<Tile>(blk, a, c, z, s);
+      key_gradients<Tile>(blk, a, c, z, s);
+      value_gradients<Tile>(blk, a, c, z, s);
       const acc_t dot = state_dot(blk, d, z, s);  // synchronises
       key_terms_and_scaled_gradients(blk, c.len, d, z, s);
       blk.sync();
-      retreat_state_adjoint(blk, c.len, d, z, s);
-      if (a.grad_decay) decay_sums(blk, c.len, z, s);
+      retreat_state_adjoint<Tile>(blk, c.len, d, z, s);
+      if (a.grad_decay) decay_sums<Tile>(blk, c.len, z, s);
       blk.sync();
       if (a.grad_decay) decay_gradients(blk, a, c, z, s, dot, final_step);
       blk.sync();

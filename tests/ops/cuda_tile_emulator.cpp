@@ -8,7 +8,8 @@
 // inside loops, run on FiberBlock:
 // one fiber (ucontext) per thread, each run up to its next barrier in thread order (or reversed) before the next
 // one starts, so the same phase semantics hold for any program; fibers that reach different numbers of barriers
-// (a barrier only some threads reach) are reported.
+// (a barrier only some threads reach) are reported. A warp's tensor-core step (mma_tf32, csrc/cuda/tile_products.h)
+// is formed from the PTX fragment layout of mma.m16n8k8 .tf32, independently of the program's loader.
 #include <ucontext.h>
 
 #include <algorithm>
@@ -88,6 +89,23 @@ class FiberBlock {
     int64_t tid() const { return id; }
     int64_t size() const { return block->n_; }
     void sync() const { block->barrier(id); }
+    // d += A B for this lane's four outputs, where A(r, k) and B(k, c) are the registers that the PTX layout puts
+    // them in (A: lane 4 (r % 8) + k % 4, register r / 8 + 2 (k / 4); B: lane 4 c + k % 4, register k / 4), as
+    // load(lane, a, b) gives them for each lane of this thread's warp (the program's loader: warp-uniform, so this
+    // lane's copy serves all 32). Products exact, sums in double.
+    template <typename Load>
+    void mma_tf32(float (&d)[4], Load load) const {
+      float a[32][4], b[32][2];
+      for (int lane = 0; lane < 32; ++lane) load(lane, a[lane], b[lane]);
+      const int g = id % 32 / 4, c = id % 4;
+      for (int q = 0; q < 4; ++q) {
+        const int r = g + 8 * (q / 2), col = 2 * c + q % 2;
+        double sum = d[q];
+        for (int k = 0; k < 8; ++k)
+          sum += static_cast<double>(a[4 * (r % 8) + k % 4][r / 8 + 2 * (k / 4)]) * b[4 * col + k % 4][k / 4];
+        d[q] = static_cast<float>(sum);
+      }
+    }
     template <typename T>
     T reduce_sum(T v) const {  // every thread gets the sum, in thread order; synchronises like CudaBlock's
       block->scratch_[id] = static_cast<double>(v);
@@ -498,10 +516,10 @@ RFA_EMULATE(f64, double)
 
 namespace {
 
-template <typename acc_t, typename Program>
+template <typename Tile, typename acc_t, typename Program>
 int run_rfa_chunked_grid(const rfa_blocks::RfaArgs<acc_t>& a, bool backward, int64_t grid, int threads, bool reverse,
                          Program program) {
-  const int64_t elems = rfa_chunked::shared_bytes(a.d, sizeof(acc_t), backward) / sizeof(acc_t);
+  const int64_t elems = rfa_chunked::shared_bytes<Tile>(a.d, sizeof(acc_t), backward) / sizeof(acc_t);
   const int64_t n = threads > 0 ? threads : rfa_chunked::chunked_threads(a.d);
   const auto body = [&](auto& t, int64_t block, acc_t* smem) { program(t, a, block, grid, smem); };
   return run_blocks<acc_t>(grid, n, elems, reverse, body) ? 0 : 1;
@@ -509,7 +527,8 @@ int run_rfa_chunked_grid(const rfa_blocks::RfaArgs<acc_t>& a, bool backward, int
 
 }  // namespace
 
-#define RFA_CHUNKED_EMULATE(SUFFIX, T)                                                                              \
+// SUFFIX names the entry points; T is the accumulation type, TILE the products' tile kind (rfa.cu's choice).
+#define RFA_CHUNKED_EMULATE(SUFFIX, T, TILE)                                                                        \
   extern "C" int rfa_chunked_fwd_emulate_##SUFFIX(const T* q, const T* k, const T* v, const T* decay, const T* init, \
                                                   double eps, T* out, T* state, T* checkpoints, int64_t B,         \
                                                   int64_t L, int64_t H, int64_t F, int64_t D, int64_t chunk,       \
@@ -517,10 +536,10 @@ int run_rfa_chunked_grid(const rfa_blocks::RfaArgs<acc_t>& a, bool backward, int
     rfa_blocks::RfaArgs<T> a = rfa_args<T>(B, L, H, F, D, chunk, eps);                                             \
     a.q = q, a.k = k, a.v = v, a.decay = decay, a.init = init, a.out = out, a.state = state;                       \
     a.checkpoints = checkpoints;                                                                                   \
-    return run_rfa_chunked_grid(a, false, grid, threads, reverse != 0,                                            \
-                                [](auto& t, const auto& args, int64_t blk, int64_t g, T* smem) {                   \
-                                  rfa_chunked::rfa_chunked_fwd_block(t, args, blk, g, smem);                      \
-                                });                                                                                \
+    return run_rfa_chunked_grid<TILE>(a, false, grid, threads, reverse != 0,                                      \
+                                      [](auto& t, const auto& args, int64_t blk, int64_t g, T* smem) {             \
+                                        rfa_chunked::rfa_chunked_fwd_block<TILE>(t, args, blk, g, smem);          \
+                                      });                                                                          \
   }                                                                                                                \
   extern "C" int rfa_chunked_bwd_emulate_##SUFFIX(const T* go, const T* gfinal, const T* q, const T* k, const T* v, \
                                                   const T* decay, T* checkpoints, double eps, T* gq, T* gk, T* gv, \
@@ -531,21 +550,30 @@ int run_rfa_chunked_grid(const rfa_blocks::RfaArgs<acc_t>& a, bool backward, int
     a.grad_out = go, a.grad_final = gfinal, a.q = q, a.k = k, a.v = v, a.decay = decay;                            \
     a.checkpoints = checkpoints, a.grad_q = gq, a.grad_k = gk, a.grad_v = gv, a.grad_decay = gdecay;               \
     a.grad_init = ginit;                                                                                           \
-    return run_rfa_chunked_grid(a, true, grid, threads, reverse != 0,                                             \
-                                [](auto& t, const auto& args, int64_t blk, int64_t g, T* smem) {                   \
-                                  rfa_chunked::rfa_chunked_bwd_block(t, args, blk, g, smem);                      \
-                                });                                                                                \
+    return run_rfa_chunked_grid<TILE>(a, true, grid, threads, reverse != 0,                                       \
+                                      [](auto& t, const auto& args, int64_t blk, int64_t g, T* smem) {             \
+                                        rfa_chunked::rfa_chunked_bwd_block<TILE>(t, args, blk, g, smem);          \
+                                      });                                                                          \
   }
 
-// Dynamic shared memory and block size of the chunked launches of rfa.cu (T > 1; chunk 0 stands for 64).
-extern "C" int64_t rfa_chunked_shared_bytes(int64_t acc_bytes, int64_t F, int64_t D, int64_t chunk, int backward) {
+// Dynamic shared memory and block size of the chunked launches of rfa.cu (T > 1; chunk 0 stands for 64);
+// tensor_cores: the warp-tile strides of its TF32 kernels.
+extern "C" int64_t rfa_chunked_shared_bytes(int64_t acc_bytes, int64_t F, int64_t D, int64_t chunk, int backward,
+                                            int tensor_cores) {
   const rfa_blocks::RfaDims d{1, 2, 1, F, D, D + 1, chunk, rfa_num_chunks(2, chunk)};
-  return rfa_chunked::shared_bytes(d, acc_bytes, backward != 0);
+  return tensor_cores ? rfa_chunked::shared_bytes<rfa_chunked::WarpTile>(d, acc_bytes, backward != 0)
+                      : rfa_chunked::shared_bytes<rfa_chunked::MicroTile<float>>(d, acc_bytes, backward != 0);
 }
 
 extern "C" int64_t rfa_chunked_block_threads(int64_t F, int64_t D, int64_t chunk) {
   return rfa_chunked::chunked_threads(rfa_blocks::RfaDims{1, 2, 1, F, D, D + 1, chunk, rfa_num_chunks(2, chunk)});
 }
 
-RFA_CHUNKED_EMULATE(f32, float)
-RFA_CHUNKED_EMULATE(f64, double)
+// The tensor-core programs' operand rounding (csrc/cuda/tile_products.h), for n values.
+extern "C" void round_tf32_emulate(const float* x, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = products::round_tf32(x[i]);
+}
+
+RFA_CHUNKED_EMULATE(f32, float, rfa_chunked::MicroTile<float>)
+RFA_CHUNKED_EMULATE(f64, double, rfa_chunked::MicroTile<double>)
+RFA_CHUNKED_EMULATE(tf32, float, rfa_chunked::WarpTile)

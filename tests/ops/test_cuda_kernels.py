@@ -239,6 +239,64 @@ def test_rfa_causal_kernels_train_against_reference(B, T, H, F, d, chunk, dtype,
     assert_rfa_close(got, expected, scale * REL_TOL[dtype])
 
 
+@pytest.fixture
+def allow_tf32():
+    """torch.backends.cuda.matmul.allow_tf32 set for the test, restored after it."""
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = previous
+
+
+def tensor_core_launches(fn):
+    """(how many of fn()'s kernel launches are tensor-core (WarpTile) instantiations of the chunked RFA kernels, and of
+    any RFA kernel, fn()'s result)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        result = fn()
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if any(k in e.name for k in RFA_KERNELS)]
+    return sum("WarpTile" in n for n in names), len(names), result
+
+
+@pytest.mark.parametrize("decay", ["gate", "zeros-ones"])
+@pytest.mark.parametrize("B,T,H,F,d,chunk", RFA_CHUNKED_CASES)
+def test_rfa_tensor_core_kernels_train_against_reference(B, T, H, F, d, chunk, decay, allow_tf32):
+    """With TF32 allowed, fp32 training calls of T > 1 run the tensor-core instantiations forward and backward: outputs
+    and every gradient within fp16 rounding (2e-3) of the fp64 reference, and not the exact fp32 kernels' results."""
+    q, k, v, dec, initial = rfa_inputs(B, T, H, F, d, decay, seed=T + F)
+    rounded = [None if t is None else t.float().double() for t in (q, k, v, dec, initial)]
+    expected = rfa_grads(ops.rfa_causal_ref, *rounded, torch.float64)
+    call = lambda *a: ops.rfa_causal(*a, chunk_size=chunk)  # noqa: E731
+    tc, launches, got = tensor_core_launches(lambda: rfa_grads(call, *on(CUDA, q, k, v, dec, initial), torch.float32))
+    assert (tc, launches) == ((2, 2) if T > 1 else (0, 2))
+    assert_rfa_close(got, expected, REL_TOL[torch.float16])
+    torch.backends.cuda.matmul.allow_tf32 = False
+    exact = rfa_grads(call, *on(CUDA, q, k, v, dec, initial), torch.float32)
+    if T > 1:
+        assert rel_err(got[0], exact[0]) > 2 * REL_TOL[torch.float32]
+
+
+def test_rfa_tensor_core_policy():
+    """TF32 products when v is fp16/bf16 (the output's rounding is coarser) or TF32 is allowed for fp32 matmuls;
+    never for fp64, never for fp32 by default."""
+    q, k, v, dec, initial = on(CUDA, *rfa_inputs(1, 40, 2, 8, 4, "gate", seed=4))
+    q, k, dec, initial = q.float(), k.float(), dec.float(), initial.float()
+    with torch.no_grad():
+        assert tensor_core_launches(lambda: ops.rfa_causal(q, k, v.float(), dec, initial))[:2] == (0, 1)
+        assert tensor_core_launches(lambda: ops.rfa_causal(q, k, v.bfloat16(), dec, initial))[:2] == (1, 1)
+        assert tensor_core_launches(lambda: ops.rfa_causal(q, k, v.half(), dec, initial))[:2] == (1, 1)
+        previous = torch.backends.cuda.matmul.allow_tf32
+        try:
+            torch.backends.cuda.matmul.allow_tf32 = True
+            assert tensor_core_launches(lambda: ops.rfa_causal(q, k, v.float(), dec, initial))[:2] == (1, 1)
+            assert tensor_core_launches(lambda: ops.rfa_causal(*[t.double() for t in (q, k, v, dec, initial)]))[:2] \
+                == (0, 1)
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = previous
+
+
 def h100_class():
     """The device grants a block 227 KiB of shared memory (H100, H200; an A100 grants 163 KiB)."""
     return torch.cuda.get_device_properties(CUDA).shared_memory_per_block_optin >= 227 * 1024

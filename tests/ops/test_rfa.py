@@ -225,6 +225,30 @@ def test_opcheck():
     torch.library.opcheck(torch.ops.talk_hf.rfa_causal_bwd.default,
                           (torch.randn(2, 9, 2, 3), None, q, k, v, None, None, fwd(q, k, v, None, None, 0.1, 4)[2], 0.1, 4))
     torch.library.opcheck(fwd, (q, k, v, decay, initial, 0.1, 0))  # chunk 0: inference, no states saved
+    torch.library.opcheck(fwd, (grad(q), grad(k), grad(v), grad(decay), grad(initial), 0.1, 4, True))  # tf32
+
+
+def test_tf32_is_a_cuda_choice():
+    """`tf32` (tensor-core products, CUDA only) changes nothing on the CPU, forward or backward, and the Python side
+    asks for it only for CUDA tensors with an fp32 state (tests/ops/test_cuda_kernels.py checks the CUDA policy)."""
+    from talk_hf.rfa import _tf32_products
+
+    g = torch.Generator().manual_seed(14)
+    q, k = features(2, 9, 2, 4, g, torch.float32), features(2, 9, 2, 4, g, torch.float32)
+    v, decay = torch.randn(2, 9, 2, 3, generator=g), gate(2, 9, 2, g, torch.float32)
+    fwd, bwd = torch.ops.talk_hf.rfa_causal_fwd, torch.ops.talk_hf.rfa_causal_bwd
+    exact, tf32 = fwd(q, k, v, decay, None, 0.1, 4), fwd(q, k, v, decay, None, 0.1, 4, True)
+    assert all(torch.equal(a, b) for a, b in zip(exact, tf32))
+    go = torch.randn_like(v)
+    grads = [bwd(go, None, q, k, v, decay, None, exact[2], 0.1, 4, flag) for flag in (False, True)]
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
+    previous = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        assert not _tf32_products(v.bfloat16(), torch.float32)  # a CPU tensor
+        assert not _tf32_products(v.to("meta"), torch.float32)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous
 
 
 def test_inference_saves_no_states_and_refuses_a_backward():

@@ -56,9 +56,13 @@ def reference(q, k, v, decay, init, go, gfinal, chunk):
     return [out.detach(), state.detach(), torch.stack(checkpoints, 2)], grads
 
 
-def emulate(lib, q, k, v, decay, init, go, gfinal, chunk, grid, threads=0, reverse=False, dtype=torch.float64):
-    """The chunked forward, then (chunk > 0) the backward from its checkpoints, in `dtype`:
-    -> [out, final state, checkpoints], [grad q, k, v, decay, initial state] (None where no input)."""
+def emulate(lib, q, k, v, decay, init, go, gfinal, chunk, grid, threads=0, reverse=False, dtype=torch.float64,
+            tf32=False):
+    """The chunked forward, then (chunk > 0) the backward from its checkpoints, in `dtype` (fp32 with tensor-core
+    TF32 products when `tf32`): -> [out, final state, checkpoints], [grad q, k, v, decay, initial state] (None where
+    no input)."""
+    dtype = torch.float32 if tf32 else dtype
+    suffix = "tf32" if tf32 else SUFFIX[dtype]
     q, k, v, decay, init, go, gfinal = (None if t is None else t.to(dtype) for t in (q, k, v, decay, init, go, gfinal))
     B, T, H, F = q.shape
     D = v.shape[-1]
@@ -67,13 +71,13 @@ def emulate(lib, q, k, v, decay, init, go, gfinal, chunk, grid, threads=0, rever
     ints = [ctypes.c_int64(n) for n in (B, T, H, F, D, chunk, grid)]
     tail = [ctypes.c_int(threads), ctypes.c_int(int(reverse))]
     out, state, checkpoints = nan(B, T, H, D), nan(B, H, F, D + 1), nan(B, H, N, F, D + 1)
-    assert getattr(lib, f"rfa_chunked_fwd_emulate_{SUFFIX[dtype]}")(
+    assert getattr(lib, f"rfa_chunked_fwd_emulate_{suffix}")(
         ptr(q), ptr(k), ptr(v), ptr(decay), ptr(init), ctypes.c_double(EPS), ptr(out), ptr(state), ptr(checkpoints),
         *ints, *tail) == 0
     if chunk == 0:
         return [out, state, checkpoints], None
     grads = [None if t is None else nan(*t.shape) for t in (q, k, v, decay, init)]
-    assert getattr(lib, f"rfa_chunked_bwd_emulate_{SUFFIX[dtype]}")(
+    assert getattr(lib, f"rfa_chunked_bwd_emulate_{suffix}")(
         ptr(go), ptr(gfinal), ptr(q), ptr(k), ptr(v), ptr(decay), ptr(checkpoints), ctypes.c_double(EPS),
         *[ptr(g) for g in grads], *ints, *tail) == 0
     return [out, state, checkpoints], grads
@@ -126,6 +130,67 @@ def test_chunked_programs_match_reference(emulator, B, T, H, F, D, chunk, grid, 
             assert err <= scale * REL_TOL[tol], f"{name}: relative error {err:.3g}"
 
 
+@pytest.mark.parametrize("decay", ["none", "uniform", "zeros-ones"])
+@pytest.mark.parametrize("B,T,H,F,D,chunk,grid,threads", CASES)
+def test_tensor_core_programs_match_reference(emulator, B, T, H, F, D, chunk, grid, threads, decay):
+    """The TF32 tensor-core instantiation (rfa.cu's choice for the op's `tf32`): each warp's mma.sync steps formed
+    from the PTX fragment layout, so a loader that puts an operand in the wrong register fails here. Every output and
+    gradient within fp16 rounding (2e-3, TF32 keeps 10 mantissa bits) of the fp64 reference, both thread orders
+    bitwise equal, and not the exact fp32 programs' results (the operands really are rounded). Blocks of 37 and 100
+    threads: products go to whole warps only."""
+    data = inputs(B, T, H, F, D, decay, seed=T * 31 + F)
+    want, want_grads = reference(*data, chunk)
+    runs = [emulate(emulator, *data, chunk, grid, threads, reverse, tf32=True) for reverse in (False, True)]
+    exact, exact_grads = emulate(emulator, *data, chunk, grid, threads, dtype=torch.float32)
+    for a, b in zip(runs[0][0] + runs[0][1], runs[1][0] + runs[1][1]):
+        assert (a is None and b is None) or torch.equal(a, b)
+    for name, a, b, e in zip(FORWARD_NAMES + GRAD_NAMES, runs[0][0] + runs[0][1], want + want_grads,
+                             exact + exact_grads):
+        assert (a is None) == (b is None), name
+        if a is not None:
+            err = rel_err(a, b)
+            assert err <= REL_TOL[torch.float16], f"{name}: relative error {err:.3g}"
+            if name != "checkpoints" or T > chunk:  # a lone chunk's checkpoint is the initial state, no product
+                assert rel_err(a, e) > 2 * REL_TOL[torch.float32], f"{name}: equal to the exact fp32 programs"
+
+
+def tf32_reference(x):
+    """x (fp32) rounded to 11 significant bits, to nearest with ties away from zero, in fp64 arithmetic (normal
+    numbers), or infinity where that rounding passes the largest fp32."""
+    m, e = torch.frexp(x.double())  # x = m 2^e, 0.5 <= |m| < 1
+    scaled = m * 2048
+    rounded = torch.sign(scaled) * torch.floor(scaled.abs() + 0.5)
+    return torch.ldexp(rounded, e - 11).float()
+
+
+def test_round_tf32(emulator):
+    """round_tf32 (csrc/cuda/tile_products.h: the tensor-core programs' operand rounding, cvt.rna.tf32.f32) against
+    rounding in fp64 arithmetic: random normal numbers over the whole exponent range, ties (x.5 ulp) both ways and
+    both signs, and the special values."""
+    g = torch.Generator().manual_seed(0)
+    normal = torch.ldexp(torch.rand(100_000, generator=g, dtype=torch.float64) + 1,
+                         torch.randint(-125, 127, (100_000,), generator=g)).float()
+    normal = torch.where(torch.rand(100_000, generator=g) < 0.5, normal, -normal)
+    ulp = 2.0 ** -10
+    ties = torch.tensor([1 + ulp / 2, 1 + 3 * ulp / 2, 1 + ulp / 2 - 2 ** -23, -(1 + ulp / 2),
+                         (1.5 + ulp / 2) * 2.0 ** -99],
+                        dtype=torch.float32)
+    fmax = torch.finfo(torch.float32).max
+    special = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), fmax, -fmax, 2.0 ** -149, 2.0 ** -126],
+                           dtype=torch.float32)
+    x = torch.cat([normal, ties, special])
+    out = torch.full_like(x, float("nan"))
+    emulator.round_tf32_emulate(ptr(x), ptr(out), ctypes.c_int64(x.numel()))
+    n = normal.numel() + ties.numel()
+    torch.testing.assert_close(out[:n], tf32_reference(x[:n]), rtol=0, atol=0)
+    assert (out[:n].view(torch.int32) & 0x1FFF == 0).all()  # the 13 low mantissa bits are zero
+    assert out[normal.numel():n].tolist() == [1 + ulp, 1 + 2 * ulp, 1.0, -(1 + ulp), (1.5 + ulp) * 2.0 ** -99]
+    assert out[n:].tolist() == [0.0, -0.0, float("inf"), -float("inf"), float("inf"), -float("inf"), 0.0, 2.0 ** -126]
+    nan = torch.tensor([float("nan")])
+    emulator.round_tf32_emulate(ptr(nan), ptr(out), ctypes.c_int64(1))
+    assert out[0].isnan()
+
+
 @pytest.mark.parametrize("with_init,with_grad_final", [(False, False), (True, False), (False, True)])
 @pytest.mark.parametrize("decay", ["none", "uniform"])
 def test_without_initial_state_or_final_gradient(emulator, with_init, with_grad_final, decay):
@@ -150,17 +215,25 @@ def test_inference_launch_uses_64_step_chunks_and_saves_nothing(emulator):
 def test_launch_shapes(emulator):
     """rfa.cu's chunked launches for the Table 6 shape (F = d = 64, chunk 64): 288 threads (one 4 x 4 micro-tile of
     each (64, 65) product per thread); fp32 forward and backward fit an H100's opt-in shared memory (227 KiB), the
-    fp64 backward and F = 512 do not (those run the per-step kernels). Block sizes are whole warps, at most 320."""
+    fp64 backward and F = 512 do not (those run the per-step kernels), with SIMT or tensor-core strides. Block sizes
+    are whole warps, at most 320."""
     emulator.rfa_chunked_shared_bytes.restype = ctypes.c_int64
     emulator.rfa_chunked_block_threads.restype = ctypes.c_int64
-    shared = lambda acc, F, D, chunk, bwd: emulator.rfa_chunked_shared_bytes(  # noqa: E731
-        *[ctypes.c_int64(n) for n in (acc, F, D, chunk)], ctypes.c_int(bwd))
+    shared = lambda acc, F, D, chunk, bwd, tc=0: emulator.rfa_chunked_shared_bytes(  # noqa: E731
+        *[ctypes.c_int64(n) for n in (acc, F, D, chunk)], ctypes.c_int(bwd), ctypes.c_int(tc))
     threads = lambda *sizes: emulator.rfa_chunked_block_threads(*[ctypes.c_int64(n) for n in sizes])  # noqa: E731
     h100 = 227 * 1024
     assert threads(64, 64, 64) == 288 and threads(64, 64, 0) == 288
     assert 48 * 1024 < shared(4, 64, 64, 64, 0) <= h100 and shared(4, 64, 64, 0, 0) == shared(4, 64, 64, 64, 0)
     assert shared(4, 64, 64, 64, 1) <= h100 < shared(8, 64, 64, 64, 1)
     assert shared(4, 512, 64, 64, 0) > h100
+    # Tensor cores: row strides 68 (= 4 mod 32) for the (., 64) and (., 65) tiles; two forward blocks still fit an
+    # SM (228 KiB, 1 KiB reserved per block), the backward one.
+    ld, L = 68, 64
+    assert shared(4, 64, 64, 64, 0, 1) == 4 * (6 * L * ld + 2 * (L + 1) + 288 // 32)
+    assert shared(4, 64, 64, 64, 1, 1) == 4 * (12 * L * ld + 2 * (L + 1) + 3 * L + 288 // 32)
+    for tc in (0, 1):
+        assert 2 * (shared(4, 64, 64, 64, 0, tc) + 1024) <= 228 * 1024 and shared(4, 64, 64, 64, 1, tc) <= h100
     for F, D, chunk in [(5, 3, 4), (33, 17, 8), (64, 64, 64), (256, 256, 64), (6, 3, 1)]:
         n = threads(F, D, chunk)
         assert n % 32 == 0 and 32 <= n <= 320
