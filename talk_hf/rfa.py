@@ -237,28 +237,36 @@ def _rfa_causal_chunked(q, k, v, decay, initial_state, eps, chunk_size):
         return t.view(B, N, C, H, width).permute(0, 3, 1, 2, 4)
 
     qc, kc, vc = chunks(q, F), chunks(k, F), chunks(_with_ones(v, acc), v.shape[-1] + 1)
-    if decay is None:
-        log_decay = torch.zeros(B, H, N, C, dtype=acc, device=q.device)
-    else:
-        log_decay = chunks(decay.to(acc).clamp_min(torch.finfo(acc).tiny).log().unsqueeze(-1), 1).squeeze(-1)
-    inclusive = log_decay.cumsum(-1)
-    before = inclusive - log_decay  # log of the decay applied between the chunk start and step i
-    # weight of key j for query i in the same chunk: exp(before_i - before_j) for j <= i
-    causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
-    gaps = (before.unsqueeze(-1) - before.unsqueeze(-2)).masked_fill(~causal, float("-inf"))
-    intra = ((qc @ kc.transpose(-1, -2)) * gaps.exp()) @ vc
-    # what each chunk adds to the state, decayed to the chunk end
-    to_end = (inclusive[..., -1:] - before).exp().unsqueeze(-1)
-    updates = (kc * to_end).transpose(-1, -2) @ vc  # (B, H, N, F, d + 1)
-    chunk_decay = inclusive[..., -1].exp().view(B, H, N, 1, 1)
+    weights, to_end, from_start = _chunk_decays(decay, B, T, H, N, C, acc, q.device)
+    intra = ((qc @ kc.transpose(-1, -2)) * weights) @ vc
+    updates = (kc * to_end.unsqueeze(-1)).transpose(-1, -2) @ vc  # what each chunk adds to the state, at its end
+    chunk_decay = to_end[..., :1].unsqueeze(-1)  # (B, H, N, 1, 1): the whole chunk's decay
     state = rfa_init_state(B, H, F, v.shape[-1], q.device, acc) if initial_state is None else initial_state.to(acc)
     entering = []
     for n in range(N):
         entering.append(state)
         state = chunk_decay[:, :, n] * state + updates[:, :, n]
-    inter = (qc * before.exp().unsqueeze(-1)) @ torch.stack(entering, dim=2)
+    inter = (qc * from_start.unsqueeze(-1)) @ torch.stack(entering, dim=2)
     out = _normalise(intra + inter, eps).permute(0, 2, 3, 1, 4).reshape(B, N * C, H, -1)[:, :T]
     return out.to(v.dtype), state
+
+
+def _chunk_decays(decay, B, T, H, N, C, acc, device):
+    """Products of decays inside chunks of C steps (decay[t] multiplies the state after step t), as products, never
+    through logarithms, so that exact zeros keep their gradients:
+    weights[i, j] = decay[j] ... decay[i - 1] (1 for i = j, 0 for j > i): (B, H, N, C, C), the weight of key j for
+    query i; to_end[j] = decay[j] ... decay[C - 1]: (B, H, N, C); from_start[i] = decay[0] ... decay[i - 1] (the
+    decay of the entering state at query i): (B, H, N, C). decay None: no decay; steps past T decay by 1."""
+    causal = torch.ones(C, C, dtype=torch.bool, device=device).tril()
+    if decay is None:
+        ones = torch.ones(B, H, N, C, dtype=acc, device=device)
+        return causal.to(acc).expand(B, H, N, C, C), ones, ones
+    d = torch.nn.functional.pad(decay.to(acc), (0, 0, 0, N * C - T), value=1.0).view(B, N, C, H).permute(0, 3, 1, 2)
+    previous = torch.nn.functional.pad(d[..., :-1], (1, 0), value=1.0)  # decay[i - 1] for row i (1 for i = 0)
+    factors = torch.where(causal.tril(-1), previous.unsqueeze(-1), torch.ones((), dtype=acc, device=device))
+    weights = factors.cumprod(-2).masked_fill(~causal, 0.0)  # column j: 1, decay[j], decay[j] decay[j + 1], ...
+    to_end = weights[..., -1, :] * d[..., -1:]
+    return weights, to_end, weights[..., 0]
 
 
 def rfa_step(q, k, v, state, decay=None, eps=DEFAULT_EPS):

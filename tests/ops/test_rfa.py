@@ -188,6 +188,37 @@ def test_gradcheck_all_inputs_and_final_state(causal, T, chunk):
     assert torch.autograd.gradcheck(lambda *a: causal(*a, chunk_size=chunk)[0], (q, k, v))
 
 
+@pytest.mark.parametrize("causal", CAUSAL)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+def test_exact_zero_decays_keep_their_gradients(causal, dtype):
+    """A decay of exactly 0 (a state reset) is an ordinary point of the function: the outputs, the final state and
+    every gradient, the decays' own included, match the fp64 recurrence (zeros alone, in runs, at chunk ends and
+    starts, and exact ones). The chunked form multiplies decays instead of exponentiating log-decay sums, which gave
+    those decays a zero gradient and lost ~1e-5 of fp32 accuracy near log(FLT_MIN)."""
+    g = torch.Generator().manual_seed(21)
+    B, T, H, F, d, chunk = 2, 45, 2, 6, 4, 8
+    q, k = features(B, T, H, F, g), features(B, T, H, F, g)
+    v = torch.randn(B, T, H, d, generator=g, dtype=torch.float64)
+    initial = 0.1 * torch.randn(B, H, F, d + 1, generator=g, dtype=torch.float64)
+    r, u = torch.rand(B, T, H, generator=g, dtype=torch.float64), torch.rand(B, T, H, generator=g, dtype=torch.float64)
+    decay = torch.where(r < 0.15, 0.0, torch.where(r < 0.6, 1.0, u))
+    decay[0, [7, 8, 15, 16, 17, 30], 0] = 0.0  # chunk end, next chunk's start, a run across a chunk boundary
+    assert (decay == 0).sum() >= 10
+
+    def results(fn, dt):
+        inputs = [t.detach().to(dt).requires_grad_() for t in (q, k, v, decay, initial)]
+        out, state = fn(*inputs)
+        w = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+        ((out.double() * w).sum() + state.double().sum()).backward()
+        return [out.detach(), state.detach()] + [t.grad for t in inputs]
+
+    expected = results(ops.rfa_causal_ref, torch.float64)
+    got = results(lambda *a: causal(*a, chunk_size=chunk), dtype)
+    for name, a, b in zip(["out", "state", "q", "k", "v", "decay", "initial"], got, expected):
+        assert rel_err(a, b) <= REL_TOL[dtype] * (10 if dtype == torch.float32 else 1), name
+    assert (expected[5][decay == 0] != 0).all()  # the gradients that were lost were not zero
+
+
 def test_compiled_gradients_match_reference_on_long_gated_sequences():
     """fp32 kernel gradients over many chunks (T=300, chunk 64) against the float64 recurrence."""
     g = torch.Generator().manual_seed(9)
