@@ -9,7 +9,8 @@ Porting notes (reference_impls.md §C, §E.16-23):
 - Decay gate (the paper's RFA-sgate): at every decoder *input* token equal to sep_token_id the causal attention
   state is multiplied by sigmoid(w.x + b) per head, after that token's own output (its key keeps weight 1).
 - The training form is chunked (talk_hf/rfa.py), not a loop over sentences; decoding carries the fixed-size
-  state (S, z) per layer, and the cross-attention state is computed once per source.
+  state (S, z) per layer, and the cross-attention source (its state, or for short sources its key features and
+  values, whichever is smaller: `rfa_cross_source`) is computed once per source.
 """
 
 import torch
@@ -29,7 +30,7 @@ from .modeling_base import (
 from .rfa import (
     rfa_causal,
     rfa_cross,
-    rfa_cross_state,
+    rfa_cross_source,
     rfa_feature_map,
     rfa_key_norm_rescale,
     rfa_random_projection,
@@ -112,26 +113,44 @@ class RfaCrossAttention(nn.Module):
         self.features = RandomFeatures(self.heads, config.cross_num_frequencies, d // self.heads,
                                        config.resample_random_features)
 
-    def source_state(self, encoder_hidden_states, encoder_attention_mask, projection):
-        """(B, S, C) encoder states -> (B, H, 2D, d + 1) attention state."""
+    def source(self, encoder_hidden_states, encoder_attention_mask, projection):
+        """(B, S, C) encoder states -> the source side of the attention (`rfa_cross_source`): the (B, H, 2D, d + 1)
+        state, or for short sources the (keys, values) pair, whichever is smaller."""
         k = _heads(self.k_proj(encoder_hidden_states), self.heads)
         phi_k = self.features(k, projection)
         if self.norm_rescale:
             phi_k = phi_k * rfa_key_norm_rescale(k, self.features.tau, encoder_attention_mask)
         v = _heads(self.v_proj(encoder_hidden_states), self.heads)
-        return rfa_cross_state(phi_k, v, encoder_attention_mask)
+        return rfa_cross_source(phi_k, v, encoder_attention_mask)
 
     def forward(self, x, encoder_hidden_states, encoder_attention_mask=None, past_key_values=None):
         state = past_key_values
         projection = self.features.current()
-        source = state.get("cross_rfa") if state is not None else None
+        source = _cached_source(state)
         if source is None:
-            source = self.source_state(encoder_hidden_states, encoder_attention_mask, projection)
-            if state is not None:
-                state.set("cross_rfa", source)
+            source = self.source(encoder_hidden_states, encoder_attention_mask, projection)
+            _cache_source(state, source)
         q = self.features(_heads(self.q_proj(x), self.heads), projection)
         out = rfa_cross(q, source, eps=self.eps).to(x.dtype)
         return self.out_proj(out.reshape(x.shape))
+
+
+def _cached_source(state):
+    """The cross-attention source a decoding cache holds (state, or (keys, values)), or None."""
+    if state is None:
+        return None
+    keys = state.get("cross_keys")
+    return state.get("cross_rfa") if keys is None else (keys, state.get("cross_values"))
+
+
+def _cache_source(state, source):
+    if state is None:
+        return
+    if isinstance(source, tuple):
+        state.set("cross_keys", source[0])
+        state.set("cross_values", source[1])
+    else:
+        state.set("cross_rfa", source)
 
 
 def _encoder_layer(config):

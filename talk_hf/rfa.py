@@ -285,29 +285,61 @@ def rfa_cross_state(k, v, attention_mask=None):
 
     k: (B, S, H, F) key features; v: (B, S, H, d); attention_mask: (B, S), 1 for real tokens -> (B, H, F, d + 1).
     """
+    _check_source_args(k, v, attention_mask)
+    acc = _acc_dtype(k, v)
+    return torch.einsum("bshf,bshe->bhfe", _masked_keys(k.to(acc), attention_mask), _with_ones(v, acc))
+
+
+def _check_source_args(k, v, attention_mask):
     check_float_tensor("k", k, 4)
     check_float_tensor("v", v, 4)
     if v.shape[:3] != k.shape[:3]:
         raise ValueError(f"v must be (B, S, H, d) matching k {tuple(k.shape[:3])}, got {tuple(v.shape)}")
+    if attention_mask is not None and attention_mask.shape != k.shape[:2]:
+        raise ValueError(f"attention_mask must be (B, S) = {tuple(k.shape[:2])}, got {tuple(attention_mask.shape)}")
+
+
+def _masked_keys(k, attention_mask):  # (B, S, H, F), zero at padded tokens
+    return k if attention_mask is None else k * attention_mask.to(k.dtype).view(*k.shape[:2], 1, 1)
+
+
+def rfa_cross_source(k, v, attention_mask=None):
+    """The source side of cross attention, computed once per source, in whichever form is smaller (`rfa_cross` takes
+    both and computes the same function): the state of `rfa_cross_state`, F (d + 1) numbers per (batch, head), or
+    for sources shorter than F (d + 1) / (F + d + 1) tokens (57 at F = 512, d = 64) the key features and values
+    themselves, S (F + d + 1) numbers: a pair (keys (B, H, F, S), zero at padded tokens; values (B, H, S, d + 1),
+    with a column of ones last).
+
+    k: (B, S, H, F) key features; v: (B, S, H, d); attention_mask: (B, S), 1 for real tokens.
+    """
+    S, F, E = k.shape[1], k.shape[-1], v.shape[-1] + 1
+    if S * (F + E) >= F * E:
+        return rfa_cross_state(k, v, attention_mask)
+    _check_source_args(k, v, attention_mask)
     acc = _acc_dtype(k, v)
-    k = k.to(acc)
-    if attention_mask is not None:
-        if attention_mask.shape != k.shape[:2]:
-            raise ValueError(f"attention_mask must be (B, S) = {tuple(k.shape[:2])}, got {tuple(attention_mask.shape)}")
-        k = k * attention_mask.to(acc).view(*k.shape[:2], 1, 1)
-    return torch.einsum("bshf,bshe->bhfe", k, _with_ones(v, acc))
+    return _masked_keys(k.to(acc), attention_mask).permute(0, 2, 3, 1), _with_ones(v, acc).transpose(1, 2)
 
 
-def rfa_cross(q, state, eps=DEFAULT_EPS):
-    """Cross attention of queries against a source state.
+def rfa_cross(q, source, eps=DEFAULT_EPS):
+    """Cross attention of queries against a source.
 
-    q: (B, T, H, F); state: (B, H, F, d + 1) from `rfa_cross_state` -> (B, T, H, d) in the state's dtype.
+    q: (B, T, H, F); source: the state (B, H, F, d + 1) from `rfa_cross_state`, or either form from
+    `rfa_cross_source` -> (B, T, H, d) in the source's dtype.
     """
     check_float_tensor("q", q, 4)
-    check_float_tensor("state", state, 4)
-    if state.shape[:3] != (q.shape[0], q.shape[2], q.shape[3]):
-        raise ValueError(f"state must be (B, H, F, d + 1) matching q {tuple(q.shape)}, got {tuple(state.shape)}")
-    return _normalise((q.to(state.dtype).transpose(1, 2) @ state).transpose(1, 2), eps)  # one batched matmul
+    if isinstance(source, tuple):
+        keys, values = source
+        check_float_tensor("keys", keys, 4)
+        check_float_tensor("values", values, 4)
+        if keys.shape[:3] != (q.shape[0], q.shape[2], q.shape[3]) or values.shape[:3] != (*keys.shape[:2], keys.shape[3]):
+            raise ValueError(f"source keys must be (B, H, F, S) and values (B, H, S, d + 1) matching q {tuple(q.shape)}, "
+                             f"got {tuple(keys.shape)} and {tuple(values.shape)}")
+        num = (q.to(keys.dtype).transpose(1, 2) @ keys) @ values  # (B, H, T, S) scores, then (B, H, T, d + 1)
+        return _normalise(num.transpose(1, 2), eps)
+    check_float_tensor("state", source, 4)
+    if source.shape[:3] != (q.shape[0], q.shape[2], q.shape[3]):
+        raise ValueError(f"state must be (B, H, F, d + 1) matching q {tuple(q.shape)}, got {tuple(source.shape)}")
+    return _normalise((q.to(source.dtype).transpose(1, 2) @ source).transpose(1, 2), eps)  # one batched matmul
 
 
 def rfa_cross_ref(q, k, v, attention_mask=None, eps=DEFAULT_EPS):

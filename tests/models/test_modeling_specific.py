@@ -27,6 +27,30 @@ def test_rfa_gate_acts_only_after_a_separator():
     assert (with_gate[:, sep + 1 :] - no_decay[:, sep + 1 :]).abs().max() > 1e-3
 
 
+@pytest.mark.parametrize("length,form", [(6, "cross_keys"), (9, "cross_rfa")])
+def test_rfa_cross_source_kept_in_the_smaller_form(length, form, monkeypatch):
+    """With 128 cross features (F) and d + 1 = 9 value columns, a source shorter than F (d + 1) / (F + d + 1) = 8.4
+    tokens is kept as its key features and values, a longer one as the (F, d + 1) state: the cache holds that form,
+    the logits equal those of the state form (up to rounding) and cached generation equals uncached."""
+    import talk_hf.modeling_rfa_doc as modeling
+
+    model = make("rfa_doc", cross_num_frequencies=64)
+    src, mask = source_batch(length=length)
+    dec = torch.tensor([[2, 7, 8, SEP, 9, 10]] * 3)
+    with torch.no_grad():
+        out = model(input_ids=src, attention_mask=mask, decoder_input_ids=dec, use_cache=True)
+    layer_state = out.past_key_values.layers[0]
+    assert layer_state.get(form) is not None
+    assert layer_state.get("cross_rfa" if form == "cross_keys" else "cross_keys") is None
+    generated = model.generate(input_ids=src, attention_mask=mask, max_new_tokens=7, min_new_tokens=7, num_beams=2)
+    assert torch.equal(generated, model.generate(input_ids=src, attention_mask=mask, max_new_tokens=7,
+                                                 min_new_tokens=7, num_beams=2, use_cache=False))
+    monkeypatch.setattr(modeling, "rfa_cross_source", ops.rfa_cross_state)  # the state form whatever the length
+    with torch.no_grad():
+        state_form = model(input_ids=src, attention_mask=mask, decoder_input_ids=dec).logits
+    torch.testing.assert_close(out.logits, state_form, rtol=1e-5, atol=1e-5)
+
+
 def test_rfa_random_features_fixed_in_eval_and_resampled_in_training():
     model = make("rfa_doc")
     features = model.model.decoder.layers[0].mixer.features

@@ -414,6 +414,30 @@ def test_batch_equals_rows_one_at_a_time(causal):
         torch.testing.assert_close(batched[b : b + 1], row, rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.parametrize("S,form", [(3, "keys"), (4, "state")])
+def test_cross_source_takes_the_smaller_form(S, form):
+    """F = 16, d + 1 = 4: the state holds 64 numbers per (batch, head), the keys and values 20 per token, so a source
+    of 3 tokens is kept as keys and values and one of 4 as the state; either gives the quadratic form's result (with
+    a padded row), and gradients flow through the keys-and-values form."""
+    g = torch.Generator().manual_seed(18)
+    B, T, H, F, d = 2, 5, 2, 16, 3
+    q, k = features(B, T, H, F, g), features(B, S, H, F, g)
+    v = torch.randn(B, S, H, d, generator=g, dtype=torch.float64)
+    mask = torch.ones(B, S, dtype=torch.long)
+    mask[1, -1] = 0
+    source = ops.rfa_cross_source(k, v, mask)
+    if form == "keys":
+        keys, values = source
+        assert keys.shape == (B, H, F, S) and values.shape == (B, H, S, d + 1)
+        assert (keys[1, :, :, -1] == 0).all() and (values[..., -1] == 1).all()
+    else:
+        torch.testing.assert_close(source, ops.rfa_cross_state(k, v, mask), rtol=0, atol=0)
+    assert_close(ops.rfa_cross(q, source), ops.rfa_cross_ref(q, k, v, mask))
+    if form == "keys":
+        check = lambda q, k, v: ops.rfa_cross(q, ops.rfa_cross_source(k, v, mask))  # noqa: E731
+        assert torch.autograd.gradcheck(check, (q.requires_grad_(), k.requires_grad_(), v.requires_grad_()))
+
+
 def test_cross_attention_matches_quadratic_form_and_ignores_padding():
     g = torch.Generator().manual_seed(8)
     B, T, S, H, F, d = 2, 5, 9, 2, 8, 4
@@ -454,6 +478,7 @@ BAD_INPUTS = [
     (lambda q, v: ops.rfa_feature_map(v, torch.randn(2, 4, 5)), ValueError, "projection must be"),
     (lambda q, v: ops.rfa_feature_map(v, torch.randn(2, 4, 4), torch.ones(3)), ValueError, "tau must have shape"),
     (lambda q, v: ops.rfa_cross(q, torch.zeros(2, 2, 7, 5)), ValueError, "state must be"),
+    (lambda q, v: ops.rfa_cross(q, (torch.zeros(2, 2, 8, 3), torch.zeros(2, 2, 4, 5))), ValueError, "source keys"),
 ]
 
 
