@@ -188,6 +188,16 @@ def test_gradcheck_all_inputs_and_final_state(causal, T, chunk):
     assert torch.autograd.gradcheck(lambda *a: causal(*a, chunk_size=chunk)[0], (q, k, v))
 
 
+def results_and_grads(fn, inputs, dtype):
+    """[out, final state, grad q, k, v, decay, initial state] of fn(q, k, v, decay, initial state) in `dtype`, for a
+    loss reaching the outputs (random weights) and the final state."""
+    inputs = [t.detach().to(dtype).requires_grad_() for t in inputs]
+    out, state = fn(*inputs)
+    w = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    ((out.double() * w).sum() + state.double().sum()).backward()
+    return [out.detach(), state.detach()] + [t.grad for t in inputs]
+
+
 @pytest.mark.parametrize("causal", CAUSAL)
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
 def test_exact_zero_decays_keep_their_gradients(causal, dtype):
@@ -205,15 +215,8 @@ def test_exact_zero_decays_keep_their_gradients(causal, dtype):
     decay[0, [7, 8, 15, 16, 17, 30], 0] = 0.0  # chunk end, next chunk's start, a run across a chunk boundary
     assert (decay == 0).sum() >= 10
 
-    def results(fn, dt):
-        inputs = [t.detach().to(dt).requires_grad_() for t in (q, k, v, decay, initial)]
-        out, state = fn(*inputs)
-        w = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
-        ((out.double() * w).sum() + state.double().sum()).backward()
-        return [out.detach(), state.detach()] + [t.grad for t in inputs]
-
-    expected = results(ops.rfa_causal_ref, torch.float64)
-    got = results(lambda *a: causal(*a, chunk_size=chunk), dtype)
+    expected = results_and_grads(ops.rfa_causal_ref, (q, k, v, decay, initial), torch.float64)
+    got = results_and_grads(lambda *a: causal(*a, chunk_size=chunk), (q, k, v, decay, initial), dtype)
     for name, a, b in zip(["out", "state", "q", "k", "v", "decay", "initial"], got, expected):
         assert rel_err(a, b) <= REL_TOL[dtype] * (10 if dtype == torch.float32 else 1), name
     assert (expected[5][decay == 0] != 0).all()  # the gradients that were lost were not zero
@@ -227,15 +230,9 @@ def test_compiled_gradients_match_reference_on_long_gated_sequences():
     v, decay = torch.randn(B, T, H, d, generator=g, dtype=torch.float64), gate(B, T, H, g)
     initial = 0.1 * torch.randn(B, H, F, d + 1, generator=g, dtype=torch.float64)
 
-    def loss_grads(fn, dtype):
-        inputs = [t.detach().to(dtype).requires_grad_() for t in (q, k, v, decay, initial)]
-        out, state = fn(*inputs)
-        w = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
-        ((out.double() * w).sum() + state.double().sum()).backward()
-        return [out.detach(), state.detach()] + [t.grad for t in inputs]
-
-    expected = loss_grads(ops.rfa_causal_ref, torch.float64)
-    got = loss_grads(lambda *a: ops.rfa_causal_compiled(*a, chunk_size=64), torch.float32)
+    expected = results_and_grads(ops.rfa_causal_ref, (q, k, v, decay, initial), torch.float64)
+    got = results_and_grads(lambda *a: ops.rfa_causal_compiled(*a, chunk_size=64), (q, k, v, decay, initial),
+                            torch.float32)
     for name, a, b in zip(["out", "state", "q", "k", "v", "decay", "initial"], got, expected):
         assert a.dtype == torch.float32
         assert rel_err(a, b) <= REL_TOL[torch.float32] * 10, name  # 300 sequential fp32 updates
