@@ -28,6 +28,9 @@ TORCH_LIBRARY(talk_hf, m) {
       "rfa_causal_bwd(Tensor grad_out, Tensor? grad_state, Tensor q, Tensor k, Tensor v, Tensor? decay, "
       "Tensor? initial_state, Tensor checkpoints, float eps, int chunk, bool tf32=False) "
       "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+  // Decoding step(s) of rfa_causal that advance `state` (B, H, F, D + 1), the initial state, in place -> out; no
+  // checkpoints, no autograd (inference).
+  m.def("rfa_causal_step_(Tensor q, Tensor k, Tensor v, Tensor? decay, Tensor(a!) state, float eps) -> Tensor");
   // softmax: weight holds logits, normalised over K inside the kernels (grad_weight is then the logits' gradient).
   // weight_dropout > 0: DropConnect on the normalised taps, the mask drawn from `seed` (a one-element int64 tensor
   // on x's device; csrc/dropconnect.h), the same in the forward and the backward.

@@ -70,6 +70,10 @@ def _register():
         num_chunks = -(-T // chunk) if chunk > 0 else 0  # chunk 0: no states saved (no backward)
         return v.new_empty(v.shape), state, v.new_empty(B, H, num_chunks, F, v.shape[-1] + 1)
 
+    @torch.library.register_fake("talk_hf::rfa_causal_step_")
+    def _(q, k, v, decay, state, eps):
+        return v.new_empty(v.shape)
+
     @torch.library.register_fake("talk_hf::rfa_feature_map")
     def _(x, projection, tau):
         return x.new_empty(*x.shape[:3], 2 * projection.shape[1])
@@ -129,6 +133,11 @@ def talk_conv_step(x, offset_left, state, max_left):
     """Compiled causal TaLK decoding step(s) (no autograd); state already (B, max_left + 2, C) in the accumulation
     dtype. -> (out, new state)."""
     return torch.ops.talk_hf.talk_conv_step(x, offset_left, state, max_left)
+
+
+def rfa_causal_step_(q, k, v, decay, state, eps):
+    """Compiled decoding step(s) advancing `state` in place; every tensor already in the state dtype. -> out."""
+    return torch.ops.talk_hf.rfa_causal_step_(q, k, v, decay, state, float(eps))
 
 
 def rfa_causal(q, k, v, decay, initial_state, eps, chunk, tf32=False):

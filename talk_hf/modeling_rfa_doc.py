@@ -17,6 +17,7 @@ import torch
 from torch import nn
 from transformers import GenerationMixin
 
+from .backend import needs_grad
 from .configuration_rfa_doc import RfaDocConfig
 from .modeling_base import (
     DecoderLayer,
@@ -34,6 +35,7 @@ from .rfa import (
     rfa_feature_map,
     rfa_key_norm_rescale,
     rfa_random_projection,
+    rfa_step_,
 )
 
 
@@ -94,11 +96,14 @@ class RfaCausalAttention(nn.Module):
         if attention_mask is not None:  # padded keys contribute nothing
             k = k * attention_mask[:, :, None, None].to(k.dtype)
         v = _heads(self.v_proj(x), self.heads)
-        state = past_key_values
+        decay, state = self.decay(x, separators), past_key_values
         initial = state.get("rfa") if state is not None else None
-        out, final = rfa_causal(q, k, v, self.decay(x, separators), initial_state=initial, eps=self.eps)
-        if state is not None:
-            state.set("rfa", final)
+        if initial is not None and not needs_grad(q, k, v, decay, initial):  # decoding: the cached state in place
+            out = rfa_step_(q, k, v, initial, decay, eps=self.eps)
+        else:
+            out, final = rfa_causal(q, k, v, decay, initial_state=initial, eps=self.eps)
+            if state is not None:
+                state.set("rfa", final)
         return self.out_proj(out.reshape(x.shape))
 
 

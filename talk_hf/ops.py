@@ -29,6 +29,7 @@ from .rfa import (
     rfa_init_state,
     rfa_random_projection,
     rfa_step,
+    rfa_step_,
 )
 from .talk_conv import (
     talk_conv,
@@ -62,6 +63,7 @@ __all__ = [
     "rfa_init_state",
     "rfa_random_projection",
     "rfa_step",
+    "rfa_step_",
     "talk_conv",
     "talk_conv_init_state",
     "talk_conv_ref",

@@ -303,6 +303,29 @@ def _masked_keys(k, attention_mask):  # (B, S, H, F), zero at padded tokens
     return k if attention_mask is None else k * attention_mask.to(k.dtype).view(*k.shape[:2], 1, 1)
 
 
+def rfa_step_(q, k, v, state, decay=None, eps=DEFAULT_EPS):
+    """Decoding step(s) that advance `state` in place (the kernels write the new state over the old one: no new
+    tensor, no copy); the compiled kernel when built for q's device, else the recurrence and a copy into `state`.
+    Inference only (no autograd; `rfa_step` is the differentiable form).
+
+    q, k: (B, T_new, H, F); v: (B, T_new, H, d); state: (B, H, F, d + 1), contiguous, in the accumulation dtype
+    (fp32, fp64 for fp64 inputs); decay: (B, T_new, H) or None -> out (B, T_new, H, d) in v's dtype.
+    """
+    _check_causal_args(q, k, v, decay, state, 1)
+    acc = _acc_dtype(q, k, v, state)
+    if state.dtype != acc or not state.is_contiguous():
+        raise ValueError(f"rfa_step_ updates state in place: it must be a contiguous {acc} tensor, got "
+                         f"{state.dtype}{'' if state.is_contiguous() else ', not contiguous'}")
+    if needs_grad(q, k, v, decay, state):
+        raise ValueError("rfa_step_ has no autograd (it overwrites its state); use rfa_step when gradients are needed")
+    if use_kernels(q):
+        cast = lambda t: None if t is None else t.to(acc)  # noqa: E731
+        return _kernels.rfa_causal_step_(cast(q), cast(k), cast(v), cast(decay), state, eps).to(v.dtype)
+    out, new_state = _rfa_causal_recurrence(q, k, v, decay, state, eps)
+    state.copy_(new_state)
+    return out
+
+
 def rfa_cross_source(k, v, attention_mask=None):
     """The source side of cross attention, computed once per source, in whichever form is smaller (`rfa_cross` takes
     both and computes the same function): the state of `rfa_cross_state`, F (d + 1) numbers per (batch, head), or

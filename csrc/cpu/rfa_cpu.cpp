@@ -75,8 +75,8 @@ TALK_HF_VECTOR_CLONES void forward_task(const acc_t* q, const acc_t* k, const ac
   const int64_t S = d.F * d.E;
   const int64_t b = bh / d.H, h = bh % d.H;
   acc_t* P = state + bh * S;
-  if (init) std::copy(init + bh * S, init + (bh + 1) * S, P);
-  else std::fill(P, P + S, acc_t(0));
+  if (!init) std::fill(P, P + S, acc_t(0));
+  else if (init != state) std::copy(init + bh * S, init + (bh + 1) * S, P);  // same buffer: advanced in place
   acc_t scale = 1;  // decay of the previous step, applied when the next key is added
   for (int64_t t = 0; t < d.T; ++t) {
     if (d.chunk > 0 && t % d.chunk == 0) std::copy(P, P + S, checkpoints + (bh * d.N + t / d.chunk) * S);
@@ -257,11 +257,29 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rfa_causa
   return {gq, gk, gv, gdecay, ginit};
 }
 
+// Decoding step(s): `state` is the initial state and receives the final one (no copy, no checkpoints).
+at::Tensor rfa_causal_step_cpu(const at::Tensor& q_, const at::Tensor& k_, const at::Tensor& v_,
+                               const c10::optional<at::Tensor>& decay_, at::Tensor& state, double eps) {
+  check_rfa_inputs(q_, k_, v_, decay_, state, 0);
+  check_in_place_state(state);
+  const at::Tensor q = q_.contiguous(), k = k_.contiguous(), v = v_.contiguous();
+  const at::Tensor decay = contiguous_or_undefined(decay_);
+  const Dims d = make_dims(q, v, 0);
+  at::Tensor out = at::empty({d.B, d.T, d.H, d.D}, v.options());
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "rfa_causal_step_cpu", [&] {
+    forward_kernel<scalar_t>(q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(),
+                             ptr_or_null<scalar_t>(decay), state.data_ptr<scalar_t>(), static_cast<scalar_t>(eps),
+                             out.data_ptr<scalar_t>(), state.data_ptr<scalar_t>(), nullptr, d);
+  });
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(talk_hf, CPU, m) {
   m.impl("rfa_causal_fwd", &rfa_causal_fwd_cpu);
   m.impl("rfa_causal_bwd", &rfa_causal_bwd_cpu);
+  m.impl("rfa_causal_step_", &rfa_causal_step_cpu);
 }
 
 }  // namespace talk_hf

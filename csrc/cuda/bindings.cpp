@@ -273,6 +273,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rfa_causa
   return {gq, gk, gv, gdecay, ginit};
 }
 
+at::Tensor rfa_causal_step_cuda_op(const at::Tensor& q_, const at::Tensor& k_, const at::Tensor& v_,
+                                   const c10::optional<at::Tensor>& decay_, at::Tensor& state, double eps) {
+  check_rfa_inputs(q_, k_, v_, decay_, state, 0);
+  check_in_place_state(state);
+  const c10::cuda::CUDAGuard guard(q_.device());
+  const at::Tensor q = q_.contiguous(), k = k_.contiguous(), v = v_.contiguous();
+  const at::Tensor decay = contiguous_or_undefined(decay_);
+  RfaParams p = rfa_params(q, k, v, decay, state, eps, 0, false);  // the state is the initial state ...
+  at::Tensor out = at::empty_like(v);
+  p.out = out.data_ptr();
+  p.state = state.data_ptr();  // ... and receives the final one: every kernel reads it before writing it
+  check_launch(rfa_causal_fwd_cuda(p, c10::cuda::getCurrentCUDAStream()), "rfa_causal_step_");
+  return out;
+}
+
 at::Tensor rfa_feature_map_cuda_op(const at::Tensor& x_, const at::Tensor& projection_,
                                    const c10::optional<at::Tensor>& tau_) {
   check_rfa_feature_map_inputs(x_, projection_, tau_);
@@ -300,6 +315,7 @@ at::Tensor rfa_feature_map_cuda_op(const at::Tensor& x_, const at::Tensor& proje
 TORCH_LIBRARY_IMPL(talk_hf, CUDA, m) {
   m.impl("rfa_causal_fwd", &rfa_causal_fwd_cuda_op);
   m.impl("rfa_causal_bwd", &rfa_causal_bwd_cuda_op);
+  m.impl("rfa_causal_step_", &rfa_causal_step_cuda_op);
   m.impl("talk_conv_fwd", &talk_conv_fwd_cuda_op);
   m.impl("talk_conv_bwd", &talk_conv_bwd_cuda_op);
   m.impl("talk_conv_step", &talk_conv_step_cuda_op);

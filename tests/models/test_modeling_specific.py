@@ -51,6 +51,32 @@ def test_rfa_cross_source_kept_in_the_smaller_form(length, form, monkeypatch):
     torch.testing.assert_close(out.logits, state_form, rtol=1e-5, atol=1e-5)
 
 
+def test_rfa_decoding_advances_the_cached_state_in_place(monkeypatch):
+    """A decoding step writes the new causal-attention state over the cached one (rfa_step_: same storage, never
+    stored again through the cache, so no copy), and its logits equal those of the whole prefix run without a
+    cache."""
+    from talk_hf.recurrent_cache import LayerState
+
+    model = make("rfa_doc")
+    src, mask = source_batch()
+    dec = torch.tensor([[2, 7, SEP, 8, 9]] * 3)
+    with torch.no_grad():
+        out = model(input_ids=src, attention_mask=mask, decoder_input_ids=dec[:, :4], use_cache=True)
+        cache = out.past_key_values
+        addresses = [layer.get("rfa").data_ptr() for layer in cache.layers]
+        before = [layer.get("rfa").clone() for layer in cache.layers]
+        stored, store = [], LayerState.set
+        monkeypatch.setattr(LayerState, "set", lambda self, name, t: (stored.append(name), store(self, name, t)))
+        step = model(encoder_outputs=(out.encoder_last_hidden_state,), attention_mask=mask,
+                     decoder_input_ids=dec[:, 4:], past_key_values=cache, use_cache=True)
+        monkeypatch.undo()
+        full = model(input_ids=src, attention_mask=mask, decoder_input_ids=dec, use_cache=False).logits
+    assert "rfa" not in stored
+    assert [layer.get("rfa").data_ptr() for layer in cache.layers] == addresses
+    assert all(not torch.equal(layer.get("rfa"), b) for layer, b in zip(cache.layers, before))
+    torch.testing.assert_close(step.logits[:, -1], full[:, -1], rtol=1e-5, atol=1e-5)
+
+
 def test_rfa_random_features_fixed_in_eval_and_resampled_in_training():
     model = make("rfa_doc")
     features = model.model.decoder.layers[0].mixer.features

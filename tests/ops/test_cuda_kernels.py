@@ -239,6 +239,20 @@ def test_rfa_causal_kernels_train_against_reference(B, T, H, F, d, chunk, dtype,
     assert_rfa_close(got, expected, scale * REL_TOL[dtype])
 
 
+@pytest.mark.parametrize("T", [pytest.param(1, id="small-T1-per-step"), pytest.param(40, id="small-T40-chunked")])
+def test_rfa_in_place_step_on_cuda(T):
+    """rfa_step_ on CUDA: the kernels read the state and write the new one over it (the per-step kernel for one
+    token, the chunked one for more), against the out-of-place step on the CPU."""
+    q, k, v, dec, initial = [t.float() for t in rfa_inputs(2, T, 2, 8, 4, "gate", seed=T)]
+    want, want_state = ops.rfa_step(q, k, v, initial.clone(), dec)
+    state = initial.to(CUDA)
+    address = state.data_ptr()
+    out = ops.rfa_step_(*on(CUDA, q, k, v), state, dec.to(CUDA))
+    assert state.data_ptr() == address
+    assert rel_err(out.cpu(), want) <= REL_TOL[torch.float32]
+    assert rel_err(state.cpu(), want_state) <= REL_TOL[torch.float32]
+
+
 @pytest.fixture
 def allow_tf32():
     """torch.backends.cuda.matmul.allow_tf32 set for the test, restored after it."""

@@ -279,6 +279,54 @@ def test_tf32_is_a_cuda_choice():
         torch.backends.cuda.matmul.allow_tf32 = previous
 
 
+@pytest.mark.parametrize("backend", ["compiled", "reference"])
+@pytest.mark.parametrize("T,gated", [(1, True), (1, False), (5, True)])
+def test_in_place_step_advances_the_state_buffer(T, gated, backend, monkeypatch):
+    """rfa_step_ (decoding) gives rfa_step's outputs and writes its new state into the state tensor itself (same
+    storage), with the kernels and with the PyTorch fallback."""
+    if backend == "reference":
+        monkeypatch.setenv("TALK_HF_FORCE_REFERENCE", "1")
+    g = torch.Generator().manual_seed(T + gated)
+    B, H, F, d = 2, 3, 8, 4
+    q, k = features(B, T, H, F, g, torch.float32), features(B, T, H, F, g, torch.float32)
+    v = torch.randn(B, T, H, d, generator=g)
+    decay = gate(B, T, H, g, torch.float32) if gated else None
+    state = 0.1 * torch.randn(B, H, F, d + 1, generator=g)
+    want, want_state = ops.rfa_step(q, k, v, state.clone(), decay)
+    address = state.data_ptr()
+    out = ops.rfa_step_(q, k, v, state, decay)
+    assert state.data_ptr() == address
+    torch.testing.assert_close(out, want, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(state, want_state, rtol=1e-6, atol=1e-7)
+
+
+def test_in_place_step_refuses_what_it_cannot_update():
+    g = torch.Generator().manual_seed(3)
+    q, v = features(1, 1, 2, 4, g, torch.float32), torch.randn(1, 1, 2, 3, generator=g)
+    state = torch.zeros(1, 2, 4, 4)
+    with pytest.raises(ValueError, match="contiguous torch.float32 tensor, got torch.bfloat16"):
+        ops.rfa_step_(q, q, v, state.bfloat16())  # the step's sums are fp32: a bf16 state cannot hold them
+    with pytest.raises(ValueError, match="not contiguous"):
+        ops.rfa_step_(q, q, v, torch.zeros(1, 2, 4, 4).transpose(2, 3).contiguous().transpose(2, 3))
+    with pytest.raises(ValueError, match="no autograd"):
+        ops.rfa_step_(q, q, v.requires_grad_(), state)
+    with pytest.raises(RuntimeError, match="state must be contiguous"):  # the op's own check
+        torch.ops.talk_hf.rfa_causal_step_(q, q, v.detach(), None, torch.zeros(1, 2, 4, 4).transpose(2, 3), 0.1)
+
+
+def test_in_place_step_opcheck_and_compile():
+    g = torch.Generator().manual_seed(4)
+    q, k = features(2, 1, 2, 4, g, torch.float32), features(2, 1, 2, 4, g, torch.float32)
+    v, decay = torch.randn(2, 1, 2, 3, generator=g), gate(2, 1, 2, g, torch.float32)
+    state = 0.1 * torch.randn(2, 2, 4, 4, generator=g)
+    torch.library.opcheck(torch.ops.talk_hf.rfa_causal_step_.default, (q, k, v, decay, state.clone(), 0.1))
+    want, want_state = ops.rfa_step(q, k, v, state.clone(), decay)
+    compiled = torch.compile(lambda *a: ops.rfa_step_(*a) * 2, fullgraph=True)
+    out = compiled(q, k, v, state, decay)
+    torch.testing.assert_close(out, 2 * want)
+    torch.testing.assert_close(state, want_state)
+
+
 def test_inference_saves_no_states_and_refuses_a_backward():
     g = torch.Generator().manual_seed(13)
     q, k = features(2, 9, 2, 4, g, torch.float32), features(2, 9, 2, 4, g, torch.float32)
