@@ -98,12 +98,12 @@ inline void check_dynamic_conv_step_inputs(const at::Tensor& x, const at::Tensor
   TORCH_CHECK(state.device() == x.device(), "dynamic_conv_step: state must be on x's device");
 }
 
-// q, k: (B, T, H, F); v: (B, T, H, D); decay: (B, T, H); initial_state: (B, H, F, D + 1); one float dtype.
 // The state of rfa_causal_step_, advanced in place: one dense buffer the kernels can write.
 inline void check_in_place_state(const at::Tensor& state) {
   TORCH_CHECK(state.is_contiguous(), "rfa_causal_step_: state must be contiguous (it is updated in place)");
 }
 
+// q, k: (B, T, H, F); v: (B, T, H, D); decay: (B, T, H); initial_state: (B, H, F, D + 1); one float dtype.
 inline void check_rfa_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                              const c10::optional<at::Tensor>& decay, const c10::optional<at::Tensor>& initial_state,
                              int64_t chunk) {

@@ -149,6 +149,8 @@ def _cached_source(state):
 
 
 def _cache_source(state, source):
+    """Keep the cross-attention source in a decoding cache (nothing without one), under the names `_cached_source`
+    reads."""
     if state is None:
         return
     if isinstance(source, tuple):

@@ -34,6 +34,10 @@ def _acc_dtype(*tensors):
     return accumulation_dtype(*(t.dtype for t in tensors if t is not None))
 
 
+def _cast(acc, *tensors):  # each tensor (or None) in the accumulation dtype
+    return [None if t is None else t.to(acc) for t in tensors]
+
+
 def rfa_random_projection(heads, num_frequencies, head_dim, generator=None, device=None, dtype=torch.float32):
     """Random projections for the feature map: (H, D, d) with i.i.d. N(0, 1) entries."""
     return torch.randn(heads, num_frequencies, head_dim, generator=generator, device=device, dtype=dtype)
@@ -61,7 +65,7 @@ def rfa_feature_map(x, projection, tau=None):
     _check_feature_args(x, projection, tau)
     if not needs_grad(x, projection, tau) and use_kernels(x):
         acc = _acc_dtype(x)
-        return _kernels.rfa_feature_map(x.to(acc), projection.to(acc), None if tau is None else tau.to(acc))
+        return _kernels.rfa_feature_map(*_cast(acc, x, projection, tau))
     return _rfa_feature_map_ref(x, projection, tau)
 
 
@@ -199,10 +203,8 @@ def rfa_causal_compiled(q, k, v, decay=None, initial_state=None, eps=DEFAULT_EPS
 
 def _rfa_causal_compiled(q, k, v, decay, initial_state, eps, chunk_size):
     acc = _acc_dtype(q, k, v, initial_state)
-    cast = lambda t: None if t is None else t.to(acc)  # noqa: E731
     saved = chunk_size if needs_grad(q, k, v, decay, initial_state) else 0  # states for a backward, else none
-    out, state = _kernels.rfa_causal(cast(q), cast(k), cast(v), cast(decay), cast(initial_state), eps, saved,
-                                     _tf32_products(v, acc))
+    out, state = _kernels.rfa_causal(*_cast(acc, q, k, v, decay, initial_state), eps, saved, _tf32_products(v, acc))
     return out.to(v.dtype), state
 
 
@@ -286,6 +288,10 @@ def rfa_cross_state(k, v, attention_mask=None):
     k: (B, S, H, F) key features; v: (B, S, H, d); attention_mask: (B, S), 1 for real tokens -> (B, H, F, d + 1).
     """
     _check_source_args(k, v, attention_mask)
+    return _cross_state(k, v, attention_mask)
+
+
+def _cross_state(k, v, attention_mask):
     acc = _acc_dtype(k, v)
     return torch.einsum("bshf,bshe->bhfe", _masked_keys(k.to(acc), attention_mask), _with_ones(v, acc))
 
@@ -311,7 +317,7 @@ def rfa_step_(q, k, v, state, decay=None, eps=DEFAULT_EPS):
     q, k: (B, T_new, H, F); v: (B, T_new, H, d); state: (B, H, F, d + 1), contiguous, in the accumulation dtype
     (fp32, fp64 for fp64 inputs); decay: (B, T_new, H) or None -> out (B, T_new, H, d) in v's dtype.
     """
-    _check_causal_args(q, k, v, decay, state, 1)
+    _check_attention_args(q, k, v, decay, state)
     acc = _acc_dtype(q, k, v, state)
     if state.dtype != acc or not state.is_contiguous():
         raise ValueError(f"rfa_step_ updates state in place: it must be a contiguous {acc} tensor, got "
@@ -319,8 +325,7 @@ def rfa_step_(q, k, v, state, decay=None, eps=DEFAULT_EPS):
     if needs_grad(q, k, v, decay, state):
         raise ValueError("rfa_step_ has no autograd (it overwrites its state); use rfa_step when gradients are needed")
     if use_kernels(q):
-        cast = lambda t: None if t is None else t.to(acc)  # noqa: E731
-        return _kernels.rfa_causal_step_(cast(q), cast(k), cast(v), cast(decay), state, eps).to(v.dtype)
+        return _kernels.rfa_causal_step_(*_cast(acc, q, k, v, decay), state, eps).to(v.dtype)
     out, new_state = _rfa_causal_recurrence(q, k, v, decay, state, eps)
     state.copy_(new_state)
     return out
@@ -335,10 +340,10 @@ def rfa_cross_source(k, v, attention_mask=None):
 
     k: (B, S, H, F) key features; v: (B, S, H, d); attention_mask: (B, S), 1 for real tokens.
     """
+    _check_source_args(k, v, attention_mask)
     S, F, E = k.shape[1], k.shape[-1], v.shape[-1] + 1
     if S * (F + E) >= F * E:
-        return rfa_cross_state(k, v, attention_mask)
-    _check_source_args(k, v, attention_mask)
+        return _cross_state(k, v, attention_mask)
     acc = _acc_dtype(k, v)
     return _masked_keys(k.to(acc), attention_mask).permute(0, 2, 3, 1), _with_ones(v, acc).transpose(1, 2)
 

@@ -79,7 +79,7 @@ template <typename acc_t, typename Tile>
 __global__ void __launch_bounds__(rfa_chunked::kMaxThreads, 2) rfa_chunked_fwd_kernel(const RfaArgs<acc_t> a) {
   extern __shared__ unsigned char smem_raw[];
   acc_t* smem = reinterpret_cast<acc_t*>(smem_raw);
-  CudaBlock<acc_t> blk{{}, smem + rfa_chunked::fwd_shared_elems<Tile>(a.d)};
+  CudaBlock<acc_t> blk{{}, smem + rfa_chunked::shared_elems<Tile>(a.d, false)};
   rfa_chunked::rfa_chunked_fwd_block<Tile>(blk, a, blockIdx.x, gridDim.x, smem);
 }
 
@@ -87,7 +87,7 @@ template <typename acc_t, typename Tile>
 __global__ void __launch_bounds__(rfa_chunked::kMaxThreads) rfa_chunked_bwd_kernel(const RfaArgs<acc_t> a) {
   extern __shared__ unsigned char smem_raw[];
   acc_t* smem = reinterpret_cast<acc_t*>(smem_raw);
-  CudaBlock<acc_t> blk{{}, smem + rfa_chunked::bwd_shared_elems<Tile>(a.d)};
+  CudaBlock<acc_t> blk{{}, smem + rfa_chunked::shared_elems<Tile>(a.d, true)};
   rfa_chunked::rfa_chunked_bwd_block<Tile>(blk, a, blockIdx.x, gridDim.x, smem);
 }
 
@@ -157,18 +157,17 @@ inline bool use_tensor_cores(const RfaParams& p) {
 // The chunked programs run for T > 1 when their shared memory fits the device; the per-step ones otherwise.
 inline bool use_chunked(const RfaParams& p, bool backward) {
   if (p.seqlen <= 1) return false;
-  const RfaDims d = make_dims(p);
-  const int64_t acc = static_cast<int64_t>(acc_bytes(p.dtype));
-  const int64_t bytes = use_tensor_cores(p)  // the SIMT strides are the same for fp32 and fp64
-                            ? rfa_chunked::shared_bytes<rfa_chunked::WarpTile>(d, acc, backward)
-                            : rfa_chunked::shared_bytes<rfa_chunked::MicroTile<float>>(d, acc, backward);
+  const int64_t bytes = rfa_chunked::shared_bytes(make_dims(p), static_cast<int64_t>(acc_bytes(p.dtype)), backward,
+                                                  use_tensor_cores(p));
   return static_cast<size_t>(bytes) <= device_shared_limit();
 }
 
-// One launch of a chunked `kernel` over the (b, h) pairs, opting in to more than 48 KiB of shared memory if needed.
+// One launch of the chunked forward or backward kernel of tile kind `Tile` over the (b, h) pairs, opting in to more
+// than 48 KiB of shared memory if needed.
 template <typename Tile, typename acc_t>
-cudaError_t launch_chunked(void (*kernel)(const RfaArgs<acc_t>), const RfaArgs<acc_t>& a, bool backward,
-                           cudaStream_t stream) {
+cudaError_t launch_chunked(const RfaArgs<acc_t>& a, bool backward, cudaStream_t stream) {
+  void (*kernel)(const RfaArgs<acc_t>) =
+      backward ? rfa_chunked_bwd_kernel<acc_t, Tile> : rfa_chunked_fwd_kernel<acc_t, Tile>;
   const int64_t bytes = rfa_chunked::shared_bytes<Tile>(a.d, sizeof(acc_t), backward);
   if (static_cast<size_t>(bytes) > kMaxSharedBytes) {
     const cudaError_t err =
@@ -180,26 +179,26 @@ cudaError_t launch_chunked(void (*kernel)(const RfaArgs<acc_t>), const RfaArgs<a
   return cudaGetLastError();
 }
 
+// The chunked launch in the tile kind the call asks for: tensor cores when use_tensor_cores(p), SIMT otherwise.
+template <typename acc_t>
+cudaError_t launch_chunked(const RfaParams& p, const RfaArgs<acc_t>& a, bool backward, cudaStream_t stream) {
+  if constexpr (std::is_same_v<acc_t, float>)
+    if (use_tensor_cores(p)) return launch_chunked<rfa_chunked::WarpTile>(a, backward, stream);
+  return launch_chunked<rfa_chunked::MicroTile<acc_t>>(a, backward, stream);
+}
+
 template <typename acc_t>
 cudaError_t forward(const RfaParams& p, cudaStream_t stream) {
-  using rfa_chunked::MicroTile;
-  using rfa_chunked::WarpTile;
   const RfaArgs<acc_t> a = make_args<acc_t>(p, nullptr);
-  if (!use_chunked(p, false)) return launch(rfa_fwd_kernel<acc_t>, a, stream);
-  if constexpr (std::is_same_v<acc_t, float>)
-    if (use_tensor_cores(p)) return launch_chunked<WarpTile>(rfa_chunked_fwd_kernel<acc_t, WarpTile>, a, false, stream);
-  return launch_chunked<MicroTile<acc_t>>(rfa_chunked_fwd_kernel<acc_t, MicroTile<acc_t>>, a, false, stream);
+  if (use_chunked(p, false)) return launch_chunked(p, a, false, stream);
+  return launch(rfa_fwd_kernel<acc_t>, a, stream);
 }
 
 template <typename acc_t>
 cudaError_t backward(const RfaParams& p, void* workspace, cudaStream_t stream) {
-  using rfa_chunked::MicroTile;
-  using rfa_chunked::WarpTile;
   const RfaArgs<acc_t> a = make_args<acc_t>(p, workspace);
-  if (!use_chunked(p, true)) return launch(rfa_bwd_kernel<acc_t>, a, stream);
-  if constexpr (std::is_same_v<acc_t, float>)
-    if (use_tensor_cores(p)) return launch_chunked<WarpTile>(rfa_chunked_bwd_kernel<acc_t, WarpTile>, a, true, stream);
-  return launch_chunked<MicroTile<acc_t>>(rfa_chunked_bwd_kernel<acc_t, MicroTile<acc_t>>, a, true, stream);
+  if (use_chunked(p, true)) return launch_chunked(p, a, true, stream);
+  return launch(rfa_bwd_kernel<acc_t>, a, stream);
 }
 
 }  // namespace

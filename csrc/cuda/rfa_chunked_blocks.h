@@ -175,13 +175,10 @@ TALK_HD BwdBuffers<P> bwd_buffers(P base, const RfaDims& d) {
   return s;
 }
 
+// Accumulators of the forward's or the backward's buffers (the block-reduction scratch follows them).
 template <typename Tile>
-TALK_HD int64_t fwd_shared_elems(const RfaDims& d) {
-  return fwd_buffers<Tile, int64_t>(0, d).end;
-}
-template <typename Tile>
-TALK_HD int64_t bwd_shared_elems(const RfaDims& d) {
-  return bwd_buffers<Tile, int64_t>(0, d).end;
+TALK_HD int64_t shared_elems(const RfaDims& d, bool backward) {
+  return backward ? bwd_buffers<Tile, int64_t>(0, d).end : fwd_buffers<Tile, int64_t>(0, d).end;
 }
 
 // Bytes of dynamic shared memory a block needs: its buffers, then one accumulator per warp (the scratch of the
@@ -189,7 +186,13 @@ TALK_HD int64_t bwd_shared_elems(const RfaDims& d) {
 // it); the emulator allocates it.
 template <typename Tile>
 TALK_HD int64_t shared_bytes(const RfaDims& d, int64_t acc_bytes, bool backward) {
-  return ((backward ? bwd_shared_elems<Tile>(d) : fwd_shared_elems<Tile>(d)) + chunked_threads(d) / 32) * acc_bytes;
+  return (shared_elems<Tile>(d, backward) + chunked_threads(d) / 32) * acc_bytes;
+}
+
+// The same for the tile kind a launch picks at run time (SIMT strides do not depend on the accumulation type).
+TALK_HD int64_t shared_bytes(const RfaDims& d, int64_t acc_bytes, bool backward, bool tensor_cores) {
+  return tensor_cores ? shared_bytes<WarpTile>(d, acc_bytes, backward)
+                      : shared_bytes<MicroTile<float>>(d, acc_bytes, backward);
 }
 
 // ------------------------------------------------------------------------------------------------ chunk phases

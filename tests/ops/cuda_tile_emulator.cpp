@@ -561,8 +561,7 @@ int run_rfa_chunked_grid(const rfa_blocks::RfaArgs<acc_t>& a, bool backward, int
 extern "C" int64_t rfa_chunked_shared_bytes(int64_t acc_bytes, int64_t F, int64_t D, int64_t chunk, int backward,
                                             int tensor_cores) {
   const rfa_blocks::RfaDims d{1, 2, 1, F, D, D + 1, chunk, rfa_num_chunks(2, chunk)};
-  return tensor_cores ? rfa_chunked::shared_bytes<rfa_chunked::WarpTile>(d, acc_bytes, backward != 0)
-                      : rfa_chunked::shared_bytes<rfa_chunked::MicroTile<float>>(d, acc_bytes, backward != 0);
+  return rfa_chunked::shared_bytes(d, acc_bytes, backward != 0, tensor_cores != 0);
 }
 
 extern "C" int64_t rfa_chunked_block_threads(int64_t F, int64_t D, int64_t chunk) {
