@@ -89,13 +89,15 @@ TALK_HD void taps_lane_write(const T* w_row, int64_t K, bool softmax, const Soft
 
 // The weights' gradient of a row from its taps' gradient gp with DropConnect on: dropped taps get the factor 0.
 // Without a softmax, grad[k] = gp_k f_k (no reduction); with one, whose probabilities p_k come from the logits and
-// the row's stats s: grad[k] = p_k (gp_k f_k - sum_j p_j gp_j f_j), the lane's share of the sum first.
+// the row's stats s: grad[k] = p_k (gp_k f_k - sum_j p_j gp_j f_j), the lane's share of the sum first. Both take
+// gp_k f_k rounded on its own (mul_rn), so a one-tap row (p = 1) gets exactly 0, as the reference does.
 template <typename T>
 TALK_HD acc_type<T> dropconnect_grad_lane_dot(const T* logits, const SoftmaxStats<acc_type<T>>& s,
                                               const acc_type<T>* gp, const DropConnect<acc_type<T>>& dc,
                                               int64_t first, int64_t K, int lane, int group) {
   acc_type<T> dot = 0;
-  for (int64_t k = lane; k < K; k += group) dot += softmax_prob(s, to_acc(logits[k])) * gp[k] * dc.factor(first + k);
+  for (int64_t k = lane; k < K; k += group)
+    dot += softmax_prob(s, to_acc(logits[k])) * mul_rn(gp[k], dc.factor(first + k));
   return dot;
 }
 
@@ -104,7 +106,7 @@ TALK_HD void dropconnect_grad_lane_write(const T* w_row, bool softmax, const Sof
                                          const acc_type<T>* gp, const DropConnect<acc_type<T>>& dc, int64_t first,
                                          int64_t K, acc_type<T> dot, T* grad, int lane, int group) {
   for (int64_t k = lane; k < K; k += group) {
-    const acc_type<T> g = gp[k] * dc.factor(first + k);
+    const acc_type<T> g = mul_rn(gp[k], dc.factor(first + k));
     grad[k] = from_acc<T>(softmax ? softmax_prob(s, to_acc(w_row[k])) * (g - dot) : g);
   }
 }

@@ -264,12 +264,15 @@ def allow_tf32():
 
 def tensor_core_launches(fn):
     """("all" when every RFA kernel fn() launches is a tensor-core (WarpTile) instantiation, "none" when none is,
-    "mixed" otherwise, fn()'s result); fails if fn() launches no RFA kernel."""
+    "mixed" otherwise, fn()'s result); fails if fn() launches no RFA kernel. The kind is None when the profiler
+    records no CUDA activity at all (under compute-sanitizer, which holds CUPTI): the results are still checked."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         result = fn()
         torch.cuda.synchronize()
+    if not any(e.device_type == torch.autograd.DeviceType.CUDA for e in prof.events()):
+        return None, result
     names = [e.name for e in prof.events() if any(k in e.name for k in RFA_KERNELS)]
     assert names, "no RFA kernel launched"
     tensor_cores = ["WarpTile" in n for n in names]
@@ -287,7 +290,7 @@ def test_rfa_tensor_core_kernels_train_against_reference(B, T, H, F, d, chunk, d
     call = lambda *a: ops.rfa_causal(*a, chunk_size=chunk)  # noqa: E731
     kind, got = tensor_core_launches(lambda: rfa_grads(call, *on(CUDA, q, k, v, dec, initial), torch.float32))
     # T = 1: the per-step kernels; F = d = 64 on a device below 227 KiB a block (A100): a per-step backward
-    assert kind == ("none" if T == 1 else "all" if F < 64 or h100_class() else "mixed")
+    assert kind in (None, "none" if T == 1 else "all" if F < 64 or h100_class() else "mixed")
     assert_rfa_close(got, expected, REL_TOL[torch.float16])
     torch.backends.cuda.matmul.allow_tf32 = False
     exact = rfa_grads(call, *on(CUDA, q, k, v, dec, initial), torch.float32)
