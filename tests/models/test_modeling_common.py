@@ -11,7 +11,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
 from talk_hf.recurrent_cache import LayerState, RecurrentCache
-from tests.models.tiny import ALL, LM, SEQ2SEQ, VOCAB, make, source_batch, target_batch
+from tests.models.tiny import ALL, LM, SEQ2SEQ, VOCAB, cache_of, make, source_batch, target_batch
 
 SEQ2SEQ_NAMES, LM_NAMES = list(SEQ2SEQ), list(LM)
 
@@ -170,8 +170,8 @@ def test_incremental_logits_equal_full_forward(name):
     full = model(**inputs, **{key: tokens}, use_cache=False).logits
     cache, outs = None, []
     for start, stop in [(0, 3), (3, 4), (4, 5), (5, tokens.shape[1])]:
-        out = model(**inputs, **{key: tokens[:, start:stop]}, past_key_values=cache, use_cache=True)
-        cache = out.past_key_values
+        out = model(**inputs, **{key: tokens[:, start:stop]}, cache=cache, use_cache=True)
+        cache = cache_of(out)
         outs.append(out.logits)
     assert isinstance(cache, RecurrentCache) and cache.get_seq_length() == tokens.shape[1]
     torch.testing.assert_close(torch.cat(outs, 1), full, rtol=1e-5, atol=1e-5)
@@ -214,11 +214,11 @@ def test_decoding_steps_never_wait_for_the_device(name):
     model = make(name)
     key, tokens, inputs = decoding_inputs(model, name)
     with torch.no_grad():
-        cache = model(**inputs, **{key: tokens[:, :3]}, use_cache=True).past_key_values
+        cache = cache_of(model(**inputs, **{key: tokens[:, :3]}, use_cache=True))
         for t in range(3, 6):
             with HostSyncs() as mode:
-                out = model(**inputs, **{key: tokens[:, t : t + 1]}, past_key_values=cache, use_cache=True)
-            cache = out.past_key_values
+                out = model(**inputs, **{key: tokens[:, t : t + 1]}, cache=cache, use_cache=True)
+            cache = cache_of(out)
             assert mode.calls > 0 and mode.found == [], mode.found
 
 
