@@ -26,7 +26,7 @@ from transformers.modeling_outputs import (
     Seq2SeqLMOutput,
     Seq2SeqModelOutput,
 )
-from transformers.utils import logging
+from transformers.utils import can_return_tuple, logging
 
 from .recurrent_cache import RecurrentCache
 from .versions import CACHE_NAME, cache_output, takes_cache
@@ -334,14 +334,8 @@ class DecoderStack(nn.Module):
         hidden = [x] if output_hidden_states else None
         for i, layer in enumerate(self.layers):
             state = cache.layers[i] if cache is not None else None
-            x = layer(
-                x,
-                attention_mask=mask,
-                encoder_hidden_states=encoder_hidden_states,
-                encoder_attention_mask=encoder_attention_mask,
-                cache=state,
-                separators=separators,
-            )
+            # tensors that may need gradients go positionally: reentrant checkpointing sees only those
+            x = layer(x, mask, encoder_hidden_states, encoder_attention_mask, cache=state, separators=separators)
             if hidden is not None:
                 hidden.append(x)
         if self.layer_norm is not None:
@@ -463,6 +457,7 @@ class Seq2SeqModelMixin:
     def get_decoder(self):
         return self.decoder
 
+    @can_return_tuple
     @takes_cache
     def forward(
         self,
@@ -479,8 +474,12 @@ class Seq2SeqModelMixin:
         return_dict=None,
         **kwargs,
     ):
-        """input_ids: (B, S) source; decoder_input_ids: (B, T) -> Seq2SeqModelOutput with (B, T, C) states."""
+        """input_ids: (B, S) source; decoder_input_ids: (B, T) -> Seq2SeqModelOutput with (B, T, C) states.
+        use_cache and output_hidden_states default to the config's; return_dict=False (or config.return_dict=False)
+        returns the output's non-None fields as a tuple."""
         use_cache = use_cache if use_cache is not None else self.config.use_cache
+        if output_hidden_states is None:
+            output_hidden_states = self.config.output_hidden_states
         if encoder_outputs is None:
             encoder_outputs = self.encoder(input_ids, attention_mask, inputs_embeds, output_hidden_states)
         elif not isinstance(encoder_outputs, BaseModelOutput):
@@ -508,6 +507,12 @@ class Seq2SeqLMMixin:
     """forward() of the encoder-decoder generation heads: `self.model` (a Seq2SeqModelMixin) and `self.lm_head`.
     Head classes also list GenerationMixin among their direct bases (transformers' can_generate() looks there)."""
 
+    def get_input_embeddings(self):
+        return self.model.get_input_embeddings()
+
+    def set_input_embeddings(self, value):
+        self.model.set_input_embeddings(value)
+
     def get_encoder(self):
         return self.model.get_encoder()
 
@@ -517,6 +522,7 @@ class Seq2SeqLMMixin:
     def prepare_decoder_input_ids_from_labels(self, labels):
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
 
+    @can_return_tuple
     @takes_cache
     def forward(
         self,
@@ -554,6 +560,7 @@ class Seq2SeqLMMixin:
             decoder_inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
             output_hidden_states=output_hidden_states,
+            return_dict=True,
         )
         logits = self.lm_head(outputs.last_hidden_state)
         loss = language_model_loss(logits, labels) if labels is not None else None
@@ -586,6 +593,7 @@ class CausalLMBaseMixin:
     def embed_tokens(self):
         return self.decoder.embed.embed_tokens
 
+    @can_return_tuple
     @takes_cache
     def forward(
         self,
@@ -599,8 +607,11 @@ class CausalLMBaseMixin:
         return_dict=None,
         **kwargs,
     ):
-        """input_ids: (B, T); attention_mask: (B, T_past + T), left padding allowed -> (B, T, C) states."""
+        """input_ids: (B, T); attention_mask: (B, T_past + T), left padding allowed -> (B, T, C) states.
+        use_cache and output_hidden_states default to the config's."""
         use_cache = use_cache if use_cache is not None else self.config.use_cache
+        if output_hidden_states is None:
+            output_hidden_states = self.config.output_hidden_states
         return self.decoder(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -616,9 +627,16 @@ class CausalLMMixin:
     """forward() of the causal-LM heads: `self.model` (a CausalLMBaseMixin) and `self.lm_head`; head classes list
     GenerationMixin among their direct bases."""
 
+    def get_input_embeddings(self):
+        return self.model.get_input_embeddings()
+
+    def set_input_embeddings(self, value):
+        self.model.set_input_embeddings(value)
+
     def get_decoder(self):
         return self.model.decoder
 
+    @can_return_tuple
     @takes_cache
     def forward(
         self,
@@ -643,6 +661,7 @@ class CausalLMMixin:
             inputs_embeds=inputs_embeds,
             use_cache=use_cache,
             output_hidden_states=output_hidden_states,
+            return_dict=True,
         )
         hidden = outputs.last_hidden_state
         if logits_to_keep:

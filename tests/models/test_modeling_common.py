@@ -52,6 +52,43 @@ def test_forward_shapes_and_loss(name):
     assert not missing, f"parameters without gradient: {missing}"
 
 
+@pytest.mark.parametrize("name", list(ALL))
+def test_output_switches_from_the_config(name):
+    """config.output_hidden_states and config.return_dict apply when the keyword is absent; the keyword wins."""
+    model = make(name)
+    inputs = inputs_for(name)
+    with torch.no_grad():
+        expected = model(**inputs, output_hidden_states=True)
+        model.config.output_hidden_states = True
+        from_config = model(**inputs)
+        assert from_config.keys() == expected.keys()
+        for key in [k for k in expected.keys() if k.endswith("hidden_states")]:
+            for got, want in zip(from_config[key], expected[key], strict=True):
+                torch.testing.assert_close(got, want)
+        assert model(**inputs, output_hidden_states=False).keys() < expected.keys()
+        model.config.output_hidden_states = False
+        as_tuple = model(**inputs, return_dict=False)
+        model.config.return_dict = False
+        assert isinstance(model(**inputs), tuple) and not isinstance(model(**inputs, return_dict=True), tuple)
+        model.config.return_dict = True
+        as_dict = model(**inputs)
+    assert isinstance(as_tuple, tuple) and len(as_tuple) == len(as_dict.to_tuple())
+    torch.testing.assert_close(as_tuple[0], as_dict.logits)
+
+
+@pytest.mark.parametrize("name", list(ALL))
+def test_set_input_embeddings_replaces_the_embedding(name):
+    model = make(name)
+    embedding = torch.nn.Embedding(VOCAB, model.config.d_model, padding_idx=model.config.pad_token_id)
+    model.set_input_embeddings(embedding)
+    assert model.get_input_embeddings() is embedding
+    inputs = inputs_for(name)
+    with torch.no_grad():
+        before = model(**inputs).logits
+        embedding.weight.mul_(2)
+        assert not torch.allclose(model(**inputs).logits, before)  # the forward reads the new module
+
+
 def test_labels_build_decoder_inputs_and_ignore_padding():
     model = make("talk")
     src, mask = source_batch()
@@ -310,14 +347,15 @@ def test_resize_token_embeddings_keeps_tying(name):
     assert model(**inputs).logits.shape[-1] == VOCAB + 7
 
 
+@pytest.mark.parametrize("reentrant", [False, True], ids=["non-reentrant", "reentrant"])
 @pytest.mark.parametrize("name", ["talk", "lightconv", "rfa_doc-nogate", "dynamic_conv_lm"])
-def test_gradient_checkpointing_gives_the_same_gradients(name):
+def test_gradient_checkpointing_gives_the_same_gradients(name, reentrant):
     labels = target_batch(seed=9) if name in SEQ2SEQ else None
     grads = []
     for checkpointing in (False, True):
         model = make(name).train()
         if checkpointing:
-            model.gradient_checkpointing_enable()
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
             assert any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
         inputs = {k: v for k, v in inputs_for(name).items() if k != "decoder_input_ids"}
         model(**inputs, labels=labels if labels is not None else inputs["input_ids"]).loss.backward()
