@@ -41,6 +41,7 @@ from talk_hf import (
 )
 from talk_hf.training.plot import pyplot, save_figure
 from talk_hf.training.timing import environment, save_results
+from talk_hf.versions import CACHE_NAME
 
 VOCAB, D, LAYERS, HEADS = 8000, 256, 3, 4
 IDS = dict(vocab_size=VOCAB, pad_token_id=1, bos_token_id=0, eos_token_id=2)
@@ -119,7 +120,7 @@ def timed_generate(model, batches, new_tokens, repeats, **kwargs):
         for a in args:
             model.generate(**a)
         times.append(time.perf_counter() - start)
-    return rows * new_tokens / statistics.median(times), cache_bytes(out.past_key_values)
+    return rows * new_tokens / statistics.median(times), cache_bytes(getattr(out, CACHE_NAME))
 
 
 def compiled_decoding(device):
