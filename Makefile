@@ -5,7 +5,14 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.talk_hf-installed
 SOURCES := setup.py setup.cfg $(wildcard csrc/*.h csrc/*.cpp csrc/cpu/* csrc/cuda/*)
 
-.PHONY: install test demo cuda-check
+# The oldest transformers release talk_hf supports (talk_hf/versions.py), installed beside the venv's newest one;
+# the tests that run the models through transformers (forward, generate, pipelines, Trainer, Hub) run on both.
+TRANSFORMERS_OLDEST := $(shell sed -n 's/^OLDEST = "\(.*\)"$$/\1/p' talk_hf/versions.py)
+OLDEST := $(VENV)/transformers-$(TRANSFORMERS_OLDEST)
+TRANSFORMERS_TESTS := tests/models tests/test_versions.py tests/test_hub_models.py tests/training/test_loop.py \
+	tests/training/test_scripts.py::test_reported_bleu_is_what_the_saved_model_gives
+
+.PHONY: install test test-oldest demo cuda-check
 
 $(STAMP): $(SOURCES)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -16,8 +23,14 @@ $(STAMP): $(SOURCES)
 
 install: $(STAMP)
 
-test: install
+test: install test-oldest
 	$(BIN)/python -m pytest -q
+
+$(OLDEST): $(STAMP)
+	$(BIN)/python -m pip install -q --no-deps --upgrade --target $@ transformers==$(TRANSFORMERS_OLDEST)
+
+test-oldest: $(OLDEST)
+	PYTHONPATH=$(OLDEST) $(BIN)/python -m pytest -q $(TRANSFORMERS_TESTS)
 
 demo: install
 	$(BIN)/python scripts/demo.py

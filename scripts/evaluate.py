@@ -15,7 +15,7 @@ from pathlib import Path
 from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
 import talk_hf  # noqa: F401
-from talk_hf.training.data import read_lines
+from talk_hf.training.data import read_lines, write_lines
 from talk_hf.training.evaluation import perplexity, rouge, translate
 from talk_hf.training.loop import make_collator, validation_loss
 from talk_hf.training.run import evaluate_translation, load_prepared
@@ -34,8 +34,10 @@ def parse_args(argv=None):
     parser.add_argument("--length_penalty", type=float, default=1.0)
     parser.add_argument("--max_new_tokens", type=int, default=128)
     parser.add_argument("--max_tokens", type=int, default=8192, help="token budget per batch (perplexity)")
+    parser.add_argument("--limit", type=int, default=0, help="score only the first N segments (0: all)")
     parser.add_argument("--trust_remote_code", action="store_true")
     parser.add_argument("--output", help="write the results as JSON here")
+    parser.add_argument("--hypotheses", help="write the translations here, one per line (BLEU)")
     args = parser.parse_args(argv)
     if (args.data is None) == (args.source is None):
         parser.error("give either --data (prepared) or --source/--reference (raw files)")
@@ -66,8 +68,10 @@ def main(argv=None):
             dataset = {"source": read_lines(args.source), "target": read_lines(args.reference)}
         results = evaluate_translation(model, tokenizer, dataset, num_beams=args.num_beams,
                                        length_penalty=args.length_penalty, max_new_tokens=args.max_new_tokens,
-                                       document_level=args.document_level)
-        results.pop("hypotheses")
+                                       document_level=args.document_level, limit=args.limit)
+        hypotheses = results.pop("hypotheses")
+        if args.hypotheses:
+            write_lines(args.hypotheses, hypotheses)
         print(results["signature"])
     print(json.dumps(results, indent=2))
     if args.output:

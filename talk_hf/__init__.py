@@ -6,6 +6,7 @@ Importing the package registers every config and model with the Auto classes and
 
 __version__ = "0.1.0"
 
+from . import versions  # noqa: E402,F401  (checks the installed transformers first)
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM  # noqa: E402
 
 from . import ops  # noqa: E402,F401

@@ -37,7 +37,7 @@ class DynamicConvConfig(TalkHfConfigMixin, PreTrainedConfig):
     """
 
     model_type = "dynamic_conv"
-    keys_to_ignore_at_inference = ["past_key_values"]
+    keys_to_ignore_at_inference = ["cache", "past_key_values"]
     attribute_map = {
         "hidden_size": "d_model",
         "num_hidden_layers": "decoder_layers",
@@ -116,7 +116,7 @@ class DynamicConvLMConfig(TalkHfConfigMixin, PreTrainedConfig):
     """
 
     model_type = "dynamic_conv_lm"
-    keys_to_ignore_at_inference = ["past_key_values"]
+    keys_to_ignore_at_inference = ["cache", "past_key_values"]
     attribute_map = {"hidden_size": "d_model", "num_hidden_layers": "decoder_layers"}
     PRESETS = {"lm": {}}
 

@@ -37,7 +37,7 @@ class RfaDocConfig(TalkHfConfigMixin, PreTrainedConfig):
     """
 
     model_type = "rfa_doc"
-    keys_to_ignore_at_inference = ["past_key_values"]
+    keys_to_ignore_at_inference = ["cache", "past_key_values"]
     attribute_map = {
         "hidden_size": "d_model",
         "num_hidden_layers": "decoder_layers",

@@ -37,7 +37,7 @@ class TalkConfig(TalkHfConfigMixin, PreTrainedConfig):
     """
 
     model_type = "talk"
-    keys_to_ignore_at_inference = ["past_key_values"]
+    keys_to_ignore_at_inference = ["cache", "past_key_values"]
     attribute_map = {
         "hidden_size": "d_model",
         "num_hidden_layers": "decoder_layers",
@@ -119,7 +119,7 @@ class TalkLMConfig(TalkHfConfigMixin, PreTrainedConfig):
     """
 
     model_type = "talk_lm"
-    keys_to_ignore_at_inference = ["past_key_values"]
+    keys_to_ignore_at_inference = ["cache", "past_key_values"]
     attribute_map = {"hidden_size": "d_model", "num_hidden_layers": "decoder_layers"}
     PRESETS = {
         "lm": {},

@@ -5,10 +5,10 @@ and causal-LM heads.
 The models differ only in their token mixers (modeling_talk.py, modeling_dynamic_conv.py, modeling_rfa_doc.py);
 everything else lives here once. A mixer is an nn.Module called as
 
-    mixer(x, attention_mask=None, past_key_values=None, separators=None) -> (B, T, C)
+    mixer(x, attention_mask=None, cache=None, separators=None) -> (B, T, C)
 
-with x: (B, T, C); attention_mask: (B, T), 1 for real tokens; past_key_values: the layer's `LayerState` when
-decoding with a cache; separators: (B, T) bool, sentence-separator positions (used by the RFA-doc gate only).
+with x: (B, T, C); attention_mask: (B, T), 1 for real tokens; cache: the layer's `LayerState` when decoding with a
+cache; separators: (B, T) bool, sentence-separator positions (used by the RFA-doc gate only).
 """
 
 import math
@@ -26,8 +26,12 @@ from transformers.modeling_outputs import (
     Seq2SeqLMOutput,
     Seq2SeqModelOutput,
 )
+from transformers.utils import can_return_tuple, logging
 
 from .recurrent_cache import RecurrentCache
+from .versions import CACHE_NAME, cache_output, takes_cache
+
+logger = logging.get_logger(__name__)
 
 # ---------------------------------------------------------------------------------------------------------------
 # Positions and masks
@@ -119,7 +123,7 @@ class SoftmaxAttention(nn.Module):
 class SoftmaxSelfAttention(SoftmaxAttention):
     """Non-causal self-attention, used as the mixer of softmax-attention encoders (the RFA-doc encoder)."""
 
-    def forward(self, x, attention_mask=None, past_key_values=None, separators=None):
+    def forward(self, x, attention_mask=None, cache=None, separators=None):
         keys, values = self.project_memory(x)
         return self.attend(x, keys, values, attention_mask)
 
@@ -127,8 +131,8 @@ class SoftmaxSelfAttention(SoftmaxAttention):
 class SoftmaxCrossAttention(SoftmaxAttention):
     """Decoder cross-attention; with a cache, the encoder keys/values are computed once per source."""
 
-    def forward(self, x, encoder_hidden_states, encoder_attention_mask=None, past_key_values=None):
-        state = past_key_values
+    def forward(self, x, encoder_hidden_states, encoder_attention_mask=None, cache=None):
+        state = cache
         if state is not None and state.get("cross_k") is not None:
             keys, values = state.get("cross_k"), state.get("cross_v")
         else:
@@ -179,11 +183,11 @@ class DecoderLayer(GradientCheckpointingLayer):
         attention_mask=None,
         encoder_hidden_states=None,
         encoder_attention_mask=None,
-        past_key_values=None,
+        cache=None,
         separators=None,
     ):
         args = (self.normalize_before, self.dropout, self.training)
-        state = past_key_values
+        state = cache
 
         def mix(h):
             return self.mixer(h, attention_mask, state, separators)
@@ -282,13 +286,14 @@ class DecoderStack(nn.Module):
     def embed_tokens(self):
         return self.embed.embed_tokens
 
+    @takes_cache
     def forward(
         self,
         input_ids=None,
         attention_mask=None,
         encoder_hidden_states=None,
         encoder_attention_mask=None,
-        past_key_values=None,
+        cache=None,
         use_cache=False,
         inputs_embeds=None,
         position_ids=None,
@@ -306,7 +311,12 @@ class DecoderStack(nn.Module):
         _check_padding_mask(name, attention_mask, ref.shape[0], length, at_least=True)
         if seq2seq:
             _check_padding_mask("attention_mask", encoder_attention_mask, *encoder_hidden_states.shape[:2])
-        cache = past_key_values if use_cache else None
+        checkpointing = any(layer.gradient_checkpointing for layer in self.layers)
+        if use_cache and checkpointing and self.training and torch.is_grad_enabled():
+            # the backward pass recomputes each layer, which would read the state its first pass wrote
+            logger.warning_once("use_cache=True is incompatible with gradient checkpointing: decoding without a cache")
+            use_cache = False
+        cache = cache if use_cache else None
         if use_cache and cache is None:
             cache = RecurrentCache(len(self.layers))
         mask = attention_mask[:, -length:] if attention_mask is not None else None
@@ -324,14 +334,8 @@ class DecoderStack(nn.Module):
         hidden = [x] if output_hidden_states else None
         for i, layer in enumerate(self.layers):
             state = cache.layers[i] if cache is not None else None
-            x = layer(
-                x,
-                attention_mask=mask,
-                encoder_hidden_states=encoder_hidden_states,
-                encoder_attention_mask=encoder_attention_mask,
-                past_key_values=state,
-                separators=separators,
-            )
+            # tensors that may need gradients go positionally: reentrant checkpointing sees only those
+            x = layer(x, mask, encoder_hidden_states, encoder_attention_mask, cache=state, separators=separators)
             if hidden is not None:
                 hidden.append(x)
         if self.layer_norm is not None:
@@ -339,7 +343,7 @@ class DecoderStack(nn.Module):
         if cache is not None:
             cache.advance(mask, ref.shape[0], length, ref.device)
         return BaseModelOutputWithPast(
-            last_hidden_state=x, past_key_values=cache, hidden_states=tuple(hidden) if hidden else None
+            last_hidden_state=x, hidden_states=tuple(hidden) if hidden else None, **cache_output(cache)
         )
 
 
@@ -353,7 +357,7 @@ class RecurrentPreTrainedModel(PreTrainedModel):
     base_model_prefix = "model"
     supports_gradient_checkpointing = True
     _no_split_modules = ["EncoderLayer", "DecoderLayer"]
-    _skip_keys_device_placement = ["past_key_values"]
+    _skip_keys_device_placement = ["cache", "past_key_values"]
     _is_stateful = True  # the state cannot be rolled back: assisted decoding is refused
     accepts_loss_kwargs = False  # the loss is a mean: Trainer must scale it for gradient accumulation
 
@@ -367,10 +371,10 @@ class RecurrentPreTrainedModel(PreTrainedModel):
         caches). The recurrent state has a fixed size anyway, so nothing else changes."""
         if (
             generation_config.cache_implementation == "static"
-            and model_kwargs.get("past_key_values") is None
+            and model_kwargs.get(CACHE_NAME) is None
             and generation_config.use_cache is not False
         ):
-            model_kwargs["past_key_values"] = RecurrentCache(len(self.get_decoder().layers))
+            model_kwargs[CACHE_NAME] = RecurrentCache(len(self.get_decoder().layers))
             return
         super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
 
@@ -453,6 +457,8 @@ class Seq2SeqModelMixin:
     def get_decoder(self):
         return self.decoder
 
+    @can_return_tuple
+    @takes_cache
     def forward(
         self,
         input_ids=None,
@@ -460,7 +466,7 @@ class Seq2SeqModelMixin:
         decoder_input_ids=None,
         decoder_attention_mask=None,
         encoder_outputs=None,
-        past_key_values=None,
+        cache=None,
         inputs_embeds=None,
         decoder_inputs_embeds=None,
         use_cache=None,
@@ -468,8 +474,12 @@ class Seq2SeqModelMixin:
         return_dict=None,
         **kwargs,
     ):
-        """input_ids: (B, S) source; decoder_input_ids: (B, T) -> Seq2SeqModelOutput with (B, T, C) states."""
+        """input_ids: (B, S) source; decoder_input_ids: (B, T) -> Seq2SeqModelOutput with (B, T, C) states.
+        use_cache and output_hidden_states default to the config's; return_dict=False (or config.return_dict=False)
+        returns the output's non-None fields as a tuple."""
         use_cache = use_cache if use_cache is not None else self.config.use_cache
+        if output_hidden_states is None:
+            output_hidden_states = self.config.output_hidden_states
         if encoder_outputs is None:
             encoder_outputs = self.encoder(input_ids, attention_mask, inputs_embeds, output_hidden_states)
         elif not isinstance(encoder_outputs, BaseModelOutput):
@@ -479,14 +489,14 @@ class Seq2SeqModelMixin:
             attention_mask=decoder_attention_mask,
             encoder_hidden_states=encoder_outputs.last_hidden_state,
             encoder_attention_mask=attention_mask,
-            past_key_values=past_key_values,
+            cache=cache,
             use_cache=use_cache,
             inputs_embeds=decoder_inputs_embeds,
             output_hidden_states=output_hidden_states,
         )
         return Seq2SeqModelOutput(
             last_hidden_state=decoder_outputs.last_hidden_state,
-            past_key_values=decoder_outputs.past_key_values,
+            **cache_output(getattr(decoder_outputs, CACHE_NAME)),
             decoder_hidden_states=decoder_outputs.hidden_states,
             encoder_last_hidden_state=encoder_outputs.last_hidden_state,
             encoder_hidden_states=encoder_outputs.hidden_states,
@@ -497,6 +507,12 @@ class Seq2SeqLMMixin:
     """forward() of the encoder-decoder generation heads: `self.model` (a Seq2SeqModelMixin) and `self.lm_head`.
     Head classes also list GenerationMixin among their direct bases (transformers' can_generate() looks there)."""
 
+    def get_input_embeddings(self):
+        return self.model.get_input_embeddings()
+
+    def set_input_embeddings(self, value):
+        self.model.set_input_embeddings(value)
+
     def get_encoder(self):
         return self.model.get_encoder()
 
@@ -506,6 +522,8 @@ class Seq2SeqLMMixin:
     def prepare_decoder_input_ids_from_labels(self, labels):
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
 
+    @can_return_tuple
+    @takes_cache
     def forward(
         self,
         input_ids=None,
@@ -513,7 +531,7 @@ class Seq2SeqLMMixin:
         decoder_input_ids=None,
         decoder_attention_mask=None,
         encoder_outputs=None,
-        past_key_values=None,
+        cache=None,
         inputs_embeds=None,
         decoder_inputs_embeds=None,
         labels=None,
@@ -537,18 +555,19 @@ class Seq2SeqLMMixin:
             decoder_input_ids=decoder_input_ids,
             decoder_attention_mask=decoder_attention_mask,
             encoder_outputs=encoder_outputs,
-            past_key_values=past_key_values,
+            cache=cache,
             inputs_embeds=inputs_embeds,
             decoder_inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
             output_hidden_states=output_hidden_states,
+            return_dict=True,
         )
         logits = self.lm_head(outputs.last_hidden_state)
         loss = language_model_loss(logits, labels) if labels is not None else None
         return Seq2SeqLMOutput(
             loss=loss,
             logits=logits,
-            past_key_values=outputs.past_key_values,
+            **cache_output(getattr(outputs, CACHE_NAME)),
             decoder_hidden_states=outputs.decoder_hidden_states,
             encoder_last_hidden_state=outputs.encoder_last_hidden_state,
             encoder_hidden_states=outputs.encoder_hidden_states,
@@ -574,24 +593,29 @@ class CausalLMBaseMixin:
     def embed_tokens(self):
         return self.decoder.embed.embed_tokens
 
+    @can_return_tuple
+    @takes_cache
     def forward(
         self,
         input_ids=None,
         attention_mask=None,
         position_ids=None,
-        past_key_values=None,
+        cache=None,
         inputs_embeds=None,
         use_cache=None,
         output_hidden_states=None,
         return_dict=None,
         **kwargs,
     ):
-        """input_ids: (B, T); attention_mask: (B, T_past + T), left padding allowed -> (B, T, C) states."""
+        """input_ids: (B, T); attention_mask: (B, T_past + T), left padding allowed -> (B, T, C) states.
+        use_cache and output_hidden_states default to the config's."""
         use_cache = use_cache if use_cache is not None else self.config.use_cache
+        if output_hidden_states is None:
+            output_hidden_states = self.config.output_hidden_states
         return self.decoder(
             input_ids=input_ids,
             attention_mask=attention_mask,
-            past_key_values=past_key_values,
+            cache=cache,
             use_cache=use_cache,
             inputs_embeds=inputs_embeds,
             position_ids=position_ids,
@@ -603,15 +627,23 @@ class CausalLMMixin:
     """forward() of the causal-LM heads: `self.model` (a CausalLMBaseMixin) and `self.lm_head`; head classes list
     GenerationMixin among their direct bases."""
 
+    def get_input_embeddings(self):
+        return self.model.get_input_embeddings()
+
+    def set_input_embeddings(self, value):
+        self.model.set_input_embeddings(value)
+
     def get_decoder(self):
         return self.model.decoder
 
+    @can_return_tuple
+    @takes_cache
     def forward(
         self,
         input_ids=None,
         attention_mask=None,
         position_ids=None,
-        past_key_values=None,
+        cache=None,
         inputs_embeds=None,
         labels=None,
         use_cache=None,
@@ -625,10 +657,11 @@ class CausalLMMixin:
             input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=past_key_values,
+            cache=cache,
             inputs_embeds=inputs_embeds,
             use_cache=use_cache,
             output_hidden_states=output_hidden_states,
+            return_dict=True,
         )
         hidden = outputs.last_hidden_state
         if logits_to_keep:
@@ -638,5 +671,5 @@ class CausalLMMixin:
         if labels is not None:
             loss = language_model_loss(logits[:, :-1], labels[:, 1:], getattr(self.config, "label_smoothing", 0.0))
         return CausalLMOutputWithPast(
-            loss=loss, logits=logits, past_key_values=outputs.past_key_values, hidden_states=outputs.hidden_states
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, **cache_output(getattr(outputs, CACHE_NAME))
         )

@@ -55,12 +55,12 @@ class DynamicConvMixer(nn.Module):
             return self.weight_linear(x).view(*x.shape[:2], self.heads, self.kernel_size)
         return self.weight.to(x.dtype)
 
-    def forward(self, x, attention_mask=None, past_key_values=None, separators=None):
+    def forward(self, x, attention_mask=None, cache=None, separators=None):
         x = self.linear1(F.dropout(x, p=self.input_dropout, training=self.training))
         x = zero_padding(F.glu(x, dim=-1) if self.glu else x, attention_mask)
         w = self.kernels(x)
         conv_args = dict(softmax=self.weight_softmax, weight_dropout=self.weight_dropout if self.training else 0.0)
-        state = past_key_values if self.causal else None
+        state = cache if self.causal else None
         if state is None or state.get("conv") is None:
             y = dynamic_conv(x, w, self.padding_left, **conv_args)
             if state is not None:

@@ -89,14 +89,14 @@ class RfaCausalAttention(nn.Module):
         gate = torch.sigmoid(self.gate(x).float())
         return torch.where(separators.unsqueeze(-1), gate, torch.ones_like(gate))
 
-    def forward(self, x, attention_mask=None, past_key_values=None, separators=None):
+    def forward(self, x, attention_mask=None, cache=None, separators=None):
         projection = self.features.current()
         q = self.features(_heads(self.q_proj(x), self.heads), projection)
         k = self.features(_heads(self.k_proj(x), self.heads), projection)
         if attention_mask is not None:  # padded keys contribute nothing
             k = k * attention_mask[:, :, None, None].to(k.dtype)
         v = _heads(self.v_proj(x), self.heads)
-        decay, state = self.decay(x, separators), past_key_values
+        decay, state = self.decay(x, separators), cache
         initial = state.get("rfa") if state is not None else None
         if initial is not None and not needs_grad(q, k, v, decay, initial):  # decoding: the cached state in place
             out = rfa_step_(q, k, v, initial, decay, eps=self.eps)
@@ -128,8 +128,8 @@ class RfaCrossAttention(nn.Module):
         v = _heads(self.v_proj(encoder_hidden_states), self.heads)
         return rfa_cross_source(phi_k, v, encoder_attention_mask)
 
-    def forward(self, x, encoder_hidden_states, encoder_attention_mask=None, past_key_values=None):
-        state = past_key_values
+    def forward(self, x, encoder_hidden_states, encoder_attention_mask=None, cache=None):
+        state = cache
         projection = self.features.current()
         source = _cached_source(state)
         if source is None:

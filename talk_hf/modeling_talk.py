@@ -49,14 +49,14 @@ class TalkConvMixer(nn.Module):
         self.offsets = TalkOffsetProjection(conv_dim, heads if causal else 2 * heads)
         self.linear2 = nn.Linear(conv_dim, d_model)
 
-    def forward(self, x, attention_mask=None, past_key_values=None, separators=None):
+    def forward(self, x, attention_mask=None, cache=None, separators=None):
         x = self.linear1(F.dropout(x, p=self.input_dropout, training=self.training))
         x = zero_padding(F.glu(x, dim=-1) if self.glu else x, attention_mask)
         offsets = F.dropout(torch.sigmoid(self.offsets(x)), p=self.offset_dropout, training=self.training)
         if not self.causal:
             y = talk_conv(x, offsets[..., : self.heads], offsets[..., self.heads :], self.max_left, self.max_right)
         else:
-            y = self._causal(x, offsets, past_key_values)
+            y = self._causal(x, offsets, cache)
         return self.linear2(y)
 
     def _causal(self, x, offsets, state):

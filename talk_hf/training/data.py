@@ -96,6 +96,12 @@ def read_lines(path: str | os.PathLike) -> list[str]:
     return split_lines(text)
 
 
+def write_lines(path: str | os.PathLike, lines: Iterable[str]) -> None:
+    """Write `lines` as UTF-8, each ended by ``\n`` (read back unchanged by :func:`read_lines`)."""
+    with open(path, "w", encoding="utf-8", newline="\n") as f:
+        f.write("".join(line + "\n" for line in lines))
+
+
 def split_lines(text: str) -> list[str]:
     """Lines of a text by the rule of :func:`read_lines` (universal newlines only, so U+2028 and the like stay
     inside a line)."""

@@ -11,9 +11,9 @@ from ..tokenization import split_sentences
 
 @torch.no_grad()
 def translate(model, tokenizer, sources, num_beams=4, length_penalty=1.0, max_new_tokens=128, batch_size=64,
-              skip_special_tokens=True):
+              skip_special_tokens=True, **generate_kwargs):
     """Translate `sources` (list of str) with beam search; sentences are batched by length, results keep the
-    input order. -> list of str."""
+    input order; `generate_kwargs` go to `model.generate`. -> list of str."""
     model.eval()
     device = next(model.parameters()).device
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
@@ -22,7 +22,7 @@ def translate(model, tokenizer, sources, num_beams=4, length_penalty=1.0, max_ne
         index = order[start : start + batch_size]
         inputs = tokenizer([sources[i] for i in index], return_tensors="pt", padding=True).to(device)
         ids = model.generate(**inputs, num_beams=num_beams, length_penalty=length_penalty,
-                             max_new_tokens=max_new_tokens)
+                             max_new_tokens=max_new_tokens, **generate_kwargs)
         texts = tokenizer.batch_decode(ids, skip_special_tokens=skip_special_tokens)
         for i, text in zip(index, texts):
             outputs[i] = text.strip()

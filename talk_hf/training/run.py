@@ -11,6 +11,7 @@ import torch
 from datasets import load_from_disk
 from transformers import AutoTokenizer
 
+from .data import write_lines
 from .evaluation import corpus_bleu, last_sentences, translate
 from .loop import Trainer
 from .models import build_model, count_parameters
@@ -67,6 +68,8 @@ def train_run(data_dir, kind, train_config, preset=None, config_file=None, overr
                                       limit=test_limit)
         results.update({"test_bleu": scored["bleu"], "bleu_signature": scored["signature"],
                         "test_sentences": scored["sentences"]})
+        if trainer.accelerator.is_main_process:
+            write_lines(output_dir / "test_hypotheses.txt", scored["hypotheses"])
     elif not is_seq2seq:
         results["valid_ppl"] = final["valid_ppl"]
     folder = trainer.save_model()

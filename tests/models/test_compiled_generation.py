@@ -9,7 +9,7 @@ from transformers import CompileConfig
 
 from talk_hf.recurrent_cache import RecurrentCache
 from tests.models.test_modeling_common import decoding_inputs, inputs_for
-from tests.models.tiny import ALL, LM, SEQ2SEQ, VOCAB, make, source_batch
+from tests.models.tiny import ALL, LM, SEQ2SEQ, VOCAB, cache_of, make, source_batch
 
 
 def counting_compile_config():
@@ -92,11 +92,11 @@ def test_cache_tensors_keep_their_storage_across_decoding_steps(name):
     model = make(name)
     key, tokens, inputs = decoding_inputs(model, name)
     with torch.no_grad():
-        cache = model(**inputs, **{key: tokens[:, :3]}, use_cache=True).past_key_values
+        cache = cache_of(model(**inputs, **{key: tokens[:, :3]}, use_cache=True))
         addresses = [t.data_ptr() for t in cache_tensors(cache)]
         before = [t.clone() for t in cache_tensors(cache)]
         for t in range(3, 6):
-            cache = model(**inputs, **{key: tokens[:, t : t + 1]}, past_key_values=cache, use_cache=True).past_key_values
+            cache = cache_of(model(**inputs, **{key: tokens[:, t : t + 1]}, cache=cache, use_cache=True))
     assert [t.data_ptr() for t in cache_tensors(cache)] == addresses
     assert cache.get_seq_length() == 6 and cache.real_tokens.tolist() == [6, 6, 6]
     changed = [not torch.equal(a, b) for a, b in zip(before, cache_tensors(cache))]
@@ -128,8 +128,8 @@ def test_backpropagation_through_a_cache_gives_the_full_forward_gradients(name):
         model.zero_grad()
         cache, logits = None, []
         for start, stop in chunks:
-            out = model(**inputs, **{key: tokens[:, start:stop]}, past_key_values=cache, use_cache=True)
-            cache = out.past_key_values
+            out = model(**inputs, **{key: tokens[:, start:stop]}, cache=cache, use_cache=True)
+            cache = cache_of(out)
             logits.append(out.logits)
         (torch.cat(logits, 1) ** 2).mean().backward()
         grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})

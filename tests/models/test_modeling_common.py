@@ -11,7 +11,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
 from talk_hf.recurrent_cache import LayerState, RecurrentCache
-from tests.models.tiny import ALL, LM, SEQ2SEQ, VOCAB, make, source_batch, target_batch
+from tests.models.tiny import ALL, LM, SEQ2SEQ, VOCAB, cache_of, make, source_batch, target_batch
 
 SEQ2SEQ_NAMES, LM_NAMES = list(SEQ2SEQ), list(LM)
 
@@ -50,6 +50,43 @@ def test_forward_shapes_and_loss(name):
     loss.backward()
     missing = [n for n, p in model.named_parameters() if p.requires_grad and (p.grad is None or p.grad.abs().sum() == 0)]
     assert not missing, f"parameters without gradient: {missing}"
+
+
+@pytest.mark.parametrize("name", list(ALL))
+def test_output_switches_from_the_config(name):
+    """config.output_hidden_states and config.return_dict apply when the keyword is absent; the keyword wins."""
+    model = make(name)
+    inputs = inputs_for(name)
+    with torch.no_grad():
+        expected = model(**inputs, output_hidden_states=True)
+        model.config.output_hidden_states = True
+        from_config = model(**inputs)
+        assert from_config.keys() == expected.keys()
+        for key in [k for k in expected.keys() if k.endswith("hidden_states")]:
+            for got, want in zip(from_config[key], expected[key], strict=True):
+                torch.testing.assert_close(got, want)
+        assert model(**inputs, output_hidden_states=False).keys() < expected.keys()
+        model.config.output_hidden_states = False
+        as_tuple = model(**inputs, return_dict=False)
+        model.config.return_dict = False
+        assert isinstance(model(**inputs), tuple) and not isinstance(model(**inputs, return_dict=True), tuple)
+        model.config.return_dict = True
+        as_dict = model(**inputs)
+    assert isinstance(as_tuple, tuple) and len(as_tuple) == len(as_dict.to_tuple())
+    torch.testing.assert_close(as_tuple[0], as_dict.logits)
+
+
+@pytest.mark.parametrize("name", list(ALL))
+def test_set_input_embeddings_replaces_the_embedding(name):
+    model = make(name)
+    embedding = torch.nn.Embedding(VOCAB, model.config.d_model, padding_idx=model.config.pad_token_id)
+    model.set_input_embeddings(embedding)
+    assert model.get_input_embeddings() is embedding
+    inputs = inputs_for(name)
+    with torch.no_grad():
+        before = model(**inputs).logits
+        embedding.weight.mul_(2)
+        assert not torch.allclose(model(**inputs).logits, before)  # the forward reads the new module
 
 
 def test_labels_build_decoder_inputs_and_ignore_padding():
@@ -170,8 +207,8 @@ def test_incremental_logits_equal_full_forward(name):
     full = model(**inputs, **{key: tokens}, use_cache=False).logits
     cache, outs = None, []
     for start, stop in [(0, 3), (3, 4), (4, 5), (5, tokens.shape[1])]:
-        out = model(**inputs, **{key: tokens[:, start:stop]}, past_key_values=cache, use_cache=True)
-        cache = out.past_key_values
+        out = model(**inputs, **{key: tokens[:, start:stop]}, cache=cache, use_cache=True)
+        cache = cache_of(out)
         outs.append(out.logits)
     assert isinstance(cache, RecurrentCache) and cache.get_seq_length() == tokens.shape[1]
     torch.testing.assert_close(torch.cat(outs, 1), full, rtol=1e-5, atol=1e-5)
@@ -214,11 +251,11 @@ def test_decoding_steps_never_wait_for_the_device(name):
     model = make(name)
     key, tokens, inputs = decoding_inputs(model, name)
     with torch.no_grad():
-        cache = model(**inputs, **{key: tokens[:, :3]}, use_cache=True).past_key_values
+        cache = cache_of(model(**inputs, **{key: tokens[:, :3]}, use_cache=True))
         for t in range(3, 6):
             with HostSyncs() as mode:
-                out = model(**inputs, **{key: tokens[:, t : t + 1]}, past_key_values=cache, use_cache=True)
-            cache = out.past_key_values
+                out = model(**inputs, **{key: tokens[:, t : t + 1]}, cache=cache, use_cache=True)
+            cache = cache_of(out)
             assert mode.calls > 0 and mode.found == [], mode.found
 
 
@@ -310,14 +347,15 @@ def test_resize_token_embeddings_keeps_tying(name):
     assert model(**inputs).logits.shape[-1] == VOCAB + 7
 
 
+@pytest.mark.parametrize("reentrant", [False, True], ids=["non-reentrant", "reentrant"])
 @pytest.mark.parametrize("name", ["talk", "lightconv", "rfa_doc-nogate", "dynamic_conv_lm"])
-def test_gradient_checkpointing_gives_the_same_gradients(name):
+def test_gradient_checkpointing_gives_the_same_gradients(name, reentrant):
     labels = target_batch(seed=9) if name in SEQ2SEQ else None
     grads = []
     for checkpointing in (False, True):
         model = make(name).train()
         if checkpointing:
-            model.gradient_checkpointing_enable()
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
             assert any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
         inputs = {k: v for k, v in inputs_for(name).items() if k != "decoder_input_ids"}
         model(**inputs, labels=labels if labels is not None else inputs["input_ids"]).loss.backward()

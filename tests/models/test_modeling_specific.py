@@ -5,7 +5,7 @@ import torch
 
 from talk_hf import ops
 from talk_hf.modeling_talk import TalkOffsetProjection
-from tests.models.tiny import SEP, VOCAB, make, source_batch
+from tests.models.tiny import SEP, VOCAB, cache_of, make, source_batch
 
 
 def test_rfa_gate_acts_only_after_a_separator():
@@ -39,7 +39,7 @@ def test_rfa_cross_source_kept_in_the_smaller_form(length, form, monkeypatch):
     dec = torch.tensor([[2, 7, 8, SEP, 9, 10]] * 3)
     with torch.no_grad():
         out = model(input_ids=src, attention_mask=mask, decoder_input_ids=dec, use_cache=True)
-    layer_state = out.past_key_values.layers[0]
+    layer_state = cache_of(out).layers[0]
     assert layer_state.get(form) is not None
     assert layer_state.get("cross_rfa" if form == "cross_keys" else "cross_keys") is None
     generated = model.generate(input_ids=src, attention_mask=mask, max_new_tokens=7, min_new_tokens=7, num_beams=2)
@@ -62,13 +62,13 @@ def test_rfa_decoding_advances_the_cached_state_in_place(monkeypatch):
     dec = torch.tensor([[2, 7, SEP, 8, 9]] * 3)
     with torch.no_grad():
         out = model(input_ids=src, attention_mask=mask, decoder_input_ids=dec[:, :4], use_cache=True)
-        cache = out.past_key_values
+        cache = cache_of(out)
         addresses = [layer.get("rfa").data_ptr() for layer in cache.layers]
         before = [layer.get("rfa").clone() for layer in cache.layers]
         stored, store = [], LayerState.set
         monkeypatch.setattr(LayerState, "set", lambda self, name, t: (stored.append(name), store(self, name, t)))
         step = model(encoder_outputs=(out.encoder_last_hidden_state,), attention_mask=mask,
-                     decoder_input_ids=dec[:, 4:], past_key_values=cache, use_cache=True)
+                     decoder_input_ids=dec[:, 4:], cache=cache, use_cache=True)
         monkeypatch.undo()
         full = model(input_ids=src, attention_mask=mask, decoder_input_ids=dec, use_cache=False).logits
     assert "rfa" not in stored

@@ -19,6 +19,14 @@ from talk_hf import (
     TalkLMModel,
     TalkModel,
 )
+from talk_hf.versions import CACHE_NAME
+
+
+
+def cache_of(outputs):
+    """The decoding state a model returned, under the installed transformers' name for it."""
+    return getattr(outputs, CACHE_NAME)
+
 
 VOCAB = 60
 SEP = 4

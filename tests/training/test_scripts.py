@@ -14,7 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import AutoModelForSeq2SeqLM
+from datasets import load_from_disk
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+from talk_hf.training.evaluation import translate
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = ROOT / "tests" / "fixtures" / "multi30k_pairs.tsv"
@@ -48,7 +51,7 @@ def run(tmp_path_factory):
                                "--vocab-size", "200", "--output-dir", str(root / "data")])
     results = script("train").main([
         "--data", str(root / "data"), "--model", "talk", "--set", *TINY, "--output_dir", str(root / "talk"),
-        "--max_tokens", "512", "--max_steps", "3", "--save_every", "1", "--warmup_steps", "1", "--bleu_sentences", "0",
+        "--max_tokens", "512", "--max_steps", "3", "--save_every", "1", "--warmup_steps", "1", "--bleu_sentences", "8",
         "--max_new_tokens", "6", "--test_split", "test", "--test_limit", "8",
     ])
     return root, results
@@ -63,6 +66,28 @@ def test_train_writes_a_complete_run(run):
                  "metrics.jsonl", "metrics.png", "talk_conv.py"):
         assert (model_dir / name).exists(), name
     assert json.loads((model_dir / "eval_results.json").read_text())["steps"] == 3
+
+
+def test_reported_bleu_is_what_the_saved_model_gives(run, tmp_path):
+    """The BLEU a run reports (validation and test) and its test translations are reproduced by
+    scripts/evaluate.py on the saved model in a fresh process, and equal uncached generation."""
+    root, results = run
+    model_dir, hypotheses = root / "talk" / "model", (root / "talk" / "test_hypotheses.txt").read_text().splitlines()
+    valid_bleu = [json.loads(line) for line in (root / "talk" / "metrics.jsonl").read_text().splitlines()][-1]["valid_bleu"]
+    for split, reported, limit in (("test", results["test_bleu"], 8), ("valid", valid_bleu, 8)):
+        out = tmp_path / f"{split}.json"
+        subprocess.run(
+            [sys.executable, str(ROOT / "scripts" / "evaluate.py"), "--model", str(model_dir), "--data",
+             str(root / "data"), "--split", split, "--limit", str(limit), "--max_new_tokens", "6",
+             "--output", str(out), "--hypotheses", str(tmp_path / f"{split}.txt")],
+            check=True, capture_output=True,
+        )
+        assert json.loads(out.read_text())["bleu"] == reported, split
+    assert (tmp_path / "test.txt").read_text().splitlines() == hypotheses
+    model = AutoModelForSeq2SeqLM.from_pretrained(model_dir)
+    sources = load_from_disk(str(root / "data" / "test"))["source"][:8]
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    assert translate(model, tokenizer, sources, max_new_tokens=6, use_cache=False) == hypotheses
 
 
 def test_evaluate_scores_a_prepared_split_and_raw_files(run, tmp_path):
