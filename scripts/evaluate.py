@@ -30,9 +30,9 @@ def parse_args(argv=None):
     parser.add_argument("--reference", help="raw reference file aligned with --source")
     parser.add_argument("--metric", choices=["bleu", "rouge", "perplexity"], default="bleu")
     parser.add_argument("--document_level", action="store_true", help="score the last sentence of each window")
-    parser.add_argument("--num_beams", type=int, default=4)
-    parser.add_argument("--length_penalty", type=float, default=1.0)
-    parser.add_argument("--max_new_tokens", type=int, default=128)
+    parser.add_argument("--num_beams", type=int, help="default: the model's generation_config (4 if unset)")
+    parser.add_argument("--length_penalty", type=float, help="default: the model's generation_config")
+    parser.add_argument("--max_new_tokens", type=int, help="default: the model's generation_config (128 if unset)")
     parser.add_argument("--max_tokens", type=int, default=8192, help="token budget per batch (perplexity)")
     parser.add_argument("--limit", type=int, default=0, help="score only the first N segments (0: all)")
     parser.add_argument("--trust_remote_code", action="store_true")
@@ -46,29 +46,42 @@ def parse_args(argv=None):
     return args
 
 
+def generation_settings(generation_config, args):
+    """Beam size, length penalty and new-token limit: the command line's, else those the model was saved with (a
+    training run saves the ones its reported BLEU used), else 4 beams and 128 tokens."""
+    saved = generation_config.to_diff_dict()  # the values set in the model's generation_config.json, not defaults
+
+    def pick(name, fallback):
+        given = getattr(args, name)
+        return given if given is not None else saved.get(name, fallback)
+
+    return {"num_beams": pick("num_beams", 4), "length_penalty": pick("length_penalty", 1.0),
+            "max_new_tokens": pick("max_new_tokens", 128)}
+
+
 def main(argv=None):
     args = parse_args(argv)
     kw = {"trust_remote_code": args.trust_remote_code}
     tokenizer = AutoTokenizer.from_pretrained(args.model, **kw)
     auto = AutoModelForCausalLM if args.metric == "perplexity" else AutoModelForSeq2SeqLM
     model = auto.from_pretrained(args.model, **kw).eval()
+    generation = generation_settings(model.generation_config, args)
     if args.metric == "perplexity":
         if args.data is None:
             raise SystemExit("perplexity needs --data with a prepared LM split")
         loss, tokens = validation_loss(model, load_prepared(args.data, args.split), make_collator(model), args.max_tokens)
         results = {"loss": loss, "perplexity": perplexity(loss), "tokens": tokens}
     elif args.metric == "rouge":
-        summaries = translate(model, tokenizer, read_lines(args.source), num_beams=args.num_beams,
-                              length_penalty=args.length_penalty, max_new_tokens=args.max_new_tokens)
+        summaries = translate(model, tokenizer, read_lines(args.source), **generation)
         results = rouge(summaries, read_lines(args.reference))
     else:
         if args.data:
             dataset = load_prepared(args.data, args.split)
         else:
             dataset = {"source": read_lines(args.source), "target": read_lines(args.reference)}
-        results = evaluate_translation(model, tokenizer, dataset, num_beams=args.num_beams,
-                                       length_penalty=args.length_penalty, max_new_tokens=args.max_new_tokens,
+        results = evaluate_translation(model, tokenizer, dataset, **generation,
                                        document_level=args.document_level, limit=args.limit)
+        results["generation"] = generation
         hypotheses = results.pop("hypotheses")
         if args.hypotheses:
             write_lines(args.hypotheses, hypotheses)

@@ -70,7 +70,8 @@ def test_train_writes_a_complete_run(run):
 
 def test_reported_bleu_is_what_the_saved_model_gives(run, tmp_path):
     """The BLEU a run reports (validation and test) and its test translations are reproduced by
-    scripts/evaluate.py on the saved model in a fresh process, and equal uncached generation."""
+    scripts/evaluate.py on the saved model in a fresh process with no generation flags (it takes the model's saved
+    generation settings), and equal uncached generation."""
     root, results = run
     model_dir, hypotheses = root / "talk" / "model", (root / "talk" / "test_hypotheses.txt").read_text().splitlines()
     valid_bleu = [json.loads(line) for line in (root / "talk" / "metrics.jsonl").read_text().splitlines()][-1]["valid_bleu"]
@@ -78,11 +79,13 @@ def test_reported_bleu_is_what_the_saved_model_gives(run, tmp_path):
         out = tmp_path / f"{split}.json"
         subprocess.run(
             [sys.executable, str(ROOT / "scripts" / "evaluate.py"), "--model", str(model_dir), "--data",
-             str(root / "data"), "--split", split, "--limit", str(limit), "--max_new_tokens", "6",
-             "--output", str(out), "--hypotheses", str(tmp_path / f"{split}.txt")],
+             str(root / "data"), "--split", split, "--limit", str(limit), "--output", str(out),
+             "--hypotheses", str(tmp_path / f"{split}.txt")],
             check=True, capture_output=True,
         )
-        assert json.loads(out.read_text())["bleu"] == reported, split
+        scored = json.loads(out.read_text())
+        assert scored["bleu"] == reported, split
+        assert scored["generation"] == {"num_beams": 4, "length_penalty": 1.0, "max_new_tokens": 6}  # the run's
     assert (tmp_path / "test.txt").read_text().splitlines() == hypotheses
     model = AutoModelForSeq2SeqLM.from_pretrained(model_dir)
     sources = load_from_disk(str(root / "data" / "test"))["source"][:8]
