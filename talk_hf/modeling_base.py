@@ -416,11 +416,9 @@ class RecurrentPreTrainedModel(PreTrainedModel):
             init.zeros_(module.bias)
 
 
-def language_model_loss(logits, labels, label_smoothing=0.0):
+def language_model_loss(logits, labels):
     """Mean cross-entropy over positions whose label is not -100; logits (B, T, V), labels (B, T)."""
-    return F.cross_entropy(
-        logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100, label_smoothing=label_smoothing
-    )
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100)
 
 
 def token_embedding(config):
@@ -636,6 +634,22 @@ class CausalLMMixin:
     def get_decoder(self):
         return self.model.decoder
 
+    def causal_lm_loss(self, logits, labels, shift_labels=None, **kwargs):
+        """transformers' causal-LM loss (`self.loss_function`, ForCausalLMLoss: labels shifted inside, or
+        `shift_labels` as given; -100 ignored). With the config's label_smoothing, transformers' LabelSmoother
+        instead (ForCausalLMLoss has no smoothing; transformers' Trainer does not shift the labels of registered LMs
+        for its own smoother, so the LM configs carry it). logits (B, T, V) -> scalar."""
+        smoothing = self.config.label_smoothing
+        if not smoothing:
+            return self.loss_function(logits, labels, self.config.vocab_size, shift_labels=shift_labels, **kwargs)
+        from transformers.trainer_pt_utils import LabelSmoother  # the Trainer's utilities: imported when needed
+
+        smoother, logits = LabelSmoother(epsilon=smoothing), {"logits": logits.float()}
+        batch_items = kwargs.get("num_items_in_batch")
+        if shift_labels is not None:
+            return smoother(logits, shift_labels, num_items_in_batch=batch_items)
+        return smoother(logits, labels, shift_labels=True, num_items_in_batch=batch_items)
+
     @can_return_tuple
     @takes_cache
     def forward(
@@ -652,7 +666,9 @@ class CausalLMMixin:
         logits_to_keep=0,
         **kwargs,
     ):
-        """labels: (B, T) (usually input_ids; shifted inside, -100 ignored) -> CausalLMOutputWithPast."""
+        """labels: (B, T) (usually input_ids; shifted inside, -100 ignored), or shift_labels: (B, T) targets already
+        shifted (as sequence-parallel trainers pass them) -> CausalLMOutputWithPast. Other keyword arguments go to
+        the loss (`num_items_in_batch`, `ignore_index`)."""
         outputs = self.model(
             input_ids,
             attention_mask=attention_mask,
@@ -668,8 +684,8 @@ class CausalLMMixin:
             hidden = hidden[:, -logits_to_keep:]
         logits = self.lm_head(hidden)
         loss = None
-        if labels is not None:
-            loss = language_model_loss(logits[:, :-1], labels[:, 1:], getattr(self.config, "label_smoothing", 0.0))
+        if labels is not None or kwargs.get("shift_labels") is not None:
+            loss = self.causal_lm_loss(logits, labels, **kwargs)
         return CausalLMOutputWithPast(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, **cache_output(getattr(outputs, CACHE_NAME))
         )

@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+import torch.nn.functional as F
 from safetensors import safe_open
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM
@@ -87,6 +88,27 @@ def test_set_input_embeddings_replaces_the_embedding(name):
         before = model(**inputs).logits
         embedding.weight.mul_(2)
         assert not torch.allclose(model(**inputs).logits, before)  # the forward reads the new module
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+@pytest.mark.parametrize("name", LM_NAMES)
+def test_lm_loss_takes_labels_or_pre_shifted_targets(name, smoothing):
+    """labels are shifted inside; shift_labels (what sequence-parallel trainers pass) are used as given; both with
+    the config's label smoothing."""
+    model = make(name, label_smoothing=smoothing)
+    ids = target_batch(length=11)
+    targets = target_batch(length=11, seed=4)
+    targets[:, -1] = targets[0, 0] = -100
+    with torch.no_grad():
+        logits = model(ids).logits.float()
+
+        def expected(t):
+            return F.cross_entropy(logits.flatten(0, 1), t.flatten(), ignore_index=-100, label_smoothing=smoothing)
+
+        shifted_ids = F.pad(ids[:, 1:], (0, 1), value=-100)
+        torch.testing.assert_close(model(ids, labels=ids).loss, expected(shifted_ids))
+        torch.testing.assert_close(model(ids, shift_labels=targets).loss, expected(targets))
+        torch.testing.assert_close(model(ids, shift_labels=shifted_ids).loss, model(ids, labels=ids).loss)
 
 
 def test_labels_build_decoder_inputs_and_ignore_padding():
