@@ -5,7 +5,8 @@ For each sequence length: TaLK (compiled), TaLK reference, DynamicConv k=3 and k
 softmax fused into the op, and the unfused fp32 softmax + cast + op that it replaces; and in training, with
 DropConnect 0.1 drawn inside the op, against softmax + cast + F.dropout + op), causal RFA with a
 decay gate (compiled, and its pure-PyTorch chunked form; F = 64 random features per head, values from x; on CUDA in
-fp32 also with TF32 allowed, the chunked kernels' tensor-core products, against their exact fp32 products), and
+fp32 also the chunked kernels' tensor-core (TF32) products, which `rfa_causal` does not choose, against its exact
+fp32 products), and
 torch.nn.functional.scaled_dot_product_attention, forward and forward+backward; plus two copies of the input, the
 memory floor of a one-pass op: `x.clone()` (allocates its output, as every op here does; on CPU a large fresh
 allocation pays its page faults) and `out.copy_(x)` into a buffer allocated once (the bandwidth floor alone). Median of timed iterations after warm-up (CUDA events on GPU).
@@ -26,7 +27,8 @@ import statistics
 import torch
 import torch.nn.functional as F
 
-from talk_hf import ops
+from talk_hf import _kernels, ops
+from talk_hf.rfa import DEFAULT_EPS
 from talk_hf.training.plot import pyplot, save_figure
 from talk_hf.training.timing import environment, median_seconds, save_results
 
@@ -69,21 +71,15 @@ def cases(x, heads, max_offset):
         "rfa_chunked": lambda: ops.rfa_causal_chunked(phi, phi, x.view(B, T, heads, C // heads), decay)[0],
         "sdpa": lambda: F.scaled_dot_product_attention(qkv(), qkv(), qkv()),
     }
-    if x.is_cuda and x.dtype == torch.float32:  # the chunked kernels' tensor-core products (bf16 runs take them anyway)
-        fns["rfa_tf32"] = with_tf32(fns["rfa"])
+    if x.is_cuda and x.dtype == torch.float32:  # the chunked kernels' tensor-core products, asked of the op itself
+        v = x.view(B, T, heads, C // heads)
+        fns["rfa_tf32"] = lambda: _kernels.rfa_causal(phi, phi, v, decay, None, DEFAULT_EPS, rfa_saved(phi, v), True)[0]
     return fns
 
 
-def with_tf32(fn):
-    """fn run with TF32 allowed for fp32 matmuls (the RFA kernels then multiply on tensor cores)."""
-    def call():
-        previous = torch.backends.cuda.matmul.allow_tf32
-        torch.backends.cuda.matmul.allow_tf32 = True
-        try:
-            return fn()
-        finally:
-            torch.backends.cuda.matmul.allow_tf32 = previous
-    return call
+def rfa_saved(*tensors):
+    """The chunk length between the states the RFA op saves for its backward: 64 under autograd, else none (0)."""
+    return 64 if torch.is_grad_enabled() and any(t.requires_grad for t in tensors) else 0
 
 
 def measure(args, T):

@@ -175,9 +175,9 @@ def rfa_causal(q, k, v, decay=None, initial_state=None, eps=DEFAULT_EPS, chunk_s
     Runs the compiled kernels when they are built for q's device, except on CPU when gradients flow: there the
     chunked PyTorch form, whose matrix products make forward + backward faster than the CPU recurrence kernels
     (csrc/PERF_NOTES.md). On CUDA the kernels are also the training path (a chunked kernel for more than one step,
-    forward and backward), whose products run on tensor cores in TF32 (fp32 accumulation, sums and states fp32)
-    when v is fp16/bf16 or `torch.backends.cuda.matmul.allow_tf32` is set, exact fp32 otherwise.
-    `rfa_causal_compiled` and `rfa_causal_chunked` pick one.
+    forward and backward), with exact fp32 products whatever v's dtype or `torch.backends.cuda.matmul.allow_tf32`:
+    their tensor-core (TF32) instantiations, the op's `tf32` argument, measured 0.79-0.85x as fast as the exact ones
+    on an H100 (csrc/PERF_NOTES.md). `rfa_causal_compiled` and `rfa_causal_chunked` pick one.
 
     q, k: (B, T, H, F) features; v: (B, T, H, d); decay: (B, T, H) factors in [0, 1] or None;
     initial_state: (B, H, F, d + 1) or None; chunk_size: steps per chunk (of the matmul form, or between the
@@ -204,18 +204,8 @@ def rfa_causal_compiled(q, k, v, decay=None, initial_state=None, eps=DEFAULT_EPS
 def _rfa_causal_compiled(q, k, v, decay, initial_state, eps, chunk_size):
     acc = _acc_dtype(q, k, v, initial_state)
     saved = chunk_size if needs_grad(q, k, v, decay, initial_state) else 0  # states for a backward, else none
-    out, state = _kernels.rfa_causal(*_cast(acc, q, k, v, decay, initial_state), eps, saved, _tf32_products(v, acc))
+    out, state = _kernels.rfa_causal(*_cast(acc, q, k, v, decay, initial_state), eps, saved)
     return out.to(v.dtype), state
-
-
-def _tf32_products(v, acc):
-    """Whether the CUDA kernels may multiply on tensor cores with TF32 operands (fp32 accumulation): for an fp32
-    state, when the output is half precision (v's dtype, e.g. under autocast: its rounding is coarser than TF32's) or
-    TF32 is allowed for fp32 matmuls (`torch.backends.cuda.matmul.allow_tf32`, which
-    `torch.set_float32_matmul_precision("high")` sets)."""
-    if v.device.type != "cuda" or acc != torch.float32:
-        return False
-    return v.dtype in (torch.float16, torch.bfloat16) or torch.backends.cuda.matmul.allow_tf32
 
 
 def rfa_causal_chunked(q, k, v, decay=None, initial_state=None, eps=DEFAULT_EPS, chunk_size=64):

@@ -253,15 +253,6 @@ def test_rfa_in_place_step_on_cuda(T):
     assert rel_err(state.cpu(), want_state) <= REL_TOL[torch.float32]
 
 
-@pytest.fixture
-def allow_tf32():
-    """torch.backends.cuda.matmul.allow_tf32 set for the test, restored after it."""
-    previous = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = True
-    yield
-    torch.backends.cuda.matmul.allow_tf32 = previous
-
-
 def tensor_core_launches(fn):
     """("all" when every RFA kernel fn() launches is a tensor-core (WarpTile) instantiation, "none" when none is,
     "mixed" otherwise, fn()'s result); fails if fn() launches no RFA kernel. The kind is None when the profiler
@@ -281,40 +272,47 @@ def tensor_core_launches(fn):
 
 @pytest.mark.parametrize("decay", ["gate", "zeros-ones"])
 @pytest.mark.parametrize("B,T,H,F,d,chunk", RFA_CHUNKED_CASES)
-def test_rfa_tensor_core_kernels_train_against_reference(B, T, H, F, d, chunk, decay, allow_tf32):
-    """With TF32 allowed, fp32 training calls of T > 1 run the tensor-core instantiations forward and backward: outputs
-    and every gradient within fp16 rounding (2e-3) of the fp64 reference, and not the exact fp32 kernels' results."""
+def test_rfa_tensor_core_kernels_train_against_reference(B, T, H, F, d, chunk, decay):
+    """The op with tf32=True runs the tensor-core instantiations for fp32 calls of T > 1, forward and backward:
+    outputs and every gradient within fp16 rounding (2e-3) of the fp64 reference, and not the exact kernels' results."""
+    from talk_hf import _kernels
+    from talk_hf.rfa import DEFAULT_EPS
+
     q, k, v, dec, initial = rfa_inputs(B, T, H, F, d, decay, seed=T + F)
     rounded = [None if t is None else t.float().double() for t in (q, k, v, dec, initial)]
     expected = rfa_grads(ops.rfa_causal_ref, *rounded, torch.float64)
-    call = lambda *a: ops.rfa_causal(*a, chunk_size=chunk)  # noqa: E731
-    kind, got = tensor_core_launches(lambda: rfa_grads(call, *on(CUDA, q, k, v, dec, initial), torch.float32))
+
+    def call(tf32):
+        return lambda *a: _kernels.rfa_causal(*a, DEFAULT_EPS, chunk, tf32)
+
+    kind, got = tensor_core_launches(lambda: rfa_grads(call(True), *on(CUDA, q, k, v, dec, initial), torch.float32))
     # T = 1: the per-step kernels; F = d = 64 on a device below 227 KiB a block (A100): a per-step backward
     assert kind in (None, "none" if T == 1 else "all" if F < 64 or h100_class() else "mixed")
     assert_rfa_close(got, expected, REL_TOL[torch.float16])
-    torch.backends.cuda.matmul.allow_tf32 = False
-    exact = rfa_grads(call, *on(CUDA, q, k, v, dec, initial), torch.float32)
+    exact = rfa_grads(call(False), *on(CUDA, q, k, v, dec, initial), torch.float32)
     if T > 1:
         assert rel_err(got[0], exact[0]) > 2 * REL_TOL[torch.float32]
 
 
-def test_rfa_tensor_core_policy():
-    """TF32 products when v is fp16/bf16 (the output's rounding is coarser) or TF32 is allowed for fp32 matmuls;
-    never for fp64, never for fp32 by default."""
+def test_rfa_causal_multiplies_exactly():
+    """rfa_causal runs the exact fp32 products (the faster ones on an H100) for fp32, bf16 and fp16 v, with TF32
+    allowed for fp32 matmuls or not; the tensor-core kernels only when the op is asked for them."""
+    from talk_hf import _kernels
+    from talk_hf.rfa import DEFAULT_EPS
+
     q, k, v, dec, initial = on(CUDA, *rfa_inputs(1, 40, 2, 8, 4, "gate", seed=4))
     q, k, dec, initial = q.float(), k.float(), dec.float(), initial.float()
-    with torch.no_grad():
-        assert tensor_core_launches(lambda: ops.rfa_causal(q, k, v.float(), dec, initial))[0] == "none"
-        assert tensor_core_launches(lambda: ops.rfa_causal(q, k, v.bfloat16(), dec, initial))[0] == "all"
-        assert tensor_core_launches(lambda: ops.rfa_causal(q, k, v.half(), dec, initial))[0] == "all"
-        previous = torch.backends.cuda.matmul.allow_tf32
-        try:
-            torch.backends.cuda.matmul.allow_tf32 = True
-            assert tensor_core_launches(lambda: ops.rfa_causal(q, k, v.float(), dec, initial))[0] == "all"
-            fp64 = [t.double() for t in (q, k, v, dec, initial)]
-            assert tensor_core_launches(lambda: ops.rfa_causal(*fp64))[0] == "none"
-        finally:
-            torch.backends.cuda.matmul.allow_tf32 = previous
+    previous = torch.backends.cuda.matmul.allow_tf32
+    try:
+        with torch.no_grad():
+            for allowed in (False, True):
+                torch.backends.cuda.matmul.allow_tf32 = allowed
+                for values in (v.float(), v.bfloat16(), v.half()):
+                    assert tensor_core_launches(lambda: ops.rfa_causal(q, k, values, dec, initial))[0] in (None, "none")
+            args = (q, k, v.float(), dec, initial, DEFAULT_EPS, 0)
+            assert tensor_core_launches(lambda: _kernels.rfa_causal(*args, True))[0] in (None, "all")
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous
 
 
 def h100_class():

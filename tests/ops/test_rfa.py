@@ -256,10 +256,11 @@ def test_opcheck():
     torch.library.opcheck(fwd, (grad(q), grad(k), grad(v), grad(decay), grad(initial), 0.1, 4, True))  # tf32
 
 
-def test_tf32_is_a_cuda_choice():
-    """`tf32` (tensor-core products, CUDA only) changes nothing on the CPU, forward or backward, and the Python side
-    asks for it only for CUDA tensors with an fp32 state (tests/ops/test_cuda_kernels.py checks the CUDA policy)."""
-    from talk_hf.rfa import _tf32_products
+def test_tf32_changes_nothing_on_cpu_and_rfa_causal_never_asks_for_it(monkeypatch):
+    """`tf32` (tensor-core products, CUDA only) changes nothing on the CPU, forward or backward, and `rfa_causal`
+    never asks for it, for half-precision v or with TF32 allowed (tests/ops/test_cuda_kernels.py checks the CUDA
+    kernels it launches)."""
+    from talk_hf import rfa
 
     g = torch.Generator().manual_seed(14)
     q, k = features(2, 9, 2, 4, g, torch.float32), features(2, 9, 2, 4, g, torch.float32)
@@ -270,13 +271,19 @@ def test_tf32_is_a_cuda_choice():
     go = torch.randn_like(v)
     grads = [bwd(go, None, q, k, v, decay, None, exact[2], 0.1, 4, flag) for flag in (False, True)]
     assert all(torch.equal(a, b) for a, b in zip(*grads))
+    asked = []
+    kernel = rfa._kernels.rfa_causal
+    monkeypatch.setattr(rfa._kernels, "rfa_causal", lambda *a, **kw: asked.append(a[7:] + tuple(kw.values()))
+                        or kernel(*a, **kw))
     previous = torch.backends.cuda.matmul.allow_tf32
     try:
         torch.backends.cuda.matmul.allow_tf32 = True
-        assert not _tf32_products(v.bfloat16(), torch.float32)  # a CPU tensor
-        assert not _tf32_products(v.to("meta"), torch.float32)
+        with torch.no_grad():
+            for values in (v, v.bfloat16(), v.half()):
+                rfa.rfa_causal(q, k, values, decay)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = previous
+    assert asked == [()] * 3  # the op's default, tf32=False
 
 
 @pytest.mark.parametrize("backend", ["compiled", "reference"])
