@@ -1,0 +1,3 @@
+from .parameterized import parameterized, param, parameterized_class
+
+__version__ = "0.9.0"
