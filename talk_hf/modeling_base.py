@@ -298,11 +298,14 @@ class DecoderStack(nn.Module):
         inputs_embeds=None,
         position_ids=None,
         output_hidden_states=None,
+        separators=None,
         **kwargs,
     ):
         """input_ids: (B, T) new tokens (or inputs_embeds (B, T, C)); attention_mask: (B, T_past + T) for
         left-padded prompts, or None; with a cache only its last T columns are read (the cache counts the real tokens
-        before them), so (B, T) will do; encoder states (B, S, C) -> BaseModelOutputWithPast (B, T, C)."""
+        before them), so (B, T) will do; encoder states (B, S, C); separators: (B, T) bool sentence-separator
+        positions, read from input_ids when given (a decoder with `sep_token_id` needs one of the two)
+        -> BaseModelOutputWithPast (B, T, C)."""
         ref = _check_inputs(input_ids, inputs_embeds)
         length = ref.shape[1]
         # named as the encoder-decoder models take them (the source's mask is their attention_mask)
@@ -327,9 +330,15 @@ class DecoderStack(nn.Module):
                 position_ids = positions_from_mask(attention_mask, length)
             else:
                 position_ids = torch.arange(length, device=ref.device).expand(ref.shape[0], -1)
-        separators = None
-        if self.sep_token_id is not None and input_ids is not None:
+        if self.sep_token_id is None:
+            separators = None
+        elif input_ids is not None:
             separators = input_ids == self.sep_token_id
+        elif separators is None:
+            raise ValueError(
+                "this decoder's sentential gate finds the sentence separators in its token ids: with "
+                "decoder_inputs_embeds, pass decoder_separators too ((B, T) bool, True at separator positions)"
+            )
         x = self.embed(input_ids, inputs_embeds, position_ids)
         hidden = [x] if output_hidden_states else None
         for i, layer in enumerate(self.layers):
@@ -470,9 +479,11 @@ class Seq2SeqModelMixin:
         use_cache=None,
         output_hidden_states=None,
         return_dict=None,
+        decoder_separators=None,
         **kwargs,
     ):
         """input_ids: (B, S) source; decoder_input_ids: (B, T) -> Seq2SeqModelOutput with (B, T, C) states.
+        decoder_separators: (B, T) bool, with decoder_inputs_embeds, for a decoder with a sentential gate.
         use_cache and output_hidden_states default to the config's; return_dict=False (or config.return_dict=False)
         returns the output's non-None fields as a tuple."""
         use_cache = use_cache if use_cache is not None else self.config.use_cache
@@ -491,6 +502,7 @@ class Seq2SeqModelMixin:
             use_cache=use_cache,
             inputs_embeds=decoder_inputs_embeds,
             output_hidden_states=output_hidden_states,
+            separators=decoder_separators,
         )
         return Seq2SeqModelOutput(
             last_hidden_state=decoder_outputs.last_hidden_state,
@@ -559,6 +571,7 @@ class Seq2SeqLMMixin:
             use_cache=use_cache,
             output_hidden_states=output_hidden_states,
             return_dict=True,
+            decoder_separators=kwargs.get("decoder_separators"),
         )
         logits = self.lm_head(outputs.last_hidden_state)
         loss = language_model_loss(logits, labels) if labels is not None else None

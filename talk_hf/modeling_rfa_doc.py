@@ -48,14 +48,21 @@ class RfaGateProjection(nn.Linear):
 
 
 class RandomFeatures(nn.Module):
-    """Random projections (H, D, d) of one attention layer: a fixed evaluation draw (a persistent buffer) and,
-    when `resample` is on, a fresh Gaussian draw for every training forward."""
+    """Random projections (H, D, d) of one attention layer: a fixed evaluation draw (a persistent buffer, the
+    N(0, 1) draw of `seed`, the same in every layer) and, when `resample` is on, a fresh Gaussian draw for every
+    training forward."""
 
-    def __init__(self, heads, num_frequencies, head_dim, resample):
+    def __init__(self, heads, num_frequencies, head_dim, resample, seed):
         super().__init__()
-        self.resample = resample
+        self.resample, self.seed = resample, seed
         self.register_buffer("projection", torch.empty(heads, num_frequencies, head_dim))
+        if not self.projection.is_meta:  # a model built on the meta device draws it in _init_weights
+            self.projection.copy_(self.draw())
         self.tau = nn.Parameter(torch.ones(heads))  # learned per-head temperature
+
+    def draw(self):
+        """The evaluation projection: (H, D, d) fp32 on the CPU, from `seed`."""
+        return rfa_random_projection(*self.projection.shape, generator=torch.Generator().manual_seed(self.seed))
 
     def current(self):
         if self.training and self.resample:
@@ -79,7 +86,7 @@ class RfaCausalAttention(nn.Module):
         d, self.heads, self.eps = config.d_model, config.decoder_attention_heads, config.rfa_eps
         self.q_proj, self.k_proj, self.v_proj, self.out_proj = (RfaProjection(d, d) for _ in range(4))
         self.features = RandomFeatures(self.heads, config.causal_num_frequencies, d // self.heads,
-                                       config.resample_random_features)
+                                       config.resample_random_features, config.random_feature_seed)
         self.gate = RfaGateProjection(d, self.heads) if config.sentential_gate == "decay" else None
 
     def decay(self, x, separators):
@@ -116,7 +123,7 @@ class RfaCrossAttention(nn.Module):
         self.norm_rescale = config.norm_rescale
         self.q_proj, self.k_proj, self.v_proj, self.out_proj = (RfaProjection(d, d) for _ in range(4))
         self.features = RandomFeatures(self.heads, config.cross_num_frequencies, d // self.heads,
-                                       config.resample_random_features)
+                                       config.resample_random_features, config.random_feature_seed)
 
     def source(self, encoder_hidden_states, encoder_attention_mask, projection):
         """(B, S, C) encoder states -> the source side of the attention (`rfa_cross_source`): the (B, H, 2D, d + 1)
@@ -187,8 +194,7 @@ class RfaDocPreTrainedModel(RecurrentPreTrainedModel):
             init.xavier_uniform_(module.weight, gain=self.config.rfa_init_scale**-0.5)
             init.constant_(module.bias, self.config.gate_bias_init)
         elif isinstance(module, RandomFeatures):
-            generator = torch.Generator().manual_seed(self.config.random_feature_seed)  # same draw in every layer
-            init.copy_(module.projection, rfa_random_projection(*module.projection.shape, generator=generator))
+            init.copy_(module.projection, module.draw())
             init.ones_(module.tau)
         else:
             super()._init_weights(module)

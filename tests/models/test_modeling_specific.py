@@ -27,6 +27,44 @@ def test_rfa_gate_acts_only_after_a_separator():
     assert (with_gate[:, sep + 1 :] - no_decay[:, sep + 1 :]).abs().max() > 1e-3
 
 
+def test_rfa_gate_with_embeddings_takes_the_separators_or_refuses():
+    """With decoder_inputs_embeds the gate cannot see the separators: given as decoder_separators the outputs equal
+    the token ids' (the gate acts); without them the model refuses instead of running ungated."""
+    model = make("rfa_doc")
+    src, mask = source_batch()
+    dec = torch.tensor([[2, 7, 8, 9, SEP, 10, 11, 12]] * 3)
+    embeds = model.get_input_embeddings()(dec)
+    with torch.no_grad():
+        from_ids = model(input_ids=src, attention_mask=mask, decoder_input_ids=dec).logits
+        from_embeds = model(input_ids=src, attention_mask=mask, decoder_inputs_embeds=embeds,
+                            decoder_separators=dec == SEP).logits
+        torch.testing.assert_close(from_embeds, from_ids)
+        with pytest.raises(ValueError, match="decoder_separators"):
+            model(input_ids=src, attention_mask=mask, decoder_inputs_embeds=embeds)
+        plain = make("rfa_doc-nogate")  # no gate: nothing to find
+        plain(input_ids=src, attention_mask=mask, decoder_inputs_embeds=plain.get_input_embeddings()(dec))
+
+
+def test_rfa_random_features_are_drawn_when_built_and_again_by_init_weights():
+    """The evaluation projections hold the seeded draw as soon as the model is built, also with weight
+    initialisation skipped, and a model built on the meta device gets the same values from init_weights."""
+    from transformers.initialization import no_init_weights
+
+    reference = make("rfa_doc")
+    expected = {n: b for n, b in reference.named_buffers() if n.endswith("projection")}
+    assert len(expected) == 4
+    with no_init_weights():
+        skipped = make("rfa_doc")
+    with torch.device("meta"):
+        meta = make("rfa_doc")
+    meta.to_empty(device="cpu")
+    meta.init_weights()
+    for model in (skipped, meta):
+        buffers = dict(model.named_buffers())
+        for name, value in expected.items():
+            assert torch.equal(buffers[name], value), name
+
+
 @pytest.mark.parametrize("length,form", [(6, "cross_keys"), (9, "cross_rfa")])
 def test_rfa_cross_source_kept_in_the_smaller_form(length, form, monkeypatch):
     """With 128 cross features (F) and d + 1 = 9 value columns, a source shorter than F (d + 1) / (F + d + 1) = 8.4

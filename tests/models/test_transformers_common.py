@@ -10,8 +10,7 @@ Each model type has a ModelTester (as transformers' tests/models/bart/test_model
 tests/models/mamba/test_modeling_mamba.py have) and a TestCase mixing the upstream mixins in. Upstream tests that
 cannot apply to these recurrent models skip themselves through the same class attributes transformers' Mamba and
 xLSTM tests set (`has_attentions = False`), or through their own gates (no accelerator, no RoPE, not composite...);
-upstream tests that fail because of a talk_hf defect are marked `xfail(strict=True)` naming the defect, so that each
-turns into a failure (XPASS) the day the defect is fixed: remove its marker then.
+a talk_hf defect an upstream test finds is fixed, or marked `xfail(strict=True)` naming it, never skipped.
 """
 
 import unittest
@@ -195,32 +194,15 @@ class RfaDocModelTester(_TalkHfModelTester):
 
     def prepare_config_and_inputs(self):
         config, inputs_dict = super().prepare_config_and_inputs()
-        # a sentence separator in the middle of every target row: the decoder's sentential gate always acts (ids_tensor
-        # alone draws it now and then, which made the outcome of some checks depend on the draw)
-        inputs_dict["decoder_input_ids"][:, self.seq_length // 2] = self.sep_token_id
+        # a sentence separator in the middle of every target row and nowhere else: the decoder's sentential gate always
+        # acts, at known positions (ids_tensor alone draws it now and then)
+        ids = inputs_dict["decoder_input_ids"]
+        ids.masked_fill_(ids == self.sep_token_id, self.sep_token_id + 1)
+        ids[:, self.seq_length // 2] = self.sep_token_id
+        # the gate reads the separators from decoder_input_ids; tests that pass decoder_inputs_embeds instead need
+        # them as decoder_separators (ignored next to decoder_input_ids)
+        inputs_dict["decoder_separators"] = ids == self.sep_token_id
         return config, inputs_dict
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Expected failures: talk_hf defects the upstream tests found (strict: an XPASS fails the suite once fixed)
-
-BUFFER_INIT_DEFECT = (
-    "talk_hf defect: RandomFeatures.__init__ (modeling_rfa_doc.py) registers the `projection` buffer as torch.empty "
-    "(uninitialised memory) and only RfaDocPreTrainedModel._init_weights draws its seeded values, so a model built "
-    "with weight initialisation skipped holds garbage there; transformers expects a buffer to get its value in "
-    "__init__ and _init_weights to reproduce that value (test_init_weights_can_init_buffers)"
-)
-
-EMBEDS_SEPARATORS_DEFECT = (
-    "talk_hf defect: DecoderStack.forward (modeling_base.py) finds RFA-doc's sentence separators only as "
-    "`input_ids == sep_token_id`; given decoder_inputs_embeds it passes separators=None, so the sentential decay gate "
-    "is silently skipped and a target holding sep_token_id gives other outputs than the same target as ids (max "
-    "difference ~0.07 here; equal when the target has no separator or sentential_gate='none')"
-)
-
-
-def expected_failure(reason):
-    return pytest.mark.xfail(strict=True, reason=reason)
 
 
 class _TalkHfModelTest(ModelTesterMixin, GenerationTesterMixin):
@@ -290,10 +272,3 @@ class RfaDocModelTest(_TalkHfModelTest, unittest.TestCase):
     all_generative_model_classes = (RfaDocForConditionalGeneration,)
     is_encoder_decoder = True
 
-    @expected_failure(BUFFER_INIT_DEFECT)
-    def test_init_weights_can_init_buffers(self):
-        super().test_init_weights_can_init_buffers()
-
-    @expected_failure(EMBEDS_SEPARATORS_DEFECT)
-    def test_inputs_embeds_matches_input_ids(self):
-        super().test_inputs_embeds_matches_input_ids()
