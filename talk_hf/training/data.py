@@ -319,7 +319,8 @@ def load_wiki_zh_en(split: str, archive: str | os.PathLike | None = None) -> dat
     Args:
         split: ``"train"`` (26,505 pairs, 693 documents), ``"dev"`` (2,020 / 75), ``"zh2en-test"`` (875 / 30) or
             ``"en2zh-test"`` (1,147 / 22).
-        archive: the ``zh-en.tar.gz`` to read (default ``data/wiki_zh_en/zh-en.tar.gz`` of this repository).
+        archive: the ``zh-en.tar.gz`` to read (default ``data/wiki_zh_en/zh-en.tar.gz`` of the source tree, where
+            the package runs from a checkout).
 
     Returns:
         Dataset, in file order, with columns ``"doc_id"`` (int, 0-based index of the document in the split: a
@@ -331,10 +332,16 @@ def load_wiki_zh_en(split: str, archive: str | os.PathLike | None = None) -> dat
     Raises:
         ValueError: unknown split, or a line without exactly 5 tab-separated fields (names the archive member and
         line).
+        FileNotFoundError: no archive there (an installed package has no ``data/``: pass ``archive``).
     """
     if split not in WIKI_ZH_EN_SPLITS:
         raise ValueError(f"unknown wiki zh-en split {split!r}, expected one of {list(WIKI_ZH_EN_SPLITS)}")
     archive = Path(archive) if archive is not None else WIKI_ZH_EN_ARCHIVE
+    if not archive.is_file():
+        raise FileNotFoundError(
+            f"no wiki zh-en archive at {archive}: the corpus ships in the talk_hf source tree "
+            "(data/wiki_zh_en/zh-en.tar.gz), not in the installed package; pass archive= its path"
+        )
     member = f"zh-en/{split}.zh-en"
     with tarfile.open(archive, "r:gz") as tar:
         try:

@@ -5,7 +5,7 @@
                      datasets=["multi30k"], metrics={"test_bleu": 35.2, "valid_loss": 2.1},
                      training_args=vars(train_config), repo_id="me/talk-multi30k-de-en")
 
-The templates live in ``model_cards/`` at the repository root (``translation.md`` for encoder-decoders,
+The templates live in ``talk_hf/training/templates/``, package data (``translation.md`` for encoder-decoders,
 ``causal_lm.md`` for language models). They are Markdown with ``{{ name }}`` fields; :func:`fill_model_card` fills
 every field and fails if one is left. The YAML front matter is written by ``huggingface_hub.ModelCardData`` (language,
 license, datasets, metrics, tags with ``talk_hf`` and the model type, pipeline tag, ``model-index`` when there are
@@ -33,7 +33,7 @@ from .models import count_parameters
 
 __all__ = ["TEMPLATES_DIR", "fill_model_card", "parse_metrics", "template_path", "write_model_card"]
 
-TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "model_cards"
+TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"  # package data: found in installed packages too
 TEMPLATES = {"translation": "translation.md", "causal_lm": "causal_lm.md"}
 _FIELD = re.compile(r"{{\s*([A-Za-z_][A-Za-z0-9_]*)\s*}}")
 
@@ -148,7 +148,7 @@ _HIGHLIGHTS = (
 
 
 def template_path(template: str | Path | None = None, *, is_encoder_decoder: bool = True) -> Path:
-    """The template file: a name in ``model_cards/`` ("translation", "causal_lm"), a path, or None (chosen by
+    """The template file: a name in ``templates/`` ("translation", "causal_lm"), a path, or None (chosen by
     architecture)."""
     if template is None:
         template = "translation" if is_encoder_decoder else "causal_lm"
@@ -158,7 +158,7 @@ def template_path(template: str | Path | None = None, *, is_encoder_decoder: boo
         path = Path(template)
     if not path.is_file():
         raise FileNotFoundError(f"model card template {template!r} not found (looked for {path}; the templates ship in "
-                                f"model_cards/ of the talk_hf source tree)")
+                                f"talk_hf/training/templates/)")
     return path
 
 

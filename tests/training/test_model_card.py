@@ -1,4 +1,4 @@
-"""Model cards: templates in model_cards/ filled from a run's values, valid Hub metadata, runnable usage code."""
+"""Model cards: templates in talk_hf/training/templates/ filled from a run's values, valid Hub metadata, runnable usage code."""
 
 import re
 import subprocess

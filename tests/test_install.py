@@ -1,0 +1,69 @@
+"""A wheel of the package works outside the checkout: templates as package data, no path into the source tree."""
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# A tiny model trained one step, saved, given its model card and used through pipeline("translation").
+USE = textwrap.dedent("""
+    import os, sys, torch
+    import talk_hf
+    from transformers import pipeline
+    from talk_hf import TalkConfig, TalkForConditionalGeneration, train_joint_bpe
+    from talk_hf.training.data import load_wiki_zh_en
+    from talk_hf.training.model_card import write_model_card
+
+    assert talk_hf.__file__.startswith(sys.argv[1]), talk_hf.__file__  # the installed copy, not the checkout
+    texts = ["ein Hund läuft im Park", "a dog runs in the park", "zwei Kinder spielen", "two children play"] * 8
+    tokenizer = train_joint_bpe(texts, vocab_size=60, min_frequency=1)
+    config = TalkConfig(vocab_size=len(tokenizer), d_model=16, encoder_layers=1, decoder_layers=1,
+                        encoder_ffn_dim=16, decoder_ffn_dim=16, encoder_heads=2, decoder_heads=2,
+                        decoder_attention_heads=2, encoder_max_offsets=[2], decoder_max_offsets=[2],
+                        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+                        decoder_start_token_id=tokenizer.eos_token_id)
+    model = TalkForConditionalGeneration(config)
+    batch = tokenizer(texts[:4:2], text_target=texts[1:4:2], return_tensors="pt", padding=True)
+    batch["labels"][batch["labels"] == tokenizer.pad_token_id] = -100
+    model(**batch).loss.backward()
+    model.save_pretrained("model")
+    tokenizer.save_pretrained("model")
+    card = write_model_card("model", model, languages=["de", "en"], license="mit", datasets=["multi30k"],
+                            metrics={"test_bleu": 1.0})
+    assert "TaLK" in open(card).read()
+    print(pipeline("translation", model="model", max_new_tokens=3)("ein Hund")[0]["translation_text"] is not None)
+    try:
+        load_wiki_zh_en("dev")
+    except FileNotFoundError as err:
+        print("no bundled corpus:", "pass archive=" in str(err))
+""")
+
+
+def test_wheel_works_outside_the_checkout(tmp_path):
+    """`pip wheel --no-build-isolation .` (TALK_HF_SKIP_BUILD=1: the pure-PyTorch ops, no compiler run) installed
+    into an empty folder and imported from another directory: train step, save, model card, pipeline."""
+    env = {**os.environ, "TALK_HF_SKIP_BUILD": "1"}
+    source, wheels, site, work = (tmp_path / name for name in ("source", "wheels", "site", "work"))
+    work.mkdir()
+    listed = subprocess.run(["git", "-C", str(ROOT), "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+                            check=True, capture_output=True, text=True).stdout.split("\0")
+    for name in filter(None, listed):  # the files of a clean clone: no build/ left by an earlier build
+        if (ROOT / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, source / name)
+    pip = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check"]
+    subprocess.run([*pip, "wheel", "--no-build-isolation", "--no-deps", "-w", str(wheels), str(source)], check=True,
+                   env=env, capture_output=True)
+    (wheel,) = wheels.glob("talk_hf-*.whl")
+    subprocess.run([*pip, "install", "--no-deps", "--no-compile", "--target", str(site), str(wheel)], check=True,
+                   capture_output=True)
+    assert (site / "talk_hf" / "training" / "templates" / "translation.md").is_file()
+    result = subprocess.run([sys.executable, "-c", USE, str(site)], cwd=work, capture_output=True, text=True,
+                            env={**env, "PYTHONPATH": str(site)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split("\n")[-3:-1] == ["True", "no bundled corpus: True"], result.stdout
+    assert (work / "model" / "README.md").is_file()
