@@ -1,6 +1,7 @@
 """Building blocks shared by the talk_hf models: positions, softmax attention, feed-forward, residual layers,
-encoder/decoder stacks (with the recurrent cache of recurrent_cache.py), and the forward logic of encoder-decoder
-and causal-LM heads.
+encoder/decoder stacks (with the recurrent cache of recurrent_cache.py), and the four model classes every family
+derives from: RecurrentSeq2SeqModel and RecurrentSeq2SeqLM (encoder-decoder), RecurrentCausalLMModel and
+RecurrentCausalLM (decoder-only), each with its forward.
 
 The models differ only in their token mixers (modeling_talk.py, modeling_dynamic_conv.py, modeling_rfa_doc.py);
 everything else lives here once. A mixer is an nn.Module called as
@@ -16,7 +17,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import PreTrainedModel
+from transformers import GenerationMixin, PreTrainedModel
 from transformers.activations import ACT2FN
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
@@ -409,10 +410,14 @@ class RecurrentPreTrainedModel(PreTrainedModel):
             ) from err
 
     def _init_weights(self, module):
-        """fairseq initialisation: N(0, d^-1/2) embeddings with a zero pad row, xavier-uniform linears, zero biases."""
+        """fairseq initialisation: N(0, d^-1/2) embeddings with a zero pad row, xavier-uniform linears, zero biases;
+        a module of one family that is initialised otherwise does it in its own `init_parameters(config)` (with
+        transformers' `initialization` functions, which leave loaded weights alone)."""
         from transformers import initialization as init
 
-        if isinstance(module, nn.Embedding):
+        if hasattr(module, "init_parameters"):
+            module.init_parameters(self.config)
+        elif isinstance(module, nn.Embedding):
             init.normal_(module.weight, mean=0.0, std=module.embedding_dim**-0.5)
             if module.padding_idx is not None:
                 init.zeros_(module.weight[module.padding_idx])
@@ -435,20 +440,39 @@ def token_embedding(config):
     return nn.Embedding(config.vocab_size, config.d_model, padding_idx=config.pad_token_id)
 
 
-class Seq2SeqModelMixin:
-    """forward() of the encoder-decoder base models; `__init__` calls `build_stacks` with the model's layers."""
+class RecurrentSeq2SeqModel(RecurrentPreTrainedModel):
+    """Encoder-decoder base model: `shared`, `encoder` and `decoder` (each stack with its own embedding, tied
+    through _tied_weights_keys). A family gives its layers: `encoder_layer(config, i)`, `decoder_layer(config, i)`,
+    and `separator_id(config)` for a decoder whose sentential gate reads sentence separators."""
 
-    def build_stacks(self, config, encoder_layers, decoder_layers, sep_token_id=None):
-        """Create `shared`, `encoder` and `decoder` (each with its own embedding, tied through _tied_weights_keys)."""
+    _tied_weights_keys = {
+        "encoder.embed.embed_tokens.weight": "shared.weight",
+        "decoder.embed.embed_tokens.weight": "shared.weight",
+    }
+
+    def __init__(self, config):
+        super().__init__(config)
         self.shared = token_embedding(config)
         self.encoder = EncoderStack(
-            token_embedding(config), encoder_layers, config.d_model, config.scale_embedding, config.dropout,
-            config.encoder_normalize_before,
+            token_embedding(config), [self.encoder_layer(config, i) for i in range(config.encoder_layers)],
+            config.d_model, config.scale_embedding, config.dropout, config.encoder_normalize_before,
         )
         self.decoder = DecoderStack(
-            token_embedding(config), decoder_layers, config.d_model, config.scale_embedding, config.dropout,
-            config.decoder_normalize_before, sep_token_id=sep_token_id,
+            token_embedding(config), [self.decoder_layer(config, i) for i in range(config.decoder_layers)],
+            config.d_model, config.scale_embedding, config.dropout, config.decoder_normalize_before,
+            sep_token_id=self.separator_id(config),
         )
+        self.post_init()
+
+    def encoder_layer(self, config, i):
+        raise NotImplementedError(f"{type(self).__name__} must build its encoder layers (encoder_layer)")
+
+    def decoder_layer(self, config, i):
+        raise NotImplementedError(f"{type(self).__name__} must build its decoder layers (decoder_layer)")
+
+    def separator_id(self, config):
+        """The token id whose positions the decoder marks as sentence separators; None: the decoder has no gate."""
+        return None
 
     def get_input_embeddings(self):
         return self.shared
@@ -513,9 +537,18 @@ class Seq2SeqModelMixin:
         )
 
 
-class Seq2SeqLMMixin:
-    """forward() of the encoder-decoder generation heads: `self.model` (a Seq2SeqModelMixin) and `self.lm_head`.
-    Head classes also list GenerationMixin among their direct bases (transformers' can_generate() looks there)."""
+class RecurrentSeq2SeqLM(RecurrentPreTrainedModel, GenerationMixin):
+    """Encoder-decoder generation head: `model` (the family's `base_model_class`, a RecurrentSeq2SeqModel) and a
+    (tied) output projection `lm_head`."""
+
+    base_model_class = None
+    _tied_weights_keys = {"lm_head.weight": "model.shared.weight"}
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.model = self.base_model_class(config)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.post_init()
 
     def get_input_embeddings(self):
         return self.model.get_input_embeddings()
@@ -585,14 +618,20 @@ class Seq2SeqLMMixin:
         )
 
 
-class CausalLMBaseMixin:
-    """forward() of the decoder-only base models: `self.decoder` is a DecoderStack without cross-attention."""
+class RecurrentCausalLMModel(RecurrentPreTrainedModel):
+    """Decoder-only base model: `decoder`, a DecoderStack without cross-attention. A family gives its layers:
+    `decoder_layer(config, i)`."""
 
-    def build_stack(self, config, layers):
+    def __init__(self, config):
+        super().__init__(config)
         self.decoder = DecoderStack(
-            token_embedding(config), layers, config.d_model, config.scale_embedding, config.dropout,
-            config.final_layer_norm,
+            token_embedding(config), [self.decoder_layer(config, i) for i in range(config.decoder_layers)],
+            config.d_model, config.scale_embedding, config.dropout, config.final_layer_norm,
         )
+        self.post_init()
+
+    def decoder_layer(self, config, i):
+        raise NotImplementedError(f"{type(self).__name__} must build its decoder layers (decoder_layer)")
 
     def get_input_embeddings(self):
         return self.decoder.embed.embed_tokens
@@ -634,9 +673,18 @@ class CausalLMBaseMixin:
         )
 
 
-class CausalLMMixin:
-    """forward() of the causal-LM heads: `self.model` (a CausalLMBaseMixin) and `self.lm_head`; head classes list
-    GenerationMixin among their direct bases."""
+class RecurrentCausalLM(RecurrentPreTrainedModel, GenerationMixin):
+    """Causal language model head: `model` (the family's `base_model_class`, a RecurrentCausalLMModel) and a (tied)
+    output projection `lm_head`."""
+
+    base_model_class = None
+    _tied_weights_keys = {"lm_head.weight": "model.decoder.embed.embed_tokens.weight"}
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.model = self.base_model_class(config)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.post_init()
 
     def get_input_embeddings(self):
         return self.model.get_input_embeddings()

@@ -14,19 +14,17 @@ Porting notes (reference_impls.md §B.5, §E.10-14):
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import GenerationMixin
 
 from .configuration_dynamic_conv import DynamicConvConfig, DynamicConvLMConfig
 from .dynamic_conv import dynamic_conv, dynamic_conv_state_from_prefix, dynamic_conv_step
 from .modeling_base import (
-    CausalLMBaseMixin,
-    CausalLMMixin,
     DecoderLayer,
     EncoderLayer,
     FeedForward,
-    RecurrentPreTrainedModel,
-    Seq2SeqLMMixin,
-    Seq2SeqModelMixin,
+    RecurrentCausalLM,
+    RecurrentCausalLMModel,
+    RecurrentSeq2SeqLM,
+    RecurrentSeq2SeqModel,
     SoftmaxCrossAttention,
     zero_padding,
 )
@@ -47,6 +45,13 @@ class DynamicConvMixer(nn.Module):
         else:
             self.weight_linear, self.weight = None, nn.Parameter(torch.empty(heads, kernel_size))
         self.linear2 = nn.Linear(conv_dim, config.d_model)
+
+    def init_parameters(self, config):
+        """The LightConv kernel (H, K), xavier-uniform (its linears are initialised as every other Linear)."""
+        if self.weight is not None:
+            from transformers import initialization as init
+
+            init.xavier_uniform_(self.weight)
 
     def kernels(self, x):
         """x: (B, T, conv_dim) -> (B, T, H, K) (DynamicConv) or (H, K) (LightConv) kernels: logits when
@@ -90,69 +95,36 @@ def _decoder_layer(config, i, cross_attention):
     return DecoderLayer(config.d_model, mixer, cross, ffn, config.decoder_normalize_before, config.dropout)
 
 
-class DynamicConvInitMixin:
-    def _init_weights(self, module):
-        super()._init_weights(module)
-        if isinstance(module, DynamicConvMixer) and module.weight is not None:
-            from transformers import initialization as init
-
-            init.xavier_uniform_(module.weight)
-
-
-class DynamicConvPreTrainedModel(DynamicConvInitMixin, RecurrentPreTrainedModel):
-    config: DynamicConvConfig
-
-
-class DynamicConvModel(Seq2SeqModelMixin, DynamicConvPreTrainedModel):
+class DynamicConvModel(RecurrentSeq2SeqModel):
     """LightConv/DynamicConv encoder and decoder (causal kernels + softmax cross-attention)."""
 
-    _tied_weights_keys = {
-        "encoder.embed.embed_tokens.weight": "shared.weight",
-        "decoder.embed.embed_tokens.weight": "shared.weight",
-    }
+    config: DynamicConvConfig
 
-    def __init__(self, config):
-        super().__init__(config)
-        self.build_stacks(
-            config,
-            [_encoder_layer(config, i) for i in range(config.encoder_layers)],
-            [_decoder_layer(config, i, True) for i in range(config.decoder_layers)],
-        )
-        self.post_init()
+    def encoder_layer(self, config, i):
+        return _encoder_layer(config, i)
+
+    def decoder_layer(self, config, i):
+        return _decoder_layer(config, i, cross_attention=True)
 
 
-class DynamicConvForConditionalGeneration(Seq2SeqLMMixin, DynamicConvPreTrainedModel, GenerationMixin):
+class DynamicConvForConditionalGeneration(RecurrentSeq2SeqLM):
     """LightConv/DynamicConv encoder-decoder with a (tied) output projection."""
 
-    _tied_weights_keys = {"lm_head.weight": "model.shared.weight"}
-
-    def __init__(self, config):
-        super().__init__(config)
-        self.model = DynamicConvModel(config)
-        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
-        self.post_init()
+    config: DynamicConvConfig
+    base_model_class = DynamicConvModel
 
 
-class DynamicConvLMPreTrainedModel(DynamicConvInitMixin, RecurrentPreTrainedModel):
-    config: DynamicConvLMConfig
-
-
-class DynamicConvLMModel(CausalLMBaseMixin, DynamicConvLMPreTrainedModel):
+class DynamicConvLMModel(RecurrentCausalLMModel):
     """LightConv/DynamicConv decoder without cross-attention."""
 
-    def __init__(self, config):
-        super().__init__(config)
-        self.build_stack(config, [_decoder_layer(config, i, False) for i in range(config.decoder_layers)])
-        self.post_init()
+    config: DynamicConvLMConfig
+
+    def decoder_layer(self, config, i):
+        return _decoder_layer(config, i, cross_attention=False)
 
 
-class DynamicConvForCausalLM(CausalLMMixin, DynamicConvLMPreTrainedModel, GenerationMixin):
+class DynamicConvForCausalLM(RecurrentCausalLM):
     """LightConv/DynamicConv causal language model."""
 
-    _tied_weights_keys = {"lm_head.weight": "model.decoder.embed.embed_tokens.weight"}
-
-    def __init__(self, config):
-        super().__init__(config)
-        self.model = DynamicConvLMModel(config)
-        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
-        self.post_init()
+    config: DynamicConvLMConfig
+    base_model_class = DynamicConvLMModel

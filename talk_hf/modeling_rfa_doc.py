@@ -15,7 +15,6 @@ Porting notes (reference_impls.md §C, §E.16-23):
 
 import torch
 from torch import nn
-from transformers import GenerationMixin
 
 from .backend import needs_grad
 from .configuration_rfa_doc import RfaDocConfig
@@ -23,9 +22,8 @@ from .modeling_base import (
     DecoderLayer,
     EncoderLayer,
     FeedForward,
-    RecurrentPreTrainedModel,
-    Seq2SeqLMMixin,
-    Seq2SeqModelMixin,
+    RecurrentSeq2SeqLM,
+    RecurrentSeq2SeqModel,
     SoftmaxSelfAttention,
 )
 from .rfa import (
@@ -42,9 +40,21 @@ from .rfa import (
 class RfaProjection(nn.Linear):
     """A q/k/v/output projection of RFA attention (xavier-uniform with gain rfa_init_scale**-0.5)."""
 
+    def init_parameters(self, config):
+        from transformers import initialization as init
+
+        init.xavier_uniform_(self.weight, gain=config.rfa_init_scale**-0.5)
+        init.zeros_(self.bias)
+
 
 class RfaGateProjection(nn.Linear):
     """The sentential gate's projection (bias initialised to gate_bias_init)."""
+
+    def init_parameters(self, config):
+        from transformers import initialization as init
+
+        init.xavier_uniform_(self.weight, gain=config.rfa_init_scale**-0.5)
+        init.constant_(self.bias, config.gate_bias_init)
 
 
 class RandomFeatures(nn.Module):
@@ -59,6 +69,12 @@ class RandomFeatures(nn.Module):
         if not self.projection.is_meta:  # a model built on the meta device draws it in _init_weights
             self.projection.copy_(self.draw())
         self.tau = nn.Parameter(torch.ones(heads))  # learned per-head temperature
+
+    def init_parameters(self, config):
+        from transformers import initialization as init
+
+        init.copy_(self.projection, self.draw())
+        init.ones_(self.tau)
 
     def draw(self):
         """The evaluation projection: (H, D, d) fp32 on the CPU, from `seed`."""
@@ -181,51 +197,23 @@ def _decoder_layer(config):
     )
 
 
-class RfaDocPreTrainedModel(RecurrentPreTrainedModel):
-    config: RfaDocConfig
-
-    def _init_weights(self, module):
-        from transformers import initialization as init
-
-        if isinstance(module, RfaProjection):
-            init.xavier_uniform_(module.weight, gain=self.config.rfa_init_scale**-0.5)
-            init.zeros_(module.bias)
-        elif isinstance(module, RfaGateProjection):
-            init.xavier_uniform_(module.weight, gain=self.config.rfa_init_scale**-0.5)
-            init.constant_(module.bias, self.config.gate_bias_init)
-        elif isinstance(module, RandomFeatures):
-            init.copy_(module.projection, module.draw())
-            init.ones_(module.tau)
-        else:
-            super()._init_weights(module)
-
-
-class RfaDocModel(Seq2SeqModelMixin, RfaDocPreTrainedModel):
+class RfaDocModel(RecurrentSeq2SeqModel):
     """Softmax-attention encoder and RFA decoder."""
 
-    _tied_weights_keys = {
-        "encoder.embed.embed_tokens.weight": "shared.weight",
-        "decoder.embed.embed_tokens.weight": "shared.weight",
-    }
+    config: RfaDocConfig
 
-    def __init__(self, config):
-        super().__init__(config)
-        self.build_stacks(
-            config,
-            [_encoder_layer(config) for _ in range(config.encoder_layers)],
-            [_decoder_layer(config) for _ in range(config.decoder_layers)],
-            sep_token_id=config.sep_token_id if config.sentential_gate != "none" else None,
-        )
-        self.post_init()
+    def encoder_layer(self, config, i):
+        return _encoder_layer(config)
+
+    def decoder_layer(self, config, i):
+        return _decoder_layer(config)
+
+    def separator_id(self, config):
+        return config.sep_token_id if config.sentential_gate != "none" else None
 
 
-class RfaDocForConditionalGeneration(Seq2SeqLMMixin, RfaDocPreTrainedModel, GenerationMixin):
+class RfaDocForConditionalGeneration(RecurrentSeq2SeqLM):
     """RFA-doc encoder-decoder with a (tied) output projection, for sentence- and document-level translation."""
 
-    _tied_weights_keys = {"lm_head.weight": "model.shared.weight"}
-
-    def __init__(self, config):
-        super().__init__(config)
-        self.model = RfaDocModel(config)
-        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
-        self.post_init()
+    config: RfaDocConfig
+    base_model_class = RfaDocModel

@@ -13,18 +13,16 @@ Porting notes (reference_impls.md §A.8, §E):
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import GenerationMixin
 
 from .configuration_talk import TalkConfig, TalkLMConfig
 from .modeling_base import (
-    CausalLMBaseMixin,
-    CausalLMMixin,
     DecoderLayer,
     EncoderLayer,
     FeedForward,
-    RecurrentPreTrainedModel,
-    Seq2SeqLMMixin,
-    Seq2SeqModelMixin,
+    RecurrentCausalLM,
+    RecurrentCausalLMModel,
+    RecurrentSeq2SeqLM,
+    RecurrentSeq2SeqModel,
     SoftmaxCrossAttention,
     zero_padding,
 )
@@ -33,6 +31,13 @@ from .talk_conv import talk_conv, talk_conv_state_from_prefix, talk_conv_step
 
 class TalkOffsetProjection(nn.Linear):
     """Predicts the relative window offsets; initialised like a plain nn.Linear (reference_impls.md §E.6)."""
+
+    def init_parameters(self, config):
+        from transformers import initialization as init
+
+        bound = self.in_features**-0.5  # nn.Linear's default: kaiming_uniform(a=sqrt(5)) and U(+-1/sqrt(fan_in))
+        init.uniform_(self.weight, -bound, bound)
+        init.uniform_(self.bias, -bound, bound)
 
 
 class TalkConvMixer(nn.Module):
@@ -93,72 +98,36 @@ def _decoder_layer(config, i, cross_attention):
     return DecoderLayer(config.d_model, mixer, cross, ffn, config.decoder_normalize_before, config.dropout)
 
 
-class TalkInitMixin:
-    def _init_weights(self, module):
-        if isinstance(module, TalkOffsetProjection):
-            from transformers import initialization as init
-
-            bound = module.in_features**-0.5  # nn.Linear's default: kaiming_uniform(a=sqrt(5)) and U(+-1/sqrt(fan_in))
-            init.uniform_(module.weight, -bound, bound)
-            init.uniform_(module.bias, -bound, bound)
-        else:
-            super()._init_weights(module)
-
-
-class TalkPreTrainedModel(TalkInitMixin, RecurrentPreTrainedModel):
-    config: TalkConfig
-
-
-class TalkModel(Seq2SeqModelMixin, TalkPreTrainedModel):
+class TalkModel(RecurrentSeq2SeqModel):
     """TaLK encoder (non-causal windows) and decoder (causal windows + softmax cross-attention)."""
 
-    _tied_weights_keys = {
-        "encoder.embed.embed_tokens.weight": "shared.weight",
-        "decoder.embed.embed_tokens.weight": "shared.weight",
-    }
+    config: TalkConfig
 
-    def __init__(self, config):
-        super().__init__(config)
-        self.build_stacks(
-            config,
-            [_encoder_layer(config, i) for i in range(config.encoder_layers)],
-            [_decoder_layer(config, i, True) for i in range(config.decoder_layers)],
-        )
-        self.post_init()
+    def encoder_layer(self, config, i):
+        return _encoder_layer(config, i)
+
+    def decoder_layer(self, config, i):
+        return _decoder_layer(config, i, cross_attention=True)
 
 
-class TalkForConditionalGeneration(Seq2SeqLMMixin, TalkPreTrainedModel, GenerationMixin):
+class TalkForConditionalGeneration(RecurrentSeq2SeqLM):
     """TaLK encoder-decoder with a (tied) output projection: translation, summarisation, `generate()`."""
 
-    _tied_weights_keys = {"lm_head.weight": "model.shared.weight"}
-
-    def __init__(self, config):
-        super().__init__(config)
-        self.model = TalkModel(config)
-        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
-        self.post_init()
+    config: TalkConfig
+    base_model_class = TalkModel
 
 
-class TalkLMPreTrainedModel(TalkInitMixin, RecurrentPreTrainedModel):
-    config: TalkLMConfig
-
-
-class TalkLMModel(CausalLMBaseMixin, TalkLMPreTrainedModel):
+class TalkLMModel(RecurrentCausalLMModel):
     """TaLK decoder without cross-attention (pre-norm by default)."""
 
-    def __init__(self, config):
-        super().__init__(config)
-        self.build_stack(config, [_decoder_layer(config, i, False) for i in range(config.decoder_layers)])
-        self.post_init()
+    config: TalkLMConfig
+
+    def decoder_layer(self, config, i):
+        return _decoder_layer(config, i, cross_attention=False)
 
 
-class TalkForCausalLM(CausalLMMixin, TalkLMPreTrainedModel, GenerationMixin):
+class TalkForCausalLM(RecurrentCausalLM):
     """TaLK causal language model."""
 
-    _tied_weights_keys = {"lm_head.weight": "model.decoder.embed.embed_tokens.weight"}
-
-    def __init__(self, config):
-        super().__init__(config)
-        self.model = TalkLMModel(config)
-        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
-        self.post_init()
+    config: TalkLMConfig
+    base_model_class = TalkLMModel
