@@ -134,13 +134,13 @@ class SoftmaxCrossAttention(SoftmaxAttention):
 
     def forward(self, x, encoder_hidden_states, encoder_attention_mask=None, cache=None):
         state = cache
-        if state is not None and state.get("cross_k") is not None:
-            keys, values = state.get("cross_k"), state.get("cross_v")
+        if state is not None and state.get("cross_keys") is not None:
+            keys, values = state.get("cross_keys"), state.get("cross_values")
         else:
             keys, values = self.project_memory(encoder_hidden_states)
             if state is not None:
-                state.set("cross_k", keys)
-                state.set("cross_v", values)
+                state.set("cross_keys", keys)
+                state.set("cross_values", values)
         return self.attend(x, keys, values, encoder_attention_mask)
 
 

@@ -168,7 +168,7 @@ def _cached_source(state):
     if state is None:
         return None
     keys = state.get("cross_keys")
-    return state.get("cross_rfa") if keys is None else (keys, state.get("cross_values"))
+    return state.get("cross_state") if keys is None else (keys, state.get("cross_values"))
 
 
 def _cache_source(state, source):
@@ -180,7 +180,7 @@ def _cache_source(state, source):
         state.set("cross_keys", source[0])
         state.set("cross_values", source[1])
     else:
-        state.set("cross_rfa", source)
+        state.set("cross_state", source)
 
 
 def _encoder_layer(config):

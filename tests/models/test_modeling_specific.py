@@ -65,7 +65,7 @@ def test_rfa_random_features_are_drawn_when_built_and_again_by_init_weights():
             assert torch.equal(buffers[name], value), name
 
 
-@pytest.mark.parametrize("length,form", [(6, "cross_keys"), (9, "cross_rfa")])
+@pytest.mark.parametrize("length,form", [(6, "cross_keys"), (9, "cross_state")])
 def test_rfa_cross_source_kept_in_the_smaller_form(length, form, monkeypatch):
     """With 128 cross features (F) and d + 1 = 9 value columns, a source shorter than F (d + 1) / (F + d + 1) = 8.4
     tokens is kept as its key features and values, a longer one as the (F, d + 1) state: the cache holds that form,
@@ -79,7 +79,7 @@ def test_rfa_cross_source_kept_in_the_smaller_form(length, form, monkeypatch):
         out = model(input_ids=src, attention_mask=mask, decoder_input_ids=dec, use_cache=True)
     layer_state = cache_of(out).layers[0]
     assert layer_state.get(form) is not None
-    assert layer_state.get("cross_rfa" if form == "cross_keys" else "cross_keys") is None
+    assert layer_state.get("cross_state" if form == "cross_keys" else "cross_keys") is None
     generated = model.generate(input_ids=src, attention_mask=mask, max_new_tokens=7, min_new_tokens=7, num_beams=2)
     assert torch.equal(generated, model.generate(input_ids=src, attention_mask=mask, max_new_tokens=7,
                                                  min_new_tokens=7, num_beams=2, use_cache=False))
