@@ -430,6 +430,18 @@ class RecurrentPreTrainedModel(PreTrainedModel):
             init.zeros_(module.bias)
 
 
+def refuse_attention_weights(config, kwargs):
+    """The talk_hf models have no attention weights to return (their token mixers are convolutions and a linear
+    recurrence; their softmax attention runs fused): output_attentions=True, as a keyword or in the config, is an
+    error rather than ignored."""
+    asked = kwargs.get("output_attentions")
+    if asked or (asked is None and getattr(config, "output_attentions", False)):
+        raise ValueError(
+            "talk_hf models return no attention weights (output_attentions=True): their token mixers are "
+            "convolutions or a linear recurrence; pass output_attentions=False (config.output_attentions too)"
+        )
+
+
 def language_model_loss(logits, labels):
     """Mean cross-entropy over positions whose label is not -100; logits (B, T, V), labels (B, T)."""
     return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100)
@@ -510,6 +522,7 @@ class RecurrentSeq2SeqModel(RecurrentPreTrainedModel):
         decoder_separators: (B, T) bool, with decoder_inputs_embeds, for a decoder with a sentential gate.
         use_cache and output_hidden_states default to the config's; return_dict=False (or config.return_dict=False)
         returns the output's non-None fields as a tuple."""
+        refuse_attention_weights(self.config, kwargs)
         use_cache = use_cache if use_cache is not None else self.config.use_cache
         if output_hidden_states is None:
             output_hidden_states = self.config.output_hidden_states
@@ -584,6 +597,7 @@ class RecurrentSeq2SeqLM(RecurrentPreTrainedModel, GenerationMixin):
         **kwargs,
     ):
         """labels: (B, T), -100 ignored; decoder inputs default to labels shifted right -> Seq2SeqLMOutput."""
+        refuse_attention_weights(self.config, kwargs)
         if labels is not None and decoder_input_ids is None and decoder_inputs_embeds is None:
             decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
             use_cache = False
@@ -605,6 +619,7 @@ class RecurrentSeq2SeqLM(RecurrentPreTrainedModel, GenerationMixin):
             output_hidden_states=output_hidden_states,
             return_dict=True,
             decoder_separators=kwargs.get("decoder_separators"),
+            output_attentions=False,  # checked above
         )
         logits = self.lm_head(outputs.last_hidden_state)
         loss = language_model_loss(logits, labels) if labels is not None else None
@@ -659,6 +674,7 @@ class RecurrentCausalLMModel(RecurrentPreTrainedModel):
     ):
         """input_ids: (B, T); attention_mask: (B, T_past + T), left padding allowed -> (B, T, C) states.
         use_cache and output_hidden_states default to the config's."""
+        refuse_attention_weights(self.config, kwargs)
         use_cache = use_cache if use_cache is not None else self.config.use_cache
         if output_hidden_states is None:
             output_hidden_states = self.config.output_hidden_states
@@ -730,6 +746,7 @@ class RecurrentCausalLM(RecurrentPreTrainedModel, GenerationMixin):
         """labels: (B, T) (usually input_ids; shifted inside, -100 ignored), or shift_labels: (B, T) targets already
         shifted (as sequence-parallel trainers pass them) -> CausalLMOutputWithPast. Other keyword arguments go to
         the loss (`num_items_in_batch`, `ignore_index`)."""
+        refuse_attention_weights(self.config, kwargs)
         outputs = self.model(
             input_ids,
             attention_mask=attention_mask,
@@ -739,6 +756,7 @@ class RecurrentCausalLM(RecurrentPreTrainedModel, GenerationMixin):
             use_cache=use_cache,
             output_hidden_states=output_hidden_states,
             return_dict=True,
+            output_attentions=False,  # checked above
         )
         hidden = outputs.last_hidden_state
         if logits_to_keep:

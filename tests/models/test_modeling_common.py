@@ -78,6 +78,20 @@ def test_output_switches_from_the_config(name):
 
 
 @pytest.mark.parametrize("name", list(ALL))
+def test_attention_weights_are_refused_not_ignored(name):
+    model = make(name)
+    inputs = inputs_for(name)
+    with torch.no_grad():
+        model(**inputs, output_attentions=False)
+        with pytest.raises(ValueError, match="no attention weights"):
+            model(**inputs, output_attentions=True)
+        model.config.output_attentions = True
+        with pytest.raises(ValueError, match="no attention weights"):
+            model(**inputs)
+        model(**inputs, output_attentions=False)  # the keyword wins
+
+
+@pytest.mark.parametrize("name", list(ALL))
 def test_set_input_embeddings_replaces_the_embedding(name):
     model = make(name)
     embedding = torch.nn.Embedding(VOCAB, model.config.d_model, padding_idx=model.config.pad_token_id)
