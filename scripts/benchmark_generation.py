@@ -11,6 +11,12 @@ number of tokens, `min_new_tokens = max_new_tokens`):
                sources of 24 tokens in batches of 32, 32 new tokens each.
   document     RFA-doc vs Marian at document windows (`--windows`): sources and outputs of 24 tokens per sentence,
                batches of 8, greedy.
+  paper        the RFA paper's decoding-speed setting (Peng et al., ICLR 2021, appendix A.3 and Table 3): RFA-doc vs
+               Marian with 6+6 layers, d_model 512, 8 heads, FFN 2048; windows of L sentences (`--paper_windows`,
+               the paper's 1, 2, 3, 4, 5, 10, 15) of 20 source and 23 new tokens each, at the paper's batch size for
+               L (1024, 512, 512, 256, 256, 128, 96) times `--batch_scale` (the paper's machine was a server; 1/8
+               suits 2 CPU cores); greedy and beam 4. `--speedup_plot` draws the speed-up against L (the paper's
+               Figure 4).
 Reported: new tokens per second (median of `--repeats` runs), the ratio talk_hf / transformers, and the bytes of
 the decoding cache at the end of generation.
 
@@ -44,6 +50,9 @@ from talk_hf.training.timing import environment, save_results
 from talk_hf.versions import CACHE_NAME
 
 VOCAB, D, LAYERS, HEADS = 8000, 256, 3, 4
+PAPER_BATCH = {1: 1024, 2: 512, 3: 512, 4: 256, 5: 256, 10: 128, 15: 96}  # the RFA paper's batch size per window
+PAPER_SIZE = dict(d_model=512, layers=6, heads=8, ffn=2048)
+PAPER_SOURCE, PAPER_TARGET = 20, 23  # tokens per sentence
 IDS = dict(vocab_size=VOCAB, pad_token_id=1, bos_token_id=0, eos_token_id=2)
 SEQ2SEQ = dict(d_model=D, encoder_layers=LAYERS, decoder_layers=LAYERS, encoder_ffn_dim=4 * D, decoder_ffn_dim=4 * D,
                decoder_attention_heads=HEADS, dropout=0.0, decoder_start_token_id=2, **IDS)
@@ -66,14 +75,21 @@ def models(kind):
         talk = DynamicConvForConditionalGeneration(DynamicConvConfig(encoder_conv_heads=HEADS, decoder_conv_heads=HEADS,
                                                                      **SEQ2SEQ))
         base = marian()
+    elif kind == "paper":
+        size = PAPER_SIZE
+        values = dict(SEQ2SEQ, d_model=size["d_model"], encoder_layers=size["layers"], decoder_layers=size["layers"],
+                      encoder_ffn_dim=size["ffn"], decoder_ffn_dim=size["ffn"], decoder_attention_heads=size["heads"])
+        talk = RfaDocForConditionalGeneration(RfaDocConfig(encoder_attention_heads=size["heads"], **values))
+        base = marian(values, size["heads"])
     else:
         talk = RfaDocForConditionalGeneration(RfaDocConfig(encoder_attention_heads=HEADS, **SEQ2SEQ))
         base = marian()
     return talk.eval(), base.eval()
 
 
-def marian():
-    values = dict(SEQ2SEQ, encoder_attention_heads=HEADS, max_position_embeddings=4096, share_encoder_decoder_embeddings=True)
+def marian(values=None, heads=None):
+    values = dict(values or SEQ2SEQ, encoder_attention_heads=heads or HEADS, max_position_embeddings=4096,
+                  share_encoder_decoder_embeddings=True)
     return MarianMTModel(MarianConfig(**values))
 
 
@@ -182,7 +198,38 @@ def run(args):
         for compiled in variants:
             rows.append(compare(f"document window {w}, batch 8 (RFA-doc vs Marian)", "document", document, 24 * w,
                                 args.repeats, talk, base, compiled))
+    if "paper" in args.rows:
+        rows += paper_rows(args, device, g, variants)
     return rows
+
+
+def paper_rows(args, device, generator, variants):
+    """The RFA paper's setting at each window of `--paper_windows`: greedy (also compiled with --compile) and beam 4."""
+    talk, base = (m.to(device) for m in models("paper"))
+    rows = []
+    for w in args.paper_windows:
+        batch = max(1, round(PAPER_BATCH[w] * args.batch_scale))
+        window = [source(batch, PAPER_SOURCE * w, device, generator)]
+        for beams, compiled in [(1, c) for c in variants] + [(4, False)]:
+            row = compare(f"paper window {w}, batch {batch}, beam {beams} (RFA-doc vs Marian)", "paper", window,
+                          PAPER_TARGET * w, args.repeats, talk, base, compiled, num_beams=beams)
+            rows.append({**row, "window": w, "batch": batch, "num_beams": beams})
+    return rows
+
+
+def speedup_plot(rows, path):
+    """RFA-doc's speed-up over Marian against the window L, one line per decoding (the RFA paper's Figure 4)."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for (beams, compiled), label in [((1, False), "greedy"), ((1, True), "greedy, compiled"), ((4, False), "beam 4")]:
+        line = [r for r in rows if r["kind"] == "paper" and r["num_beams"] == beams and r["compiled"] == compiled]
+        if line:
+            ax.plot([r["window"] for r in line], [r["speedup"] for r in line], marker="o", label=label)
+    ax.axhline(1.0, color="gray", linewidth=0.8)
+    ax.set_xlabel("window L (sentences)")
+    ax.set_ylabel("RFA-doc tokens/s / Marian tokens/s")
+    ax.legend()
+    save_figure(fig, path)
 
 
 def table(rows):
@@ -211,13 +258,16 @@ def plot(rows, path):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--rows", nargs="+", choices=["lm", "translation", "document"],
+    parser.add_argument("--rows", nargs="+", choices=["lm", "translation", "document", "paper"],
                         default=["lm", "translation", "document"])
     parser.add_argument("--lm_tokens", type=int, nargs="+", default=[1024])
     parser.add_argument("--lm_batch", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--windows", type=int, nargs="+", default=[1, 4, 8, 15])
-    parser.add_argument("--sentences", type=int, default=32, help="sources translated per translation row (the "
-                        "issue's suite: 1000), in batches of 32")
+    parser.add_argument("--sentences", type=int, default=32, help="sources translated per translation row, in "
+                        "batches of 32")
+    parser.add_argument("--paper_windows", type=int, nargs="+", default=sorted(PAPER_BATCH), choices=sorted(PAPER_BATCH))
+    parser.add_argument("--batch_scale", type=float, default=1.0, help="the paper rows' batch sizes times this")
+    parser.add_argument("--speedup_plot", default=None, help="PNG path for the paper rows' speed-up against L")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--compile", action="store_true", help="also run the greedy rows with compiled decoding")
     parser.add_argument("--output", default=None)
@@ -228,6 +278,8 @@ def main(argv=None):
     print(table(rows))
     if args.plot:
         plot(rows, args.plot)
+    if args.speedup_plot:
+        speedup_plot(rows, args.speedup_plot)
     if args.output:
         save_results(args.output, environment(args.device, args), rows)
     return rows

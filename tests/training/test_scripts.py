@@ -252,6 +252,20 @@ def small_generation_benchmark(monkeypatch):
     return module
 
 
+def test_generation_benchmark_paper_rows_scale_the_papers_batches(tmp_path, monkeypatch):
+    """--rows paper: RFA-doc vs Marian at the RFA paper's windows with its batch sizes times --batch_scale, L * 20
+    source and L * 23 new tokens (here at one layer of width 16), greedy and beam 4, and the speed-up plot."""
+    module = script("benchmark_generation")
+    monkeypatch.setattr(module, "PAPER_SIZE", dict(d_model=16, layers=1, heads=2, ffn=32))
+    rows = module.main(["--rows", "paper", "--paper_windows", "1", "2", "--batch_scale", "0.005", "--repeats", "1",
+                        "--speedup_plot", str(tmp_path / "s.png"), "--output", str(tmp_path / "p.json")])
+    assert [(r["window"], r["batch"], r["num_beams"], r["new_tokens"]) for r in rows] == [
+        (1, 5, 1, 23), (1, 5, 4, 23), (2, 3, 1, 46), (2, 3, 4, 46)]  # round(1024 / 200), round(512 / 200)
+    assert all("RFA-doc vs Marian" in r["row"] and r["speedup"] > 0 for r in rows)
+    assert (tmp_path / "s.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert json.loads((tmp_path / "p.json").read_text())["rows"][-1]["window"] == 2
+
+
 def test_generation_benchmark_reports_speed_and_cache_sizes(tmp_path, monkeypatch):
     module = small_generation_benchmark(monkeypatch)
     compiled_calls = []
