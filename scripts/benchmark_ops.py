@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from talk_hf import _kernels, ops
+from talk_hf.backend import needs_grad
 from talk_hf.rfa import DEFAULT_EPS
 from talk_hf.training.plot import pyplot, save_figure
 from talk_hf.training.timing import environment, median_seconds, save_results
@@ -73,13 +74,10 @@ def cases(x, heads, max_offset):
     }
     if x.is_cuda and x.dtype == torch.float32:  # the chunked kernels' tensor-core products, asked of the op itself
         v = x.view(B, T, heads, C // heads)
-        fns["rfa_tf32"] = lambda: _kernels.rfa_causal(phi, phi, v, decay, None, DEFAULT_EPS, rfa_saved(phi, v), True)[0]
+        # the op saves a state every 64 steps for a backward (rfa_causal's default chunk), none without one
+        fns["rfa_tf32"] = lambda: _kernels.rfa_causal(
+            phi, phi, v, decay, None, DEFAULT_EPS, 64 if needs_grad(phi, v) else 0, True)[0]
     return fns
-
-
-def rfa_saved(*tensors):
-    """The chunk length between the states the RFA op saves for its backward: 64 under autograd, else none (0)."""
-    return 64 if torch.is_grad_enabled() and any(t.requires_grad for t in tensors) else 0
 
 
 def measure(args, T):

@@ -287,7 +287,6 @@ class DecoderStack(nn.Module):
     def embed_tokens(self):
         return self.embed.embed_tokens
 
-    @takes_cache
     def forward(
         self,
         input_ids=None,
@@ -315,8 +314,8 @@ class DecoderStack(nn.Module):
         _check_padding_mask(name, attention_mask, ref.shape[0], length, at_least=True)
         if seq2seq:
             _check_padding_mask("attention_mask", encoder_attention_mask, *encoder_hidden_states.shape[:2])
-        checkpointing = any(layer.gradient_checkpointing for layer in self.layers)
-        if use_cache and checkpointing and self.training and torch.is_grad_enabled():
+        checkpointing = self.training and any(layer.gradient_checkpointing for layer in self.layers)
+        if use_cache and checkpointing and torch.is_grad_enabled():
             # the backward pass recomputes each layer, which would read the state its first pass wrote
             logger.warning_once("use_cache=True is incompatible with gradient checkpointing: decoding without a cache")
             use_cache = False
@@ -550,12 +549,11 @@ class RecurrentSeq2SeqModel(RecurrentPreTrainedModel):
         )
 
 
-class RecurrentSeq2SeqLM(RecurrentPreTrainedModel, GenerationMixin):
-    """Encoder-decoder generation head: `model` (the family's `base_model_class`, a RecurrentSeq2SeqModel) and a
-    (tied) output projection `lm_head`."""
+class RecurrentLMHead(RecurrentPreTrainedModel, GenerationMixin):
+    """What both generation heads are: `model` (the family's `base_model_class`) and a (tied) output projection
+    `lm_head` over its states; the embeddings are the base model's."""
 
     base_model_class = None
-    _tied_weights_keys = {"lm_head.weight": "model.shared.weight"}
 
     def __init__(self, config):
         super().__init__(config)
@@ -568,6 +566,12 @@ class RecurrentSeq2SeqLM(RecurrentPreTrainedModel, GenerationMixin):
 
     def set_input_embeddings(self, value):
         self.model.set_input_embeddings(value)
+
+
+class RecurrentSeq2SeqLM(RecurrentLMHead):
+    """Encoder-decoder generation head over a RecurrentSeq2SeqModel."""
+
+    _tied_weights_keys = {"lm_head.weight": "model.shared.weight"}
 
     def get_encoder(self):
         return self.model.get_encoder()
@@ -594,10 +598,10 @@ class RecurrentSeq2SeqLM(RecurrentPreTrainedModel, GenerationMixin):
         use_cache=None,
         output_hidden_states=None,
         return_dict=None,
+        decoder_separators=None,
         **kwargs,
     ):
         """labels: (B, T), -100 ignored; decoder inputs default to labels shifted right -> Seq2SeqLMOutput."""
-        refuse_attention_weights(self.config, kwargs)
         if labels is not None and decoder_input_ids is None and decoder_inputs_embeds is None:
             decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
             use_cache = False
@@ -618,8 +622,8 @@ class RecurrentSeq2SeqLM(RecurrentPreTrainedModel, GenerationMixin):
             use_cache=use_cache,
             output_hidden_states=output_hidden_states,
             return_dict=True,
-            decoder_separators=kwargs.get("decoder_separators"),
-            output_attentions=False,  # checked above
+            decoder_separators=decoder_separators,
+            output_attentions=kwargs.get("output_attentions"),
         )
         logits = self.lm_head(outputs.last_hidden_state)
         loss = language_model_loss(logits, labels) if labels is not None else None
@@ -689,24 +693,10 @@ class RecurrentCausalLMModel(RecurrentPreTrainedModel):
         )
 
 
-class RecurrentCausalLM(RecurrentPreTrainedModel, GenerationMixin):
-    """Causal language model head: `model` (the family's `base_model_class`, a RecurrentCausalLMModel) and a (tied)
-    output projection `lm_head`."""
+class RecurrentCausalLM(RecurrentLMHead):
+    """Causal language model head over a RecurrentCausalLMModel."""
 
-    base_model_class = None
     _tied_weights_keys = {"lm_head.weight": "model.decoder.embed.embed_tokens.weight"}
-
-    def __init__(self, config):
-        super().__init__(config)
-        self.model = self.base_model_class(config)
-        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
-        self.post_init()
-
-    def get_input_embeddings(self):
-        return self.model.get_input_embeddings()
-
-    def set_input_embeddings(self, value):
-        self.model.set_input_embeddings(value)
 
     def get_decoder(self):
         return self.model.decoder
@@ -746,7 +736,6 @@ class RecurrentCausalLM(RecurrentPreTrainedModel, GenerationMixin):
         """labels: (B, T) (usually input_ids; shifted inside, -100 ignored), or shift_labels: (B, T) targets already
         shifted (as sequence-parallel trainers pass them) -> CausalLMOutputWithPast. Other keyword arguments go to
         the loss (`num_items_in_batch`, `ignore_index`)."""
-        refuse_attention_weights(self.config, kwargs)
         outputs = self.model(
             input_ids,
             attention_mask=attention_mask,
@@ -756,7 +745,7 @@ class RecurrentCausalLM(RecurrentPreTrainedModel, GenerationMixin):
             use_cache=use_cache,
             output_hidden_states=output_hidden_states,
             return_dict=True,
-            output_attentions=False,  # checked above
+            output_attentions=kwargs.pop("output_attentions", None),
         )
         hidden = outputs.last_hidden_state
         if logits_to_keep:
