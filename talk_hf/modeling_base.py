@@ -1,7 +1,7 @@
 """Building blocks shared by the talk_hf models: positions, softmax attention, feed-forward, residual layers,
 encoder/decoder stacks (with the recurrent cache of recurrent_cache.py), and the four model classes every family
 derives from: RecurrentSeq2SeqModel and RecurrentSeq2SeqLM (encoder-decoder), RecurrentCausalLMModel and
-RecurrentCausalLM (decoder-only), each with its forward.
+RecurrentCausalLM (decoder-only), each with its forward (the two heads share RecurrentLMHead).
 
 The models differ only in their token mixers (modeling_talk.py, modeling_dynamic_conv.py, modeling_rfa_doc.py);
 everything else lives here once. A mixer is an nn.Module called as
