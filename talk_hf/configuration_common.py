@@ -4,6 +4,7 @@ config field, so a wrong value fails when the config is built, not deep inside a
 from transformers.activations import ACT2FN
 
 from .pipeline_translation import register_pipelines  # noqa: F401  (importing it registers the tasks)
+from .recurrent_cache import LAYER_TYPE as RECURRENT_LAYER_TYPE
 
 
 def per_layer(name, value, num_layers, default):
@@ -61,6 +62,18 @@ class TalkHfConfigMixin:
     up, so `pipeline("translation", model=repo, trust_remote_code=True)` works without the package."""
 
     PRESETS = {}
+
+    @property
+    def layer_types(self):
+        """The cache-layer type of each decoder layer, which transformers' cache classes read
+        (`DynamicCache(config=...)`, `StaticCache`): every layer keeps a fixed-size RecurrentLayer state."""
+        return [RECURRENT_LAYER_TYPE] * self.decoder_layers
+
+    def validate_layer_type(self):
+        """transformers checks `layer_types` against the layer types it ships; talk_hf registers its own (the
+        cache layer of recurrent_cache.py), which is all these configs name."""
+        if self.layer_types != [RECURRENT_LAYER_TYPE] * self.num_hidden_layers:
+            raise ValueError(f"layer_types must be {RECURRENT_LAYER_TYPE!r} for every decoder layer")
 
     @classmethod
     def from_preset(cls, name, **overrides):

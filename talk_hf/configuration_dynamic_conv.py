@@ -1,5 +1,6 @@
 """Configurations of the LightConv / DynamicConv models (Wu et al., ICLR 2019)."""
 
+from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
 
 from .configuration_common import (
@@ -21,6 +22,7 @@ def _check_conv_type(config):
         raise ValueError(f"conv_type must be one of {CONV_TYPES}, got {config.conv_type!r}")
 
 
+@strict(accept_kwargs=True)
 class DynamicConvConfig(TalkHfConfigMixin, PreTrainedConfig):
     r"""LightConv/DynamicConv encoder-decoder (`DynamicConvModel`, `DynamicConvForConditionalGeneration`).
 
@@ -108,6 +110,7 @@ class DynamicConvConfig(TalkHfConfigMixin, PreTrainedConfig):
         check_token_ids(self, "pad_token_id", "bos_token_id", "decoder_start_token_id")
 
 
+@strict(accept_kwargs=True)
 class DynamicConvLMConfig(TalkHfConfigMixin, PreTrainedConfig):
     r"""LightConv/DynamicConv decoder-only language model (`DynamicConvLMModel`, `DynamicConvForCausalLM`).
 

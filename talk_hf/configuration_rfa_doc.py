@@ -1,6 +1,7 @@
 """Configuration of RFA-doc (Wu et al., 2022): a softmax-attention encoder and a random-feature-attention decoder
 with a sentence-level decay gate, for sentence- and document-level translation."""
 
+from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
 
 from .configuration_common import (
@@ -15,6 +16,7 @@ from .configuration_common import (
 GATES = ("none", "decay")
 
 
+@strict(accept_kwargs=True)
 class RfaDocConfig(TalkHfConfigMixin, PreTrainedConfig):
     r"""RFA-doc encoder-decoder (`RfaDocModel`, `RfaDocForConditionalGeneration`).
 

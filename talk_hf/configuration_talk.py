@@ -1,5 +1,6 @@
 """Configurations of the TaLK convolution models (Lioutas & Guo, ICML 2020)."""
 
+from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
 
 from .configuration_common import (
@@ -16,6 +17,7 @@ ENCODER_OFFSETS = [1, 3, 7, 15]  # the paper's growing max offsets; later layers
 ENCODER_OFFSETS_BIG = [3, 7, 15, 31]
 
 
+@strict(accept_kwargs=True)
 class TalkConfig(TalkHfConfigMixin, PreTrainedConfig):
     r"""TaLK encoder-decoder for translation and summarisation (`TalkModel`, `TalkForConditionalGeneration`).
 
@@ -106,6 +108,7 @@ class TalkConfig(TalkHfConfigMixin, PreTrainedConfig):
         check_token_ids(self, "pad_token_id", "bos_token_id", "decoder_start_token_id")
 
 
+@strict(accept_kwargs=True)
 class TalkLMConfig(TalkHfConfigMixin, PreTrainedConfig):
     r"""TaLK decoder-only language model (`TalkLMModel`, `TalkForCausalLM`).
 

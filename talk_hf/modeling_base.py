@@ -1,15 +1,18 @@
 """Building blocks shared by the talk_hf models: positions, softmax attention, feed-forward, residual layers,
-encoder/decoder stacks (with the recurrent cache of recurrent_cache.py), and the four model classes every family
-derives from: RecurrentSeq2SeqModel and RecurrentSeq2SeqLM (encoder-decoder), RecurrentCausalLMModel and
-RecurrentCausalLM (decoder-only), each with its forward (the two heads share RecurrentLMHead).
+encoder/decoder stacks (the decoding state in transformers' cache classes, recurrent_cache.py), and the four model
+classes every family derives from: RecurrentSeq2SeqModel and RecurrentSeq2SeqLM (encoder-decoder),
+RecurrentCausalLMModel and RecurrentCausalLM (decoder-only), each with its forward (the two heads share
+RecurrentLMHead).
 
 The models differ only in their token mixers (modeling_talk.py, modeling_dynamic_conv.py, modeling_rfa_doc.py);
 everything else lives here once. A mixer is an nn.Module called as
 
     mixer(x, attention_mask=None, cache=None, separators=None) -> (B, T, C)
 
-with x: (B, T, C); attention_mask: (B, T), 1 for real tokens; cache: the layer's `LayerState` when decoding with a
-cache; separators: (B, T) bool, sentence-separator positions (used by the RFA-doc gate only).
+with x: (B, T, C); attention_mask: (B, T), 1 for real tokens; cache: the layer's `RecurrentLayer` (recurrent_cache.py)
+when decoding with a cache; separators: (B, T) bool, sentence-separator positions (used by the RFA-doc gate only).
+A cross-attention module is called as cross(x, encoder_hidden_states, encoder_attention_mask, cache), its cache the
+layer's RecurrentLayer on the cross-attention side of the EncoderDecoderCache.
 """
 
 import math
@@ -29,7 +32,9 @@ from transformers.modeling_outputs import (
 )
 from transformers.utils import can_return_tuple, logging
 
-from .recurrent_cache import RecurrentCache
+from transformers.cache_utils import EncoderDecoderCache
+
+from .recurrent_cache import decoder_cache, recurrent_layers
 from .versions import CACHE_NAME, cache_output, takes_cache
 
 logger = logging.get_logger(__name__)
@@ -133,14 +138,12 @@ class SoftmaxCrossAttention(SoftmaxAttention):
     """Decoder cross-attention; with a cache, the encoder keys/values are computed once per source."""
 
     def forward(self, x, encoder_hidden_states, encoder_attention_mask=None, cache=None):
-        state = cache
-        if state is not None and state.get("cross_keys") is not None:
-            keys, values = state.get("cross_keys"), state.get("cross_values")
+        if cache is not None and cache.keys is not None:
+            keys, values = cache.keys, cache.values
         else:
             keys, values = self.project_memory(encoder_hidden_states)
-            if state is not None:
-                state.set("cross_keys", keys)
-                state.set("cross_values", values)
+            if cache is not None:
+                keys, values = cache.update(keys, values)
         return self.attend(x, keys, values, encoder_attention_mask)
 
 
@@ -185,19 +188,21 @@ class DecoderLayer(GradientCheckpointingLayer):
         encoder_hidden_states=None,
         encoder_attention_mask=None,
         cache=None,
+        cross_cache=None,
         separators=None,
     ):
+        """cache / cross_cache: this layer's RecurrentLayer of the decoder's own state / of the cross-attention
+        side, when decoding with a cache."""
         args = (self.normalize_before, self.dropout, self.training)
-        state = cache
 
         def mix(h):
-            return self.mixer(h, attention_mask, state, separators)
+            return self.mixer(h, attention_mask, cache, separators)
 
         x = residual(hidden_states, self.mixer_layer_norm, mix, *args)
         if self.cross_attention is not None:
 
             def cross(h):
-                return self.cross_attention(h, encoder_hidden_states, encoder_attention_mask, state)
+                return self.cross_attention(h, encoder_hidden_states, encoder_attention_mask, cross_cache)
 
             x = residual(x, self.cross_attention_layer_norm, cross, *args)
         return residual(x, self.final_layer_norm, self.ffn, *args)
@@ -274,7 +279,8 @@ class EncoderStack(nn.Module):
 
 
 class DecoderStack(nn.Module):
-    """Embeddings, causal decoder layers, optional final norm; carries a `RecurrentCache` when use_cache."""
+    """Embeddings, causal decoder layers, optional final norm; with use_cache, its state in a transformers cache
+    (a DynamicCache of RecurrentLayers, an EncoderDecoderCache with cross-attention)."""
 
     def __init__(self, embed_tokens, layers, d_model, scale_embedding, dropout, final_layer_norm, sep_token_id=None):
         super().__init__()
@@ -319,13 +325,12 @@ class DecoderStack(nn.Module):
             # the backward pass recomputes each layer, which would read the state its first pass wrote
             logger.warning_once("use_cache=True is incompatible with gradient checkpointing: decoding without a cache")
             use_cache = False
-        cache = cache if use_cache else None
-        if use_cache and cache is None:
-            cache = RecurrentCache(len(self.layers))
+        cache = decoder_cache(cache, seq2seq) if use_cache else None
+        states, cross_states = self._layer_caches(cache)
         mask = attention_mask[:, -length:] if attention_mask is not None else None
         if position_ids is None:
             if cache is not None:  # the cache counts each row's real tokens: only the new tokens' mask is read
-                position_ids = cache.positions(mask, ref.shape[0], length, ref.device)
+                position_ids = states[0].positions(mask, ref.shape[0], length, ref.device)
             elif attention_mask is not None:
                 position_ids = positions_from_mask(attention_mask, length)
             else:
@@ -341,19 +346,32 @@ class DecoderStack(nn.Module):
             )
         x = self.embed(input_ids, inputs_embeds, position_ids)
         hidden = [x] if output_hidden_states else None
-        for i, layer in enumerate(self.layers):
-            state = cache.layers[i] if cache is not None else None
+        for layer, state, cross_state in zip(self.layers, states, cross_states):
             # tensors that may need gradients go positionally: reentrant checkpointing sees only those
-            x = layer(x, mask, encoder_hidden_states, encoder_attention_mask, cache=state, separators=separators)
+            x = layer(
+                x, mask, encoder_hidden_states, encoder_attention_mask,
+                cache=state, cross_cache=cross_state, separators=separators,
+            )
             if hidden is not None:
                 hidden.append(x)
+            if state is not None:
+                state.advance(mask, ref.shape[0], length, ref.device)
         if self.layer_norm is not None:
             x = self.layer_norm(x)
-        if cache is not None:
-            cache.advance(mask, ref.shape[0], length, ref.device)
         return BaseModelOutputWithPast(
             last_hidden_state=x, hidden_states=tuple(hidden) if hidden else None, **cache_output(cache)
         )
+
+
+    def _layer_caches(self, cache):
+        """Each layer's RecurrentLayer of the decoder's own state and of the cross-attention side (Nones where
+        there is no cache / no cross-attention) -> two lists of len(self.layers)."""
+        n = len(self.layers)
+        if cache is None:
+            return [None] * n, [None] * n
+        if isinstance(cache, EncoderDecoderCache):
+            return recurrent_layers(cache.self_attention_cache, n), recurrent_layers(cache.cross_attention_cache, n)
+        return recurrent_layers(cache, n), [None] * n
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -361,7 +379,7 @@ class DecoderStack(nn.Module):
 
 
 class RecurrentPreTrainedModel(PreTrainedModel):
-    """Settings every talk_hf model shares: a recurrent cache that generate() must not replace."""
+    """Settings every talk_hf model shares: a decoding state that cannot be rolled back (no assisted decoding)."""
 
     base_model_prefix = "model"
     supports_gradient_checkpointing = True
@@ -369,23 +387,6 @@ class RecurrentPreTrainedModel(PreTrainedModel):
     _skip_keys_device_placement = ["cache", "past_key_values"]
     _is_stateful = True  # the state cannot be rolled back: assisted decoding is refused
     accepts_loss_kwargs = False  # the loss is a mean: Trainer must scale it for gradient accumulation
-
-    @classmethod
-    def _supports_default_dynamic_cache(cls):
-        return False  # forward() creates a RecurrentCache itself (or generate(), below, for a compiled decoding)
-
-    def _prepare_cache_for_generation(self, generation_config, model_kwargs, *args, **kwargs):
-        """With `cache_implementation="static"`, create the RecurrentCache before the prefill: generate() decides
-        then whether to compile the decoding step (it does, on CUDA or with `compile_config`, for compileable
-        caches). The recurrent state has a fixed size anyway, so nothing else changes."""
-        if (
-            generation_config.cache_implementation == "static"
-            and model_kwargs.get(CACHE_NAME) is None
-            and generation_config.use_cache is not False
-        ):
-            model_kwargs[CACHE_NAME] = RecurrentCache(len(self.get_decoder().layers))
-            return
-        super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
 
     def create_masks_for_generate(self, config=None, inputs_embeds=None, attention_mask=None, **kwargs):
         """generate() asks models with a compileable cache for their masks: the decoders need only the new tokens'

@@ -65,14 +65,15 @@ class DynamicConvMixer(nn.Module):
         x = zero_padding(F.glu(x, dim=-1) if self.glu else x, attention_mask)
         w = self.kernels(x)
         conv_args = dict(softmax=self.weight_softmax, weight_dropout=self.weight_dropout if self.training else 0.0)
-        state = cache if self.causal else None
-        if state is None or state.get("conv") is None:
+        cache = cache if self.causal else None
+        last_inputs = cache.conv_state() if cache is not None else None
+        if last_inputs is None:
             y = dynamic_conv(x, w, self.padding_left, **conv_args)
-            if state is not None:
-                state.set("conv", dynamic_conv_state_from_prefix(x, self.kernel_size))
+            if cache is not None:
+                cache.write_conv_state(dynamic_conv_state_from_prefix(x, self.kernel_size))
         else:
-            y, new_state = dynamic_conv_step(x, w, state.get("conv"), **conv_args)
-            state.set("conv", new_state)
+            y, last_inputs = dynamic_conv_step(x, w, last_inputs, **conv_args)
+            cache.write_conv_state(last_inputs)
         return self.linear2(y)
 
 

@@ -119,14 +119,14 @@ class RfaCausalAttention(nn.Module):
         if attention_mask is not None:  # padded keys contribute nothing
             k = k * attention_mask[:, :, None, None].to(k.dtype)
         v = _heads(self.v_proj(x), self.heads)
-        decay, state = self.decay(x, separators), cache
-        initial = state.get("rfa") if state is not None else None
+        decay = self.decay(x, separators)
+        initial = cache.recurrent_state() if cache is not None else None
         if initial is not None and not needs_grad(q, k, v, decay, initial):  # decoding: the cached state in place
             out = rfa_step_(q, k, v, initial, decay, eps=self.eps)
         else:
             out, final = rfa_causal(q, k, v, decay, initial_state=initial, eps=self.eps)
-            if state is not None:
-                state.set("rfa", final)
+            if cache is not None:
+                cache.write_recurrent_state(final)
         return self.out_proj(out.reshape(x.shape))
 
 
@@ -152,35 +152,32 @@ class RfaCrossAttention(nn.Module):
         return rfa_cross_source(phi_k, v, encoder_attention_mask)
 
     def forward(self, x, encoder_hidden_states, encoder_attention_mask=None, cache=None):
-        state = cache
         projection = self.features.current()
-        source = _cached_source(state)
+        source = _cached_source(cache)
         if source is None:
             source = self.source(encoder_hidden_states, encoder_attention_mask, projection)
-            _cache_source(state, source)
+            _cache_source(cache, source)
         q = self.features(_heads(self.q_proj(x), self.heads), projection)
         out = rfa_cross(q, source, eps=self.eps).to(x.dtype)
         return self.out_proj(out.reshape(x.shape))
 
 
-def _cached_source(state):
-    """The cross-attention source a decoding cache holds (state, or (keys, values)), or None."""
-    if state is None:
+def _cached_source(cache):
+    """The cross-attention source a decoding cache layer holds (the state, or (keys, values)), or None."""
+    if cache is None:
         return None
-    keys = state.get("cross_keys")
-    return state.get("cross_state") if keys is None else (keys, state.get("cross_values"))
+    return cache.recurrent_state() if cache.keys is None else (cache.keys, cache.values)
 
 
-def _cache_source(state, source):
-    """Keep the cross-attention source in a decoding cache (nothing without one), under the names `_cached_source`
-    reads."""
-    if state is None:
+def _cache_source(cache, source):
+    """Keep the cross-attention source in a decoding cache layer (nothing without one): the (keys, values) form as
+    the layer's keys and values, the state form as its recurrent state."""
+    if cache is None:
         return
     if isinstance(source, tuple):
-        state.set("cross_keys", source[0])
-        state.set("cross_values", source[1])
+        cache.update(*source)
     else:
-        state.set("cross_state", source)
+        cache.write_recurrent_state(source)
 
 
 def _encoder_layer(config):

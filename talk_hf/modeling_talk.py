@@ -64,16 +64,16 @@ class TalkConvMixer(nn.Module):
             y = self._causal(x, offsets, cache)
         return self.linear2(y)
 
-    def _causal(self, x, offsets, state):
-        """Full causal op, or a continuation from the layer's prefix-sum state when decoding with a cache."""
-        prefix_sums = state.get("talk") if state is not None else None
+    def _causal(self, x, offsets, cache):
+        """Full causal op, or a continuation from the layer's prefix-sum ring (cache.conv_state()) when decoding."""
+        prefix_sums = cache.conv_state() if cache is not None else None
         if prefix_sums is None:
             y = talk_conv(x, offsets, None, self.max_left, 0)
-            if state is not None:
-                state.set("talk", talk_conv_state_from_prefix(x, self.max_left))
+            if cache is not None:
+                cache.write_conv_state(talk_conv_state_from_prefix(x, self.max_left))
             return y
         y, prefix_sums = talk_conv_step(x, offsets, prefix_sums, self.max_left)
-        state.set("talk", prefix_sums)
+        cache.write_conv_state(prefix_sums)
         return y
 
 

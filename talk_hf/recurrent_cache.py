@@ -1,16 +1,28 @@
-"""The decoding cache of the talk_hf decoders: a fixed-size recurrent state per layer (TaLK prefix-sum ring,
-DynamicConv input ring, RFA (S, z)) instead of a growing key/value cache; hf_integration.md §2.2.
+"""The decoding state of the talk_hf decoders, held in transformers' own cache classes: `DynamicCache` (decoder-only
+models), `EncoderDecoderCache` (two of them: the decoder's own state and the cross-attention side), or `StaticCache`.
+Each layer of those caches is a `RecurrentLayer`: a fixed-size state (TaLK prefix-sum ring, DynamicConv input ring,
+RFA (S, z)) instead of a growing key/value cache, so a decoding step costs O(1) in the tokens already generated.
+
+The configs name the layer type in `config.layer_types` ("talk_hf_recurrent" for every decoder layer), so
+`DynamicCache(config=model.config)` and `StaticCache(config=model.config, max_cache_len=...)` build these layers, and
+`generate()` creates them as it does for any model. A cache built without a config (`DynamicCache()`) is filled with
+them on the first forward.
 
 Every tensor keeps its storage from the prefill to the last decoding step (states are written in place, the token
-counters are tensors), so a decoding step has static shapes and addresses: `generate(cache_implementation="static")`
-creates the cache before the first forward, which lets transformers compile the decoding step (its default
-`CompileConfig` captures it in a CUDA graph on a GPU: the property this layout is for, tested there only). Without it,
-`generate()` must not replace the cache: the models return False from `_supports_default_dynamic_cache`, and their
-forward creates a `RecurrentCache` when `use_cache` is set.
+counters are tensors), so a decoding step has static shapes and addresses: with `cache_implementation="static"`
+transformers compiles the decoding step (its default `CompileConfig` captures it in a CUDA graph on a GPU).
 """
 
 import torch
-from transformers.cache_utils import Cache
+from transformers.cache_utils import (
+    STATIC_LAYER_TYPE_MAPPING,
+    Cache,
+    DynamicCache,
+    EncoderDecoderCache,
+    LinearAttentionAndFullAttentionLayer,
+)
+
+LAYER_TYPE = "talk_hf_recurrent"
 
 
 def _fixed(tensor):
@@ -24,20 +36,6 @@ def _fixed(tensor):
 def _owned_copy(tensor):
     """A copy the cache owns (callers may hold views of what they pass in), at a fixed address."""
     return tensor if tensor.requires_grad else _fixed(tensor.clone(memory_format=torch.contiguous_format))
-
-
-# The batch rearrangements of beam search and contrastive search: new tensors rather than in place (one copy, not
-# two; transformers runs those searches uncompiled), their addresses marked fixed again.
-def _reordered(tensor, beam_idx):
-    return _fixed(tensor.index_select(0, beam_idx.to(tensor.device)))
-
-
-def _repeated(tensor, repeats):
-    return _fixed(tensor.repeat_interleave(repeats, dim=0))
-
-
-def _selected(tensor, indices):
-    return _fixed(tensor[indices])
 
 
 def _write(current, new):
@@ -56,69 +54,77 @@ def _write(current, new):
     return _owned_copy(new)
 
 
-class LayerState:
-    """Decoding state of one decoder layer: named tensors whose first dimension is the batch (mixer state,
-    cross-attention keys/values). Duck-types the cache-layer methods that `generate()` calls."""
+class RecurrentLayer(LinearAttentionAndFullAttentionLayer):
+    """One talk_hf decoder layer's decoding state: transformers' linear-attention cache layer (fixed-size
+    `conv_states` / `recurrent_states`) together with its attention part (`keys` / `values`), used for the
+    cross-attention source. As a layer of the decoder's own cache (a `DynamicCache` / `StaticCache`, or the self side
+    of an `EncoderDecoderCache`):
 
-    is_compileable = True
-    is_sliding = False
-    is_croppable = False
-    supports_early_init = False
+        conv_states[0]:      DynamicConv's last K - 1 inputs (B, K - 1, C), or TaLK's prefix-sum ring
+                             (B, max_left + 2, C); time runs along dim 1;
+        recurrent_states[0]: RFA's (S, z) state (B, H, F, d + 1);
+        cumulative_length:   () int64, tokens consumed, padding included (`get_seq_length()`);
+        real_tokens:         (B,) int64, real (unpadded) tokens consumed per row: the position of each row's next token.
 
-    def __init__(self):
-        self.tensors = {}
+    As a layer of the cross-attention side of an `EncoderDecoderCache`, the source prepared once per source:
 
-    @property
-    def is_initialized(self):
-        return bool(self.tensors)
+        keys, values:        encoder keys and values (B, H, S, C/H), or RFA's key features and values for short sources;
+        recurrent_states[0]: RFA's source state (B, H, F, d + 1) for long sources.
 
-    def get(self, name):
-        return self.tensors.get(name)
-
-    def set(self, name, tensor):
-        """Store a state; after the first time, in place (same storage at every decoding step)."""
-        self.tensors[name] = _write(self.tensors.get(name), tensor)
-
-    def reorder_cache(self, beam_idx):
-        self.tensors = {name: _reordered(t, beam_idx) for name, t in self.tensors.items()}
-
-    def batch_repeat_interleave(self, repeats):
-        self.tensors = {name: _repeated(t, repeats) for name, t in self.tensors.items()}
-
-    def batch_select_indices(self, indices):
-        self.tensors = {name: _selected(t, indices) for name, t in self.tensors.items()}
-
-    def reset(self):
-        self.tensors = {}
-
-    def crop(self, max_length):
-        raise NotImplementedError("a recurrent state cannot be rolled back to an earlier length")
-
-    def offload(self):
-        pass
-
-    def prefetch(self):
-        pass
-
-    def get_max_length(self):
-        return -1
-
-
-class RecurrentCache(Cache):
-    """O(1)-per-token decoding state of a talk_hf decoder: one `LayerState` per layer plus two token counters,
-    both tensors so that a decoding step never reads a Python number that changes from step to step:
-
-    - `length`: () int64, tokens consumed, padding included (`get_seq_length()`, which `generate()` asks once);
-    - `real_tokens`: (B,) int64, real (unpadded) tokens consumed per row: the position of each row's next token.
+    It extends the library's layer with what these decoders need and the library's lacks: whole-state writes (the
+    library's `update_conv_state` appends new inputs to a window, while the talk_hf step ops return the next state
+    whole), token counters (the positions of left-padded rows; a linear-attention layer counts nothing), batch
+    rearrangement of every tensor (contrastive search), and a compileable, non-croppable state.
     """
 
-    def __init__(self, num_layers):
-        super().__init__(layers=[LayerState() for _ in range(num_layers)])
-        self.length = None
+    _layer_type = LAYER_TYPE  # registers the class with DynamicCache's layer types (a non-static layer class)
+    is_compileable = True  # fixed shapes, written in place (the library's hybrid layer grows its keys at each step)
+    is_croppable = False  # a recurrent state cannot be rolled back to an earlier length
+
+    def __init__(self, number_of_states=1, **kwargs):
+        """kwargs: what the cache classes pass to any layer (StaticCache's max_cache_len): a fixed-size state
+        needs none of it."""
+        super().__init__(number_of_states=number_of_states)
+        self.cumulative_length = None
         self.real_tokens = None
 
-    def get_seq_length(self, layer_idx=0):
-        return 0 if self.length is None else int(self.length)
+    # -- the fixed-size states
+
+    def conv_state(self, state_idx=0):
+        """The conv state, or None before the first write (and after `reset`)."""
+        return self.conv_states[state_idx] if self.has_previous_state[state_idx] else None
+
+    def recurrent_state(self, state_idx=0):
+        """The recurrent state, or None before the first write (and after `reset`)."""
+        return self.recurrent_states[state_idx] if self.has_previous_state[state_idx] else None
+
+    def write_conv_state(self, state, state_idx=0):
+        """Store the whole conv state (in place after the first write) -> the stored tensor."""
+        self.conv_states[state_idx] = _write(self.conv_states[state_idx], state)
+        self.is_conv_states_initialized[state_idx] = True
+        return self._mark_written(state, state_idx, self.conv_states)
+
+    def write_recurrent_state(self, state, state_idx=0):
+        """Store the whole recurrent state (in place after the first write) -> the stored tensor."""
+        self.recurrent_states[state_idx] = _write(self.recurrent_states[state_idx], state)
+        self.is_recurrent_states_initialized[state_idx] = True
+        return self._mark_written(state, state_idx, self.recurrent_states)
+
+    def _mark_written(self, state, state_idx, states):
+        self.has_previous_state[state_idx] = True
+        self.device, self.dtype = state.device, state.dtype
+        return states[state_idx]
+
+    # -- the cross-attention source
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        """Store the cross-attention keys and values of one source (replacing any earlier source's) -> both."""
+        self.keys, self.values = _owned_copy(key_states), _owned_copy(value_states)
+        self.is_initialized = True
+        self.device, self.dtype = key_states.device, key_states.dtype
+        return self.keys, self.values
+
+    # -- the token counters
 
     def positions(self, new_mask, batch, length, device):
         """Positions of the next `length` tokens: (B, T). new_mask: (B, T) (1 = real token) or None (all real).
@@ -131,40 +137,97 @@ class RecurrentCache(Cache):
     def advance(self, new_mask, batch, length, device):
         """Count `length` consumed tokens; new_mask: (B, T) or None as in `positions`."""
         self._start_counting(batch, device)
-        self.length.add_(length)
+        self.cumulative_length.add_(length)
         self.real_tokens.add_(length if new_mask is None else new_mask.long().sum(-1))
 
     def _start_counting(self, batch, device):
         if self.real_tokens is None:
-            self.length = _fixed(torch.zeros((), dtype=torch.long, device=device))
+            self.cumulative_length = _fixed(torch.zeros((), dtype=torch.long, device=device))
             self.real_tokens = _fixed(torch.zeros(batch, dtype=torch.long, device=device))
 
-    def reorder_cache(self, beam_idx):
-        super().reorder_cache(beam_idx)
-        if self.real_tokens is not None:
-            self.real_tokens = _reordered(self.real_tokens, beam_idx)
+    def get_seq_length(self):
+        return 0 if self.cumulative_length is None else int(self.cumulative_length)
 
-    def batch_repeat_interleave(self, repeats):
-        super().batch_repeat_interleave(repeats)
-        if self.real_tokens is not None:
-            self.real_tokens = _repeated(self.real_tokens, repeats)
+    def get_mask_sizes(self, query_length):
+        return self.get_seq_length() + query_length, 0
 
-    def batch_select_indices(self, indices):
-        super().batch_select_indices(indices)
-        if self.real_tokens is not None:
-            self.real_tokens = _selected(self.real_tokens, indices)
+    def get_max_length(self):
+        return -1
+
+    # -- whole-cache operations
 
     def reset(self):
-        super().reset()
-        self.length = self.real_tokens = None
+        """Back to the state before the first token, keeping every state's storage (static addresses); the
+        cross-attention source is dropped (the next prefill brings its own)."""
+        for i in range(self.number_of_states):
+            for states, initialized in (
+                (self.conv_states, self.is_conv_states_initialized),
+                (self.recurrent_states, self.is_recurrent_states_initialized),
+            ):
+                if initialized[i]:
+                    states[i].zero_()
+            self.has_previous_state[i] = False
+        self.keys = self.values = None
+        self.is_initialized = False
+        if self.real_tokens is not None:
+            self.cumulative_length.zero_()
+            self.real_tokens.zero_()
 
-    def crop(self, max_length):
+    def crop(self, tokens_to_remove):
         raise NotImplementedError("a recurrent state cannot be rolled back to an earlier length")
 
-    @property
-    def is_compileable(self):
-        return True
+    def reorder_cache(self, beam_idx):
+        """Beam search: new tensors (one copy, not two; transformers runs beam search uncompiled), marked fixed."""
+        self._map_batch(lambda t: t.index_select(0, beam_idx.to(t.device)))
 
-    @property
-    def is_croppable(self):
-        return False
+    def batch_repeat_interleave(self, repeats):
+        self._map_batch(lambda t: t.repeat_interleave(repeats, dim=0))
+
+    def batch_select_indices(self, indices):
+        self._map_batch(lambda t: t[indices])
+
+    def _map_batch(self, fn):
+        """Apply a batch rearrangement to every tensor this layer holds."""
+        for states in (self.conv_states, self.recurrent_states):
+            for i, t in states.items():
+                if t is not None:
+                    states[i] = _fixed(fn(t))
+        if self.keys is not None:
+            self.keys, self.values = _fixed(fn(self.keys)), _fixed(fn(self.values))
+        if self.real_tokens is not None:
+            self.real_tokens = _fixed(fn(self.real_tokens))
+
+
+# The layer type's auto-registration fills DynamicCache's mapping only (RecurrentLayer is not a StaticLayer);
+# a fixed-size state is the same layer in a StaticCache.
+STATIC_LAYER_TYPE_MAPPING[LAYER_TYPE] = RecurrentLayer
+
+
+def recurrent_layers(cache, num_layers):
+    """The `num_layers` RecurrentLayers of `cache` (one side of it), filling a cache created without a config
+    (`DynamicCache()`, still empty) with them; any other cache layout is refused, naming what was found."""
+    if len(cache.layers) == 0 and getattr(cache, "layer_class_to_replicate", None) is not None:
+        cache.layers.extend(RecurrentLayer() for _ in range(num_layers))
+    found = [type(layer).__name__ for layer in cache.layers if not isinstance(layer, RecurrentLayer)]
+    if len(cache.layers) != num_layers or found:
+        raise ValueError(
+            f"a talk_hf decoder with {num_layers} layers keeps a fixed-size state per layer in RecurrentLayer cache "
+            f"layers; the cache passed has {len(cache.layers)} layers ({', '.join(found) or 'RecurrentLayer'}): "
+            "create it with DynamicCache(config=model.config) (EncoderDecoderCache of two of them for an "
+            "encoder-decoder model), or let the model create it"
+        )
+    return cache.layers
+
+
+def decoder_cache(cache, cross_attention):
+    """The cache a decoder works on: `cache` itself, a new one when None, and for a decoder with cross-attention an
+    `EncoderDecoderCache` (a lone cache becomes its self-attention side) -> Cache."""
+    if cache is None:
+        cache = DynamicCache()
+    if not isinstance(cache, Cache):
+        raise TypeError(
+            f"cache must be a transformers Cache (e.g. DynamicCache(config=model.config)), got {type(cache).__name__}"
+        )
+    if cross_attention and not isinstance(cache, EncoderDecoderCache):
+        cache = EncoderDecoderCache(cache, DynamicCache())
+    return cache

@@ -1,4 +1,4 @@
-"""Compiled decoding: `generate(cache_implementation="static")` creates the RecurrentCache up front, transformers
+"""Compiled decoding: `generate(cache_implementation="static")` creates a StaticCache of RecurrentLayers up front, transformers
 compiles the decoding step once (one graph, no graph break, no recompilation from step to step) and the tokens
 equal eager decoding. The state tensors keep their storage from step to step (what a captured CUDA graph
 replays). A counting backend stands in for inductor: what is checked is the graph capture, not codegen."""
@@ -7,7 +7,9 @@ import pytest
 import torch
 from transformers import CompileConfig
 
-from talk_hf.recurrent_cache import RecurrentCache
+from transformers import DynamicCache, EncoderDecoderCache, StaticCache
+
+from talk_hf.recurrent_cache import RecurrentLayer
 from tests.models.test_modeling_common import decoding_inputs, inputs_for
 from tests.models.tiny import ALL, LM, SEQ2SEQ, VOCAB, cache_of, make, source_batch
 
@@ -83,8 +85,19 @@ def test_without_static_cache_generation_stays_eager():
     assert graphs == []
 
 
+def cache_layers(cache):
+    if isinstance(cache, EncoderDecoderCache):
+        return cache.self_attention_cache.layers + cache.cross_attention_cache.layers
+    return cache.layers
+
+
 def cache_tensors(cache):
-    return [t for layer in cache.layers for t in layer.tensors.values()] + [cache.length, cache.real_tokens]
+    """Every tensor the cache holds: fixed-size states, cross-attention keys/values, token counters."""
+    tensors = []
+    for layer in cache_layers(cache):
+        tensors += [t for t in (*layer.conv_states.values(), *layer.recurrent_states.values()) if t is not None]
+        tensors += [t for t in (layer.keys, layer.values, layer.cumulative_length, layer.real_tokens) if t is not None]
+    return tensors
 
 
 @pytest.mark.parametrize("name", ["talk", "dynamic_conv", "rfa_doc", "talk_lm"])
@@ -98,13 +111,13 @@ def test_cache_tensors_keep_their_storage_across_decoding_steps(name):
         for t in range(3, 6):
             cache = cache_of(model(**inputs, **{key: tokens[:, t : t + 1]}, cache=cache, use_cache=True))
     assert [t.data_ptr() for t in cache_tensors(cache)] == addresses
-    assert cache.get_seq_length() == 6 and cache.real_tokens.tolist() == [6, 6, 6]
+    assert cache.get_seq_length() == 6 and cache_layers(cache)[0].real_tokens.tolist() == [6, 6, 6]
     changed = [not torch.equal(a, b) for a, b in zip(before, cache_tensors(cache))]
     assert any(changed)  # written in place, not left behind
 
 
 def test_positions_count_real_tokens_only():
-    cache = RecurrentCache(1)
+    cache = RecurrentLayer()
     mask = torch.tensor([[0, 0, 1], [1, 1, 1]])
     assert cache.positions(mask, 2, 3, "cpu").tolist() == [[0, 0, 0], [0, 1, 2]]
     cache.advance(mask, 2, 3, "cpu")

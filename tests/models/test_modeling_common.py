@@ -11,7 +11,9 @@ from safetensors import safe_open
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
-from talk_hf.recurrent_cache import LayerState, RecurrentCache
+from transformers import Cache
+
+from talk_hf.recurrent_cache import RecurrentLayer
 from tests.models.tiny import ALL, LM, SEQ2SEQ, VOCAB, cache_of, make, source_batch, target_batch
 
 SEQ2SEQ_NAMES, LM_NAMES = list(SEQ2SEQ), list(LM)
@@ -226,7 +228,7 @@ def test_beam_search_really_needs_cache_reordering(name, monkeypatch):
         model = make(name, seed=seed)
         src, mask = source_batch(seed=seed + 1)
         runs.append((model, src, mask, model.generate(input_ids=src, attention_mask=mask, use_cache=False, **kwargs)))
-    monkeypatch.setattr(LayerState, "reorder_cache", lambda self, beam_idx: None)
+    monkeypatch.setattr(RecurrentLayer, "reorder_cache", lambda self, beam_idx: None)
     broken = [m.generate(input_ids=s, attention_mask=a, use_cache=True, **kwargs) for m, s, a, _ in runs]
     assert any(not torch.equal(b, r[3]) for b, r in zip(broken, runs))
 
@@ -246,7 +248,7 @@ def test_incremental_logits_equal_full_forward(name):
         out = model(**inputs, **{key: tokens[:, start:stop]}, cache=cache, use_cache=True)
         cache = cache_of(out)
         outs.append(out.logits)
-    assert isinstance(cache, RecurrentCache) and cache.get_seq_length() == tokens.shape[1]
+    assert isinstance(cache, Cache) and cache.get_seq_length() == tokens.shape[1]
     torch.testing.assert_close(torch.cat(outs, 1), full, rtol=1e-5, atol=1e-5)
 
 

@@ -65,7 +65,7 @@ def test_rfa_random_features_are_drawn_when_built_and_again_by_init_weights():
             assert torch.equal(buffers[name], value), name
 
 
-@pytest.mark.parametrize("length,form", [(6, "cross_keys"), (9, "cross_state")])
+@pytest.mark.parametrize("length,form", [(6, "keys"), (9, "state")])
 def test_rfa_cross_source_kept_in_the_smaller_form(length, form, monkeypatch):
     """With 128 cross features (F) and d + 1 = 9 value columns, a source shorter than F (d + 1) / (F + d + 1) = 8.4
     tokens is kept as its key features and values, a longer one as the (F, d + 1) state: the cache holds that form,
@@ -77,9 +77,9 @@ def test_rfa_cross_source_kept_in_the_smaller_form(length, form, monkeypatch):
     dec = torch.tensor([[2, 7, 8, SEP, 9, 10]] * 3)
     with torch.no_grad():
         out = model(input_ids=src, attention_mask=mask, decoder_input_ids=dec, use_cache=True)
-    layer_state = cache_of(out).layers[0]
-    assert layer_state.get(form) is not None
-    assert layer_state.get("cross_state" if form == "cross_keys" else "cross_keys") is None
+    cross = cache_of(out).cross_attention_cache.layers[0]
+    assert (cross.keys is not None) == (form == "keys")
+    assert (cross.recurrent_state() is not None) == (form == "state")
     generated = model.generate(input_ids=src, attention_mask=mask, max_new_tokens=7, min_new_tokens=7, num_beams=2)
     assert torch.equal(generated, model.generate(input_ids=src, attention_mask=mask, max_new_tokens=7,
                                                  min_new_tokens=7, num_beams=2, use_cache=False))
@@ -93,25 +93,26 @@ def test_rfa_decoding_advances_the_cached_state_in_place(monkeypatch):
     """A decoding step writes the new causal-attention state over the cached one (rfa_step_: same storage, never
     stored again through the cache, so no copy), and its logits equal those of the whole prefix run without a
     cache."""
-    from talk_hf.recurrent_cache import LayerState
+    from talk_hf.recurrent_cache import RecurrentLayer
 
     model = make("rfa_doc")
     src, mask = source_batch()
     dec = torch.tensor([[2, 7, SEP, 8, 9]] * 3)
     with torch.no_grad():
         out = model(input_ids=src, attention_mask=mask, decoder_input_ids=dec[:, :4], use_cache=True)
-        cache = cache_of(out)
-        addresses = [layer.get("rfa").data_ptr() for layer in cache.layers]
-        before = [layer.get("rfa").clone() for layer in cache.layers]
-        stored, store = [], LayerState.set
-        monkeypatch.setattr(LayerState, "set", lambda self, name, t: (stored.append(name), store(self, name, t)))
+        layers = cache_of(out).self_attention_cache.layers
+        addresses = [layer.recurrent_state().data_ptr() for layer in layers]
+        before = [layer.recurrent_state().clone() for layer in layers]
+        stored, store = [], RecurrentLayer.write_recurrent_state
+        monkeypatch.setattr(RecurrentLayer, "write_recurrent_state",
+                            lambda self, t, *args: (stored.append(t), store(self, t, *args))[1])
         step = model(encoder_outputs=(out.encoder_last_hidden_state,), attention_mask=mask,
-                     decoder_input_ids=dec[:, 4:], cache=cache, use_cache=True)
+                     decoder_input_ids=dec[:, 4:], cache=cache_of(out), use_cache=True)
         monkeypatch.undo()
         full = model(input_ids=src, attention_mask=mask, decoder_input_ids=dec, use_cache=False).logits
-    assert "rfa" not in stored
-    assert [layer.get("rfa").data_ptr() for layer in cache.layers] == addresses
-    assert all(not torch.equal(layer.get("rfa"), b) for layer, b in zip(cache.layers, before))
+    assert stored == []
+    assert [layer.recurrent_state().data_ptr() for layer in layers] == addresses
+    assert all(not torch.equal(layer.recurrent_state(), b) for layer, b in zip(layers, before))
     torch.testing.assert_close(step.logits[:, -1], full[:, -1], rtol=1e-5, atol=1e-5)
 
 

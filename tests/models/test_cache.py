@@ -1,0 +1,181 @@
+"""The decoding state lives in transformers' own cache classes: `DynamicCache` / `StaticCache` built from
+`config.layer_types`, `EncoderDecoderCache` for the encoder-decoder models, each layer a `RecurrentLayer` (the library's
+linear-attention layer, extended). What code written for transformers caches does with them must work: build them
+from the config, read the layers' states, continue generating from a returned cache, reset and reuse."""
+
+import pytest
+import torch
+from transformers import DynamicCache, EncoderDecoderCache, StaticCache
+from transformers.cache_utils import DynamicLayer, LinearAttentionLayer
+
+from talk_hf.recurrent_cache import LAYER_TYPE, RecurrentLayer
+from tests.models.test_modeling_common import inputs_for
+from talk_hf.versions import CACHE_NAME
+from tests.models.tiny import ALL, LM, SEQ2SEQ, cache_of, make, source_batch, target_batch
+
+FAMILIES = ["talk", "dynamic_conv", "rfa_doc", "talk_lm", "dynamic_conv_lm"]
+
+
+def config_cache(model, kind):
+    """The cache a transformers user builds for `model`: from its config, as generate() does."""
+    build = {"dynamic": lambda: DynamicCache(config=model.config),
+             "static": lambda: StaticCache(config=model.config, max_cache_len=32)}[kind]
+    return EncoderDecoderCache(build(), build()) if model.config.is_encoder_decoder else build()
+
+
+def self_side(cache):
+    return cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
+
+
+@pytest.mark.parametrize("name", list(ALL))
+def test_config_names_a_recurrent_layer_per_decoder_layer(name):
+    model = make(name)
+    assert model.config.layer_types == [LAYER_TYPE] * model.config.decoder_layers
+    for kind in ("dynamic", "static"):
+        layers = self_side(config_cache(model, kind)).layers
+        assert len(layers) == model.config.decoder_layers
+        assert all(isinstance(layer, RecurrentLayer) and isinstance(layer, LinearAttentionLayer) for layer in layers)
+
+
+@pytest.mark.parametrize("kind", ["dynamic", "static"])
+@pytest.mark.parametrize("name", FAMILIES)
+def test_a_cache_built_from_the_config_decodes_as_the_full_forward(name, kind):
+    """Prefix, then single tokens, through a user-built cache == one forward without a cache; the same cache
+    object comes back."""
+    model = make(name)
+    inputs = inputs_for(name)
+    key = "decoder_input_ids" if name in SEQ2SEQ else "input_ids"
+    tokens = inputs.pop(key)
+    inputs.pop("attention_mask") if name in LM else None
+    with torch.no_grad():
+        full = model(**inputs, **{key: tokens}, use_cache=False).logits
+        cache, outs = config_cache(model, kind), []
+        for start, stop in [(0, 4), (4, 5), (5, tokens.shape[1])]:
+            out = model(**inputs, **{key: tokens[:, start:stop]}, cache=cache, use_cache=True)
+            assert cache_of(out) is cache
+            outs.append(out.logits)
+    torch.testing.assert_close(torch.cat(outs, 1), full, rtol=1e-5, atol=1e-5)
+    assert cache.get_seq_length() == tokens.shape[1]
+
+
+@pytest.mark.parametrize("name,state,shape", [
+    ("talk", "conv_states", lambda m, B: (B, m.config.decoder_max_offsets[0] + 2, m.config.d_model)),
+    ("dynamic_conv", "conv_states", lambda m, B: (B, m.config.decoder_kernel_sizes[0] - 1, m.config.d_model)),
+    ("talk_lm", "conv_states", lambda m, B: (B, m.config.decoder_max_offsets[0] + 2, m.config.d_model)),
+    ("rfa_doc", "recurrent_states", lambda m, B: (B, 2, 2 * 8, 8 + 1)),
+])
+def test_each_layer_holds_its_fixed_size_state_where_the_library_puts_it(name, state, shape):
+    """DynamicConv's and TaLK's rings are conv states, RFA's (S, z) a recurrent state; their size does not grow
+    with the tokens; softmax cross-attention keeps the encoder keys/values as the cross side's keys/values."""
+    model = make(name)
+    inputs = inputs_for(name)
+    B = next(iter(inputs.values())).shape[0]
+    with torch.no_grad():
+        cache = cache_of(model(**inputs, use_cache=True))
+    layer = self_side(cache).layers[0]
+    assert getattr(layer, state)[0].shape == shape(model, B)
+    assert layer.keys is None  # nothing grows
+    other = "recurrent_states" if state == "conv_states" else "conv_states"
+    assert getattr(layer, other)[0] is None
+    if name in ("talk", "dynamic_conv"):
+        cross = cache.cross_attention_cache.layers[0]
+        heads, d = model.config.decoder_attention_heads, model.config.d_model
+        assert cross.keys.shape == cross.values.shape == (B, heads, inputs["input_ids"].shape[1], d // heads)
+
+
+@pytest.mark.parametrize("name", ["talk_lm", "dynamic_conv_lm"])
+def test_generation_continues_from_a_returned_cache(name):
+    """Passing the cache of one generate() call back with the whole sequence so far (multi-turn use) continues it:
+    the same tokens as one longer call, and generate() feeds only the new tokens (the cache says how many it has)."""
+    model = make(name)
+    prompt = target_batch(length=5, with_separators=False)
+    kwargs = dict(do_sample=False, return_dict_in_generate=True)
+    first = model.generate(input_ids=prompt, max_new_tokens=4, min_new_tokens=4, **kwargs)
+    cache = cache_of(first)
+    assert cache.get_seq_length() == first.sequences.shape[1] - 1  # the last token is not consumed yet
+    more = model.generate(input_ids=first.sequences, **{CACHE_NAME: cache}, max_new_tokens=3, min_new_tokens=3,
+                          **kwargs)
+    at_once = model.generate(input_ids=prompt, max_new_tokens=7, min_new_tokens=7, **kwargs)
+    assert torch.equal(more.sequences, at_once.sequences)
+
+
+@pytest.mark.parametrize("name", ["talk", "rfa_doc"])
+def test_seq2seq_generation_continues_from_a_returned_cache(name):
+    """As for any transformers encoder-decoder: the decoder mask covers the whole target so far, which tells
+    generate() that the cache holds all but the last of those tokens."""
+    model = make(name)
+    src, mask = source_batch()
+    kwargs = dict(input_ids=src, attention_mask=mask, do_sample=False, return_dict_in_generate=True)
+    first = model.generate(max_new_tokens=4, min_new_tokens=4, **kwargs)
+    more = model.generate(decoder_input_ids=first.sequences, decoder_attention_mask=torch.ones_like(first.sequences),
+                          **{CACHE_NAME: cache_of(first)}, max_new_tokens=3, min_new_tokens=3, **kwargs)
+    at_once = model.generate(max_new_tokens=7, min_new_tokens=7, **kwargs)
+    assert torch.equal(more.sequences, at_once.sequences)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_dict_generation_outputs_with_scores_and_cache(name):
+    model = make(name)
+    inputs = inputs_for(name)
+    inputs.pop("decoder_input_ids", None)
+    out = model.generate(**inputs, max_new_tokens=3, min_new_tokens=3, return_dict_in_generate=True,
+                         output_scores=True, use_cache=True)
+    assert len(out.scores) == 3 and out.scores[0].shape[-1] == model.config.vocab_size
+    cache = cache_of(out)
+    assert isinstance(cache, EncoderDecoderCache if name in SEQ2SEQ else DynamicCache)
+    assert all(isinstance(layer, RecurrentLayer) for layer in self_side(cache).layers)
+
+
+@pytest.mark.parametrize("name", ["talk", "dynamic_conv_lm"])
+def test_a_reset_cache_decodes_as_a_new_one(name):
+    """reset() keeps every state's storage (static addresses) and forgets the tokens and the source."""
+    model = make(name)
+    inputs = inputs_for(name)
+    with torch.no_grad():
+        fresh = model(**inputs, use_cache=True)
+        cache = cache_of(fresh)
+        addresses = [layer.conv_state().data_ptr() for layer in self_side(cache).layers]
+        cache.reset()
+        assert cache.get_seq_length() == 0
+        again = model(**inputs, cache=cache, use_cache=True)
+    torch.testing.assert_close(again.logits, fresh.logits, rtol=0, atol=0)
+    assert [layer.conv_state().data_ptr() for layer in self_side(cache).layers] == addresses
+
+
+def test_an_empty_cache_without_config_is_filled():
+    model = make("dynamic_conv")
+    inputs = inputs_for("dynamic_conv")
+    cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+    with torch.no_grad():
+        out = model(**inputs, cache=cache, use_cache=True)
+        lone = model(**inputs, cache=DynamicCache(), use_cache=True)
+    assert all(isinstance(layer, RecurrentLayer) for layer in cache.self_attention_cache.layers)
+    assert isinstance(cache_of(lone), EncoderDecoderCache)  # a lone cache becomes the self-attention side
+    torch.testing.assert_close(out.logits, lone.logits, rtol=0, atol=0)
+
+
+def test_a_cache_of_attention_layers_is_refused_by_name():
+    model = make("talk_lm")
+    cache = DynamicCache()
+    cache.layers.append(DynamicLayer())
+    with pytest.raises(ValueError, match="RecurrentLayer.*DynamicLayer"):
+        model(input_ids=torch.tensor([[5, 6, 7]]), cache=cache, use_cache=True)
+    with pytest.raises(TypeError, match="transformers Cache"):
+        model(input_ids=torch.tensor([[5, 6, 7]]), cache=(), use_cache=True)
+
+
+def test_batch_rearrangements_move_every_tensor():
+    """Contrastive search's batch_repeat_interleave / batch_select_indices, on the states, the cross-attention
+    source and the token counters alike."""
+    model = make("talk")
+    inputs = inputs_for("talk")
+    with torch.no_grad():
+        cache = cache_of(model(**inputs, use_cache=True))
+    layer, cross = cache.self_attention_cache.layers[0], cache.cross_attention_cache.layers[0]
+    state, keys, tokens = layer.conv_state().clone(), cross.keys.clone(), layer.real_tokens.clone()
+    cache.batch_repeat_interleave(2)
+    assert torch.equal(layer.conv_state(), state.repeat_interleave(2, 0))
+    assert torch.equal(cross.keys, keys.repeat_interleave(2, 0))
+    assert torch.equal(layer.real_tokens, tokens.repeat_interleave(2, 0))
+    cache.batch_select_indices(torch.tensor([1, 4]))
+    assert torch.equal(layer.conv_state(), state[[0, 2]]) and torch.equal(cross.keys, keys[[0, 2]])
