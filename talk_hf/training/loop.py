@@ -44,7 +44,9 @@ class TrainConfig:
     adam_beta2: float = 0.98
     weight_decay: float = 1e-4
     clip_norm: float = 0.0
-    label_smoothing: float = 0.1
+    # for models whose loss has no smoothing setting of its own (the encoder-decoders, the baselines); the talk_hf
+    # causal LMs take it from their config (`label_smoothing`), and setting it here too is refused
+    label_smoothing: float = 0.0
     mixed_precision: str = "no"
     seed: int = 1
     log_every: int = 50
@@ -133,6 +135,30 @@ def make_collator(model):
     return Seq2SeqCollator(config.pad_token_id, config.decoder_start_token_id)
 
 
+def own_label_smoothing(model):
+    """The label smoothing a model's own loss applies (the talk_hf causal LMs' config.label_smoothing), or None for
+    a model whose loss has no such setting."""
+    return getattr(model_config(model), "label_smoothing", None)
+
+
+def check_label_smoothing(model, label_smoothing):
+    """Label smoothing is configured in one place: the model config for a model whose loss applies it, else the
+    training config. Both set raises ValueError naming them."""
+    if own_label_smoothing(model) is not None and label_smoothing:
+        raise ValueError(
+            f"this model's loss applies its config's label_smoothing ({own_label_smoothing(model)}); set it there, "
+            f"not in the training config (label_smoothing={label_smoothing}, leave it 0)"
+        )
+
+
+def training_loss(model, batch, label_smoothing=0.0):
+    """The mean loss a training step minimises: the model's own (labels passed to its forward, with its config's
+    label smoothing) for a model whose loss has a smoothing setting, else `token_loss` with `label_smoothing`."""
+    if own_label_smoothing(model) is None:
+        return token_loss(model, batch, label_smoothing)
+    return model(**batch, use_cache=False).loss
+
+
 def token_loss(model, batch, label_smoothing=0.0, reduction="mean"):
     """Cross-entropy of a collated batch (labels -100 ignored); causal LMs predict the next token."""
     inputs = {k: v for k, v in batch.items() if k != "labels"}
@@ -202,6 +228,7 @@ class Trainer:
         self.accelerator = Accelerator(
             mixed_precision=config.mixed_precision, gradient_accumulation_steps=config.gradient_accumulation_steps
         )
+        check_label_smoothing(model, config.label_smoothing)
         set_seed(config.seed)
         self.collator = make_collator(model)
         optimizer = torch.optim.AdamW(
@@ -276,7 +303,7 @@ class Trainer:
         start = time.monotonic() - self.state.elapsed_seconds
         for batch in loader:
             with self.accelerator.accumulate(self.model):
-                loss = token_loss(self.model, batch, self.config.label_smoothing)
+                loss = training_loss(self.model, batch, self.config.label_smoothing)
                 self.accelerator.backward(loss)
                 if self.accelerator.sync_gradients and self.config.clip_norm > 0:
                     self.accelerator.clip_grad_norm_(self.model.parameters(), self.config.clip_norm)

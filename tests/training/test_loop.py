@@ -133,3 +133,37 @@ def test_baselines_and_families_build_at_a_given_size(kind, data):
     assert model.config.vocab_size == len(tokenizer) and count_parameters(model) > 0
     if model.config.is_encoder_decoder:
         assert model.config.decoder_start_token_id == tokenizer.eos_token_id
+
+
+LM_TINY = dict(d_model=16, decoder_layers=1, decoder_ffn_dim=32, decoder_heads=2, decoder_max_offsets=[3],
+               dropout=0.0, offset_dropout=0.0)
+
+
+def lm_batch(tokenizer):
+    from talk_hf.training.loop import lm_collate
+
+    sentences = ["a man rides a bike .", "two dogs play in the snow ."]
+    examples = [{"input_ids": ids, "labels": ids} for ids in tokenizer(sentences)["input_ids"]]
+    return lm_collate(examples, tokenizer.pad_token_id)
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_an_lm_trains_on_its_own_loss_with_its_config_label_smoothing(data, smoothing):
+    """The talk_hf causal LMs carry label smoothing in their config and the trainer minimises their own loss, so
+    the config's value is the one applied (the next-token cross-entropy, smoothed by that amount)."""
+    from talk_hf.training.loop import token_loss, training_loss
+
+    tokenizer, _ = data
+    model = build_model("talk_lm", tokenizer, overrides=dict(LM_TINY, label_smoothing=smoothing))
+    batch = lm_batch(tokenizer)
+    loss = training_loss(model, batch, label_smoothing=0.0)
+    torch.testing.assert_close(loss, token_loss(model, batch, smoothing))
+    assert (smoothing == 0.0) == torch.allclose(loss, token_loss(model, batch, 0.0))
+
+
+def test_label_smoothing_set_in_two_places_is_refused(data, tmp_path):
+    tokenizer, dataset = data
+    model = build_model("talk_lm", tokenizer, overrides=dict(LM_TINY, label_smoothing=0.1))
+    config = TrainConfig(output_dir=str(tmp_path), max_steps=1, label_smoothing=0.1)
+    with pytest.raises(ValueError, match="config's label_smoothing .0.1.; set it there"):
+        Trainer(model, tokenizer, dataset, dataset, config)
