@@ -99,6 +99,25 @@ def test_generation_continues_from_a_returned_cache(name):
     assert torch.equal(more.sequences, at_once.sequences)
 
 
+@pytest.mark.parametrize("name", ["talk_lm", "dynamic_conv_lm"])
+def test_generation_continues_from_inputs_embeds_and_a_returned_cache(name):
+    """The same from embeddings: the whole sequence so far as inputs_embeds, of which generate() feeds the model
+    only what the cache has not consumed."""
+    model = make(name)
+    prompt = target_batch(length=5, with_separators=False)
+    embed = model.get_input_embeddings()
+    kwargs = dict(do_sample=False, return_dict_in_generate=True)
+
+    def generate(ids, new_tokens, **more):
+        return model.generate(inputs_embeds=embed(ids), attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                              min_new_tokens=new_tokens, **kwargs, **more)
+
+    first = generate(prompt, 3)
+    so_far = torch.cat([prompt, first.sequences], 1)
+    more = generate(so_far, 2, **{CACHE_NAME: cache_of(first)})
+    assert torch.equal(torch.cat([first.sequences, more.sequences], 1), generate(prompt, 5).sequences)
+
+
 @pytest.mark.parametrize("name", ["talk", "rfa_doc"])
 def test_seq2seq_generation_continues_from_a_returned_cache(name):
     """As for any transformers encoder-decoder: the decoder mask covers the whole target so far, which tells
