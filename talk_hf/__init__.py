@@ -21,6 +21,11 @@ from .modeling_dynamic_conv import (  # noqa: E402
 )
 from .modeling_rfa_doc import RfaDocForConditionalGeneration, RfaDocModel  # noqa: E402
 from .modeling_talk import TalkForCausalLM, TalkForConditionalGeneration, TalkLMModel, TalkModel  # noqa: E402
+from .document_translation import (  # noqa: E402
+    translate_document,
+    translate_document_streaming,
+    translate_documents,
+)
 from .pipeline_translation import SummarizationPipeline, TranslationPipeline  # noqa: E402
 from .tokenization import train_joint_bpe  # noqa: E402
 
@@ -68,4 +73,7 @@ __all__ = [
     "TranslationPipeline",
     "ops",
     "train_joint_bpe",
+    "translate_document",
+    "translate_document_streaming",
+    "translate_documents",
 ]

@@ -1,0 +1,134 @@
+"""Document translation: sliding windows with the forced target context (any encoder-decoder, a transformers
+baseline included) and streaming with the decoder state carried across sentences (talk_hf models)."""
+
+import pytest
+import torch
+
+from talk_hf import translate_document, translate_document_streaming, translate_documents
+from talk_hf.tokenization import SEP_ID, SEP_TOKEN, join_sentences, train_joint_bpe
+from talk_hf.training.models import build_model
+from tests.models.tiny import cache_of
+
+SENTENCES = ["a dog runs in the park .", "it barks at a cat .", "the cat runs away .", "a man sees the dog .",
+             "he calls it home .", "the dog comes back ."]
+DOCUMENTS = [SENTENCES[:5], SENTENCES[3:5], SENTENCES[1:]]
+TINY = dict(d_model=16, encoder_layers=1, decoder_layers=2, encoder_ffn_dim=24, decoder_ffn_dim=24,
+            decoder_attention_heads=2, dropout=0.0)
+FAMILY = {"talk": dict(encoder_heads=2, decoder_heads=2, encoder_max_offsets=[2], decoder_max_offsets=[3, 5]),
+          "dynamic_conv": dict(encoder_conv_heads=2, decoder_conv_heads=2, encoder_kernel_sizes=[3],
+                               decoder_kernel_sizes=[3, 5]),
+          "rfa_doc": dict(encoder_attention_heads=2, causal_num_frequencies=8, cross_num_frequencies=8,
+                          gate_bias_init=0.0),
+          "marian": dict(encoder_attention_heads=2)}
+GREEDY = dict(max_new_tokens=6, num_beams=1, do_sample=False)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return train_joint_bpe(SENTENCES * 3, vocab_size=80, min_frequency=1)
+
+
+def model_for(kind, tokenizer, seed=0):
+    torch.manual_seed(seed)
+    return build_model(kind, tokenizer, overrides=dict(TINY, **FAMILY[kind])).eval()
+
+
+def by_hand(model, tokenizer, sentences, window, **generate_kwargs):
+    """The sliding-window definition, one window at a time: source window joined by <sep>; decoder forced with
+    the start token and the ids kept for the previous window sentences, each followed by <sep>; keep what comes
+    before the first </s>, <sep> or pad."""
+    start, stops = model.config.decoder_start_token_id, {SEP_ID, tokenizer.eos_token_id, tokenizer.pad_token_id}
+    kept = []
+    for i in range(len(sentences)):
+        source = tokenizer(join_sentences(sentences[max(0, i - window + 1) : i + 1]), return_tensors="pt")
+        prefix = [t for ids in kept[max(0, i - window + 1) :] for t in ids + [SEP_ID]]
+        out = model.generate(**source, decoder_input_ids=torch.tensor([[start] + prefix]), **generate_kwargs)
+        assert out[0, : len(prefix) + 1].tolist() == [start] + prefix  # the prefix is forced
+        new = out[0, len(prefix) + 1 :].tolist()
+        kept.append(new[: next((j for j, t in enumerate(new) if t in stops), len(new))])
+    return [tokenizer.decode(ids, skip_special_tokens=True).strip() for ids in kept]
+
+
+@pytest.mark.parametrize("kind", ["talk", "dynamic_conv", "rfa_doc", "marian"])
+def test_sliding_windows_equal_the_windows_translated_by_hand(kind, tokenizer):
+    model = model_for(kind, tokenizer)
+    got = translate_documents(model, tokenizer, DOCUMENTS, window=3, **GREEDY)
+    assert got == [by_hand(model, tokenizer, doc, 3, **GREEDY) for doc in DOCUMENTS]
+    assert [len(t) for t in got] == [len(d) for d in DOCUMENTS]
+    assert any(t for doc in got for t in doc)  # the tiny models do generate words
+
+
+@pytest.mark.parametrize("kind", ["rfa_doc", "marian"])
+def test_a_batch_of_documents_equals_one_at_a_time_with_beam_search(kind, tokenizer):
+    model = model_for(kind, tokenizer, seed=1)
+    kwargs = dict(window=2, num_beams=3, max_new_tokens=5, batch_size=2)
+    batched = translate_documents(model, tokenizer, DOCUMENTS, **kwargs)
+    assert batched == [translate_document(model, tokenizer, doc, **kwargs) for doc in DOCUMENTS]
+
+
+def test_window_one_is_sentence_level_translation(tokenizer):
+    model = model_for("talk", tokenizer)
+    got = translate_document(model, tokenizer, "\n".join(SENTENCES[:3]) + "\n\n", window=1, **GREEDY)
+    expected = [tokenizer.decode(model.generate(**tokenizer([s], return_tensors="pt"), **GREEDY)[0],
+                                 skip_special_tokens=True).strip() for s in SENTENCES[:3]]
+    assert got == expected
+
+
+def streaming_by_hand(model, tokenizer, sentences, window, max_new_tokens):
+    """Streaming's definition with forward calls: one decoder state for the document; sentence i's source window
+    replaces the cross-attention source; greedy tokens until </s> or <sep>; the next sentence starts with <sep>."""
+    start, stops = model.config.decoder_start_token_id, {SEP_ID, tokenizer.eos_token_id}
+    cache, feed, out = None, [start], []
+    with torch.no_grad():
+        for i in range(len(sentences)):
+            source = tokenizer(join_sentences(sentences[max(0, i - window + 1) : i + 1]), return_tensors="pt")
+            if cache is not None:
+                cache.cross_attention_cache.reset()
+            kept, ended = [], False
+            for _ in range(max_new_tokens):
+                step = model(**source, decoder_input_ids=torch.tensor([feed]), cache=cache, use_cache=True)
+                cache, token = cache_of(step), int(step.logits[0, -1].argmax())
+                if token in stops:
+                    ended = True
+                    break
+                kept.append(token)
+                feed = [token]
+            out.append(kept)
+            # a stop token is not fed; the last kept token of a sentence cut by max_new_tokens is not fed yet
+            feed = [SEP_ID] if ended else feed + [SEP_ID]
+    return [tokenizer.decode(ids, skip_special_tokens=True).strip() for ids in out]
+
+
+@pytest.mark.parametrize("kind", ["rfa_doc", "talk"])
+def test_streaming_equals_its_step_by_step_definition(kind, tokenizer):
+    model = model_for(kind, tokenizer, seed=2)
+    got = translate_document_streaming(model, tokenizer, SENTENCES, window=2, max_new_tokens=4)
+    assert got == streaming_by_hand(model, tokenizer, SENTENCES, 2, 4)
+    assert len(got) == len(SENTENCES)
+
+
+def test_streaming_carries_the_state_sliding_windows_do_not(tokenizer):
+    """With window 1 the two decodings differ only by the carried decoder state: a model whose translations
+    depend on it gives other tokens (otherwise the test could not tell the two apart)."""
+    model = model_for("rfa_doc", tokenizer, seed=3)
+    sliding = translate_document(model, tokenizer, SENTENCES, window=1, **GREEDY)
+    streaming = translate_document_streaming(model, tokenizer, SENTENCES, window=1, max_new_tokens=6)
+    assert sliding[0] == streaming[0] and sliding != streaming
+
+
+def test_bad_arguments_are_refused_by_name(tokenizer):
+    model = model_for("talk", tokenizer)
+    with pytest.raises(ValueError, match="window"):
+        translate_document(model, tokenizer, SENTENCES, window=0)
+    with pytest.raises(ValueError, match="num_return_sequences"):
+        translate_document(model, tokenizer, SENTENCES, num_beams=2, num_return_sequences=2)
+    with pytest.raises(ValueError, match="decoder_input_ids"):
+        translate_document(model, tokenizer, SENTENCES, decoder_input_ids=torch.tensor([[2]]))
+    with pytest.raises(TypeError, match="list of sentences"):
+        translate_document(model, tokenizer, [SENTENCES])
+    with pytest.raises(ValueError, match="num_beams must be 1"):
+        translate_document_streaming(model, tokenizer, SENTENCES, num_beams=2)
+    with pytest.raises(ValueError, match="talk_hf encoder-decoder"):
+        translate_document_streaming(model_for("marian", tokenizer), tokenizer, SENTENCES)
+    with pytest.raises(ValueError, match="no '<para>' token"):
+        translate_document(model, tokenizer, SENTENCES, window=2, sep_token="<para>")
