@@ -1,7 +1,7 @@
 """talk_hf: TaLK convolutions, LightConv/DynamicConv and RFA-doc for the HuggingFace ecosystem.
 
-Importing the package registers every config and model with the Auto classes and (re-)registers the
-"translation" and "summarization" pipeline tasks that transformers 5 removed.
+Importing the package registers every config and model with the Auto classes, (re-)registers the
+"translation" and "summarization" pipeline tasks that transformers 5 removed, and registers "document-translation".
 """
 
 __version__ = "0.1.0"
@@ -26,7 +26,11 @@ from .document_translation import (  # noqa: E402
     translate_document_streaming,
     translate_documents,
 )
-from .pipeline_translation import SummarizationPipeline, TranslationPipeline  # noqa: E402
+from .pipeline_translation import (  # noqa: E402
+    DocumentTranslationPipeline,
+    SummarizationPipeline,
+    TranslationPipeline,
+)
 from .tokenization import train_joint_bpe  # noqa: E402
 
 for _config, _model, _head in [
@@ -54,6 +58,7 @@ for _config, _model, _head in [
     _head.register_for_auto_class("AutoModelForCausalLM")
 
 __all__ = [
+    "DocumentTranslationPipeline",
     "DynamicConvConfig",
     "DynamicConvForCausalLM",
     "DynamicConvForConditionalGeneration",

@@ -1,12 +1,15 @@
-"""`pipeline("translation")` and `pipeline("summarization")` for the talk_hf encoder-decoders.
+"""`pipeline("translation")` and `pipeline("summarization")` for the talk_hf encoder-decoders, and
+`pipeline("document-translation")` for any encoder-decoder trained on sentence windows (document_translation.py).
 
-transformers 5 removed both tasks; importing this module registers them again. Every talk_hf config module
+transformers 5 removed the first two tasks; importing this module registers them again, and the third. Every talk_hf config module
 imports it, so the tasks exist as soon as a talk_hf config is loaded, from the package or as Hub remote code
 (`pipeline("translation", model=repo, trust_remote_code=True)` without the talk_hf package).
 """
 
 from transformers import AutoModelForSeq2SeqLM, Pipeline
 from transformers.pipelines import PIPELINE_REGISTRY, REMOVED_TASKS
+
+from .document_translation import document_sentences, translate_document, translate_document_streaming
 
 
 class TranslationPipeline(Pipeline):
@@ -50,11 +53,54 @@ class SummarizationPipeline(TranslationPipeline):
     output_key = "summary_text"
 
 
-PIPELINES = {"translation": TranslationPipeline, "summarization": SummarizationPipeline}
+class DocumentTranslationPipeline(Pipeline):
+    """A document in, one translation per sentence out: {"translations": [...]}. A document is a list of sentences
+    or a string with one sentence per line; a list of documents gives one dict per document.
+
+    window (default 4): sentences per window, the current one included; streaming=True carries the decoder state
+    across sentences (talk_hf models) instead of sliding windows; other keyword arguments go to `model.generate`
+    (num_beams, max_new_tokens per sentence, ...). `talk_hf.translate_documents` batches windows across
+    documents, for throughput."""
+
+    _load_processor = False
+    _load_image_processor = False
+    _load_feature_extractor = False
+    _load_tokenizer = True
+
+    def _sanitize_parameters(self, window=None, streaming=None, **generate_kwargs):
+        forward = {"generate_kwargs": generate_kwargs}
+        forward.update({k: v for k, v in (("window", window), ("streaming", streaming)) if v is not None})
+        return {}, forward, {}
+
+    def preprocess(self, document):
+        return {"sentences": document_sentences(document)}
+
+    def _forward(self, model_inputs, window=4, streaming=False, generate_kwargs=None):
+        translate = translate_document_streaming if streaming else translate_document
+        return {"translations": translate(self.model, self.tokenizer, model_inputs["sentences"], window=window,
+                                          **(generate_kwargs or {}))}
+
+    def postprocess(self, model_outputs):
+        return {"translations": model_outputs["translations"]}
+
+    def __call__(self, documents, **kwargs):
+        """One document (a str, or a list of str) -> {"translations": [...]}; a list of documents -> a list."""
+        single = isinstance(documents, str) or (
+            isinstance(documents, (list, tuple)) and all(isinstance(s, str) for s in documents)
+        )
+        results = super().__call__([documents] if single else list(documents), **kwargs)
+        return results[0] if single else results
+
+
+PIPELINES = {
+    "translation": TranslationPipeline,
+    "summarization": SummarizationPipeline,
+    "document-translation": DocumentTranslationPipeline,
+}
 
 
 def register_pipelines():
-    """Make `pipeline("translation" | "summarization", ...)` work again in this process."""
+    """Make `pipeline("translation" | "summarization" | "document-translation", ...)` work in this process."""
     for task, cls in PIPELINES.items():
         REMOVED_TASKS.pop(task, None)
         PIPELINE_REGISTRY.supported_tasks.pop(task, None)  # re-registration is not an error

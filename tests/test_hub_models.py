@@ -21,7 +21,7 @@ from huggingface_hub import HfApi
 from safetensors import SafetensorError
 from transformers import AutoConfig, AutoModelForSeq2SeqLM
 
-from talk_hf import train_joint_bpe
+from talk_hf import train_joint_bpe, translate_document
 from tests.hub_server import LocalHub, local_hub  # noqa: F401  (pytest fixture import)
 from tests.models.tiny import ALL, LM, SEQ2SEQ, make
 
@@ -31,6 +31,7 @@ PROMPT = "Ein Hund"
 PIPELINE_TEXT = "Ein Mann fährt Fahrrad."
 NEW_TOKENS = 6
 PIPELINE_TOKENS = 4
+DOCUMENT = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen.", "Ein Kind lacht."]
 
 
 def kind_of(name):
@@ -100,6 +101,8 @@ for name, kind in spec["repos"]:
         entry["pipeline_class"] = type(translator).__module__ + "." + type(translator).__name__
         entry["pipeline"] = translator(spec["pipeline_text"], max_new_tokens=spec["pipeline_tokens"],
                                        min_new_tokens=spec["pipeline_tokens"])
+        documents = pipeline("document-translation", model=repo, **kwargs)
+        entry["document"] = documents(spec["document"], window=2, max_new_tokens=spec["pipeline_tokens"])
     results[name] = entry
 with open(spec["out"], "w") as f:
     json.dump(results, f)
@@ -112,7 +115,7 @@ def start_child(hub, tmp_path, *, block_talk_hf):
     out = tmp_path / f"{tag}.json"
     spec = dict(block_talk_hf=block_talk_hf, repos=[(name, kind_of(name)) for name in ALL], sources=SOURCES,
                 prompt=PROMPT, new_tokens=NEW_TOKENS, pipeline_text=PIPELINE_TEXT, pipeline_tokens=PIPELINE_TOKENS,
-                out=str(out))
+                document=DOCUMENT, out=str(out))
     helpers = "\n".join(textwrap.dedent(inspect.getsource(f)) for f in (tensor_hashes, generations))
     script = CHILD.format(helpers=helpers)
     process = subprocess.Popen([sys.executable, "-c", script, json.dumps(spec)], env=hub.subprocess_env(tmp_path / tag),
@@ -159,6 +162,9 @@ def pushed(tmp_path_factory):
                 pipeline_ids = model.generate(**tokenizer([PIPELINE_TEXT], return_tensors="pt"),
                                               max_new_tokens=PIPELINE_TOKENS, min_new_tokens=PIPELINE_TOKENS)
             expected[name] = {
+                "document": ({"translations": translate_document(model, tokenizer, DOCUMENT, window=2,
+                                                                 max_new_tokens=PIPELINE_TOKENS)}
+                             if kind == "seq2seq" else None),
                 "class": f"{type(model).__module__}.{type(model).__name__}",
                 "hashes": tensor_hashes(model),
                 "generations": generations(model, tokenizer, kind, SOURCES, PROMPT, NEW_TOKENS),
@@ -232,6 +238,7 @@ def test_translation_pipeline_from_the_repository_with_talk_hf(pushed, name):
     got, want = pushed["installed"][name], pushed["expected"][name]
     assert got["pipeline_class"] == "talk_hf.pipeline_translation.TranslationPipeline"
     assert got["pipeline"] == [{"translation_text": want["translation"]}]
+    assert got["document"] == want["document"]
 
 
 @pytest.mark.parametrize("name", list(SEQ2SEQ))
@@ -240,6 +247,7 @@ def test_translation_pipeline_from_the_repository_without_talk_hf(pushed, name):
     assert got["pipeline_class"].startswith("transformers_modules.user.")
     assert got["pipeline_class"].endswith(".pipeline_translation.TranslationPipeline")
     assert got["pipeline"] == [{"translation_text": want["translation"]}]
+    assert got["document"] == want["document"]  # pipeline("document-translation") from the repository's code
 
 
 def test_remote_code_is_fetched_from_the_pushed_commit(pushed):

@@ -132,3 +132,19 @@ def test_bad_arguments_are_refused_by_name(tokenizer):
         translate_document_streaming(model_for("marian", tokenizer), tokenizer, SENTENCES)
     with pytest.raises(ValueError, match="no '<para>' token"):
         translate_document(model, tokenizer, SENTENCES, window=2, sep_token="<para>")
+
+
+def test_document_translation_pipeline(tokenizer):
+    from transformers import pipeline
+
+    model = model_for("rfa_doc", tokenizer)
+    translator = pipeline("document-translation", model=model, tokenizer=tokenizer)
+    one = translator(SENTENCES[:4], window=2, **GREEDY)
+    assert one == {"translations": translate_document(model, tokenizer, SENTENCES[:4], window=2, **GREEDY)}
+    assert translator("\n".join(SENTENCES[:4]), window=2, **GREEDY) == one
+    several = translator(DOCUMENTS, window=3, **GREEDY)
+    assert several == [{"translations": t} for t in translate_documents(model, tokenizer, DOCUMENTS, window=3,
+                                                                          **GREEDY)]
+    streamed = translator(SENTENCES, window=2, streaming=True, max_new_tokens=4)
+    assert streamed == {"translations": translate_document_streaming(model, tokenizer, SENTENCES, window=2,
+                                                                     max_new_tokens=4)}
