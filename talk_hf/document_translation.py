@@ -1,6 +1,6 @@
 """Document translation: each sentence of a document translated with the sentences before it as context, on both
-sides, as the RFA-doc paper decodes (Wu et al., 2022, "Modeling Context With Linear Attention for Scalable Document-Level
-Translation").
+sides, as the RFA-doc paper decodes (Wu et al., 2022, "Modeling Context With Linear Attention for Scalable
+Document-Level Translation").
 
 Sliding windows (`translate_documents`, any encoder-decoder: the talk_hf models and transformers' own): sentence i
 is translated from the source window of sentences i - L + 1 .. i joined by the separator, with the decoder forced to
@@ -29,7 +29,9 @@ def document_sentences(document):
     if isinstance(document, str):
         return [line.strip() for line in document.splitlines() if line.strip()]
     if not isinstance(document, (list, tuple)) or not all(isinstance(s, str) for s in document):
-        raise TypeError(f"a document is a list of sentences (str) or a str with one sentence per line, got {document!r}")
+        raise TypeError(
+            f"a document is a list of sentences (str) or a str with one sentence per line, got {document!r}"
+        )
     return list(document)
 
 

@@ -1,9 +1,9 @@
 """`pipeline("translation")` and `pipeline("summarization")` for the talk_hf encoder-decoders, and
 `pipeline("document-translation")` for any encoder-decoder trained on sentence windows (document_translation.py).
 
-transformers 5 removed the first two tasks; importing this module registers them again, and the third. Every talk_hf config module
-imports it, so the tasks exist as soon as a talk_hf config is loaded, from the package or as Hub remote code
-(`pipeline("translation", model=repo, trust_remote_code=True)` without the talk_hf package).
+transformers 5 removed the first two tasks; importing this module registers them again, and the third. Every talk_hf
+config module imports it, so the tasks exist as soon as a talk_hf config is loaded, from the package or as Hub
+remote code (`pipeline("translation", model=repo, trust_remote_code=True)` without the talk_hf package).
 """
 
 from transformers import AutoModelForSeq2SeqLM, Pipeline

@@ -1,4 +1,5 @@
-"""A wheel of the package works outside the checkout: templates as package data, no path into the source tree."""
+"""A wheel of the package works outside the checkout: templates and metric modules as package data, no path into
+the source tree."""
 
 import os
 import shutil
@@ -36,6 +37,11 @@ USE = textwrap.dedent("""
                             metrics={"test_bleu": 1.0})
     assert "TaLK" in open(card).read()
     print(pipeline("translation", model="model", max_new_tokens=3)("ein Hund")[0]["translation_text"] is not None)
+    import evaluate
+    from talk_hf.metrics import DOCUMENT_BLEU
+    assert DOCUMENT_BLEU.startswith(sys.argv[1])
+    bleu = evaluate.load(DOCUMENT_BLEU).compute(predictions=[[texts[1]]], references=[[texts[1]]])["bleu"]
+    print("document_bleu:", round(bleu))
     try:
         load_wiki_zh_en("dev")
     except FileNotFoundError as err:
@@ -65,5 +71,5 @@ def test_wheel_works_outside_the_checkout(tmp_path):
     result = subprocess.run([sys.executable, "-c", USE, str(site)], cwd=work, capture_output=True, text=True,
                             env={**env, "PYTHONPATH": str(site)})
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.split("\n")[-3:-1] == ["True", "no bundled corpus: True"], result.stdout
+    assert result.stdout.split("\n")[-4:-1] == ["True", "document_bleu: 100", "no bundled corpus: True"], result.stdout
     assert (work / "model" / "README.md").is_file()

@@ -11,6 +11,9 @@ import torch
 from datasets import load_from_disk
 from transformers import AutoTokenizer
 
+from ..document_translation import translate_document_streaming, translate_documents
+from ..metrics.document_bleu.document_bleu import document_scores
+from ..tokenization import split_sentences
 from .data import write_lines
 from .evaluation import corpus_bleu, last_sentences, translate
 from .loop import Trainer
@@ -27,18 +30,68 @@ def load_prepared(data_dir, split):
 
 
 def evaluate_translation(model, tokenizer, dataset, num_beams=4, length_penalty=1.0, max_new_tokens=128,
-                         document_level=False, limit=0):
-    """sacreBLEU of the model on a prepared split; document-level scores the last sentence of each window.
-    -> dict(bleu, signature, sentences, hypotheses)."""
-    sources, references = dataset["source"], dataset["target"]
+                         document_level=False, limit=0, document_decoding="sliding"):
+    """sacreBLEU of the model on a prepared split -> dict(bleu, signature, sentences, hypotheses); `limit`: the first N
+    rows only (0: all).
+
+    document_level: the split holds document windows (scripts/preprocess.py --window; one row per sentence, its
+    window ending with it). Its documents are translated whole, by `document_decoding`: "sliding" (the paper's
+    sliding windows with the forced target context, window = the split's), "streaming" (the decoder state carried
+    across each document; greedy) or "windows" (each window translated on its own, its last sentence kept). Every
+    sentence is scored once; `d_bleu` scores whole documents (metrics/document_bleu)."""
     if limit:
-        sources, references = sources[:limit], references[:limit]
-    hyps = translate(model, tokenizer, sources, num_beams=num_beams, length_penalty=length_penalty,
-                     max_new_tokens=max_new_tokens, skip_special_tokens=not document_level)
+        dataset = dataset.select(range(min(limit, len(dataset)))) if hasattr(dataset, "select") else {
+            k: v[:limit] for k, v in dataset.items()}
+    generation = dict(num_beams=num_beams, length_penalty=length_penalty, max_new_tokens=max_new_tokens)
     if document_level:
-        hyps, references = last_sentences(hyps), last_sentences(references)
-    score, signature = corpus_bleu(hyps, references)
+        return _evaluate_documents(model, tokenizer, dataset, document_decoding, generation)
+    hyps = translate(model, tokenizer, dataset["source"], **generation)
+    score, signature = corpus_bleu(hyps, dataset["target"])
     return {"bleu": score, "signature": signature, "sentences": len(hyps), "hypotheses": hyps}
+
+
+DOCUMENT_DECODINGS = ("sliding", "streaming", "windows")
+
+
+def _evaluate_documents(model, tokenizer, dataset, decoding, generation):
+    if decoding not in DOCUMENT_DECODINGS:
+        raise ValueError(f"document_decoding must be one of {DOCUMENT_DECODINGS}, got {decoding!r}")
+    sources, references, window = split_documents(dataset)
+    if decoding == "windows":
+        texts = translate(model, tokenizer, dataset["source"], skip_special_tokens=False, **generation)
+        flat = iter(last_sentences(texts))
+        hyps = [[next(flat) for _ in doc] for doc in sources]
+    elif decoding == "streaming":
+        if generation["num_beams"] != 1:
+            raise ValueError("streaming document decoding is greedy: evaluate it with num_beams=1")
+        greedy = {k: v for k, v in generation.items() if k != "num_beams"}
+        hyps = [translate_document_streaming(model, tokenizer, doc, window=window, **greedy) for doc in sources]
+    else:
+        hyps = translate_documents(model, tokenizer, sources, window=window, **generation)
+    scores = document_scores(hyps, references)
+    return {"bleu": scores["bleu"], "d_bleu": scores["d_bleu"], "signature": scores["signature"],
+            "sentences": scores["sentences"], "documents": scores["documents"], "window": window,
+            "document_decoding": decoding, "hypotheses": [s for doc in hyps for s in doc]}
+
+
+def split_documents(dataset):
+    """A split of document windows -> (source documents, reference documents, window): each document the list of
+    its sentences in order (the last sentence of each row's window; rows with the same consecutive doc_id form a
+    document), window the most sentences any row's source window holds."""
+    if "doc_id" not in dataset.column_names:
+        raise ValueError("document-level evaluation needs a split of document windows with a doc_id column "
+                         "(scripts/preprocess.py --window)")
+    sources, references, window, previous = [], [], 1, object()
+    for doc_id, source, target in zip(dataset["doc_id"], dataset["source"], dataset["target"]):
+        sentences = split_sentences(source)
+        window = max(window, len(sentences))
+        if doc_id != previous:
+            sources.append([])
+            references.append([])
+            previous = doc_id
+        sources[-1].append(sentences[-1] if sentences else "")
+        references[-1].append((split_sentences(target) or [""])[-1])
+    return sources, references, window
 
 
 def train_run(data_dir, kind, train_config, preset=None, config_file=None, overrides=None, train_split="train",
@@ -68,6 +121,9 @@ def train_run(data_dir, kind, train_config, preset=None, config_file=None, overr
                                       limit=test_limit)
         results.update({"test_bleu": scored["bleu"], "bleu_signature": scored["signature"],
                         "test_sentences": scored["sentences"]})
+        if document_level:
+            results.update({"test_d_bleu": scored["d_bleu"], "test_documents": scored["documents"],
+                            "document_decoding": scored["document_decoding"], "window": scored["window"]})
         if trainer.accelerator.is_main_process:
             write_lines(output_dir / "test_hypotheses.txt", scored["hypotheses"])
     elif not is_seq2seq:

@@ -33,7 +33,7 @@ def script(name):
     return module
 
 
-@pytest.mark.parametrize("name", ["preprocess", "train", "evaluate", "translate", "average_checkpoints", "demo",
+@pytest.mark.parametrize("name", ["preprocess", "train", "evaluate_model", "translate", "average_checkpoints", "demo",
                                   "benchmark_ops", "benchmark_generation", "benchmark_training", "results_multi30k", "results_doc_zh_en",
                                   "results_lm"])
 def test_help(name, capsys):
@@ -70,7 +70,7 @@ def test_train_writes_a_complete_run(run):
 
 def test_reported_bleu_is_what_the_saved_model_gives(run, tmp_path):
     """The BLEU a run reports (validation and test) and its test translations are reproduced by
-    scripts/evaluate.py on the saved model in a fresh process with no generation flags (it takes the model's saved
+    scripts/evaluate_model.py on the saved model in a fresh process with no generation flags (it takes the model's saved
     generation settings), and equal uncached generation."""
     root, results = run
     model_dir, hypotheses = root / "talk" / "model", (root / "talk" / "test_hypotheses.txt").read_text().splitlines()
@@ -78,7 +78,7 @@ def test_reported_bleu_is_what_the_saved_model_gives(run, tmp_path):
     for split, reported, limit in (("test", results["test_bleu"], 8), ("valid", valid_bleu, 8)):
         out = tmp_path / f"{split}.json"
         subprocess.run(
-            [sys.executable, str(ROOT / "scripts" / "evaluate.py"), "--model", str(model_dir), "--data",
+            [sys.executable, str(ROOT / "scripts" / "evaluate_model.py"), "--model", str(model_dir), "--data",
              str(root / "data"), "--split", split, "--limit", str(limit), "--output", str(out),
              "--hypotheses", str(tmp_path / f"{split}.txt")],
             check=True, capture_output=True,
@@ -96,13 +96,13 @@ def test_reported_bleu_is_what_the_saved_model_gives(run, tmp_path):
 def test_evaluate_scores_a_prepared_split_and_raw_files(run, tmp_path):
     root, _ = run
     model = str(root / "talk" / "model")
-    prepared = script("evaluate").main(["--model", model, "--data", str(root / "data"), "--split", "test",
+    prepared = script("evaluate_model").main(["--model", model, "--data", str(root / "data"), "--split", "test",
                                         "--max_new_tokens", "5", "--num_beams", "2"])
     src, ref = tmp_path / "src.txt", tmp_path / "ref.txt"
     pairs = [line.split("\t") for line in FIXTURE.read_text().splitlines()]
     src.write_text("\n".join(p[0] for p in pairs) + "\n")
     ref.write_text("\n".join(p[1] for p in pairs) + "\n")
-    raw = script("evaluate").main(["--model", model, "--source", str(src), "--reference", str(ref),
+    raw = script("evaluate_model").main(["--model", model, "--source", str(src), "--reference", str(ref),
                                    "--max_new_tokens", "5", "--num_beams", "2", "--output", str(tmp_path / "r.json")])
     assert prepared["sentences"] == raw["sentences"] == 64
     assert prepared["bleu"] == pytest.approx(raw["bleu"])
@@ -112,7 +112,7 @@ def test_evaluate_scores_a_prepared_split_and_raw_files(run, tmp_path):
         f.write("\n".join(p[1] + ("\u2028" if i == 3 else "") for i, p in enumerate(pairs)) + "\n")
     with gzip.open(tmp_path / "src.txt.gz", "wt", encoding="utf-8") as f:
         f.write(src.read_text())
-    zipped = script("evaluate").main(["--model", model, "--source", str(tmp_path / "src.txt.gz"), "--reference",
+    zipped = script("evaluate_model").main(["--model", model, "--source", str(tmp_path / "src.txt.gz"), "--reference",
                                       str(tmp_path / "ref.txt.gz"), "--max_new_tokens", "5", "--num_beams", "2"])
     assert zipped["sentences"] == 64
 

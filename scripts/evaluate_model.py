@@ -1,11 +1,11 @@
 #!/usr/bin/env python
 """Evaluate a saved model: sacreBLEU (printed with its signature), ROUGE for summaries, perplexity for LMs.
 
-    python scripts/evaluate.py --model runs/demo/model --data runs/demo/data --split test            # BLEU
-    python scripts/evaluate.py --model M --source test.de --reference test.en --num_beams 5 --length_penalty 1.6
-    python scripts/evaluate.py --model M --data D --split test --document_level                     # RFA-doc windows
-    python scripts/evaluate.py --model M --source articles.txt --reference summaries.txt --metric rouge
-    python scripts/evaluate.py --model LM --data D --split test --metric perplexity
+    python scripts/evaluate_model.py --model runs/demo/model --data runs/demo/data --split test      # BLEU
+    python scripts/evaluate_model.py --model M --source test.de --reference test.en --num_beams 5 --length_penalty 1.6
+    python scripts/evaluate_model.py --model M --data D --split test --document_level               # whole documents
+    python scripts/evaluate_model.py --model M --source articles.txt --reference summaries.txt --metric rouge
+    python scripts/evaluate_model.py --model LM --data D --split test --metric perplexity
 """
 
 import argparse
@@ -29,7 +29,11 @@ def parse_args(argv=None):
     parser.add_argument("--source", help="raw source file, one segment per line (.gz fine)")
     parser.add_argument("--reference", help="raw reference file aligned with --source")
     parser.add_argument("--metric", choices=["bleu", "rouge", "perplexity"], default="bleu")
-    parser.add_argument("--document_level", action="store_true", help="score the last sentence of each window")
+    parser.add_argument("--document_level", action="store_true",
+                        help="the split holds document windows: translate its documents whole, score every sentence")
+    parser.add_argument("--document_decoding", choices=["sliding", "streaming", "windows"], default="sliding",
+                        help="sliding windows with the forced target context (the paper's), the decoder state "
+                             "carried across each document (greedy), or each window on its own (last sentence)")
     parser.add_argument("--num_beams", type=int, help="default: the model's generation_config (4 if unset)")
     parser.add_argument("--length_penalty", type=float, help="default: the model's generation_config")
     parser.add_argument("--max_new_tokens", type=int, help="default: the model's generation_config (128 if unset)")
@@ -80,7 +84,8 @@ def main(argv=None):
         else:
             dataset = {"source": read_lines(args.source), "target": read_lines(args.reference)}
         results = evaluate_translation(model, tokenizer, dataset, **generation,
-                                       document_level=args.document_level, limit=args.limit)
+                                       document_level=args.document_level, limit=args.limit,
+                                       document_decoding=args.document_decoding)
         results["generation"] = generation
         hypotheses = results.pop("hypotheses")
         if args.hypotheses:

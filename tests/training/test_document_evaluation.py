@@ -1,0 +1,77 @@
+"""Document-level evaluation: a split of document windows translated as whole documents and scored sentence by
+sentence, with the document_bleu `evaluate` metric shipped in the package."""
+
+import datasets
+import evaluate
+import pytest
+import torch
+
+from talk_hf import translate_document_streaming, translate_documents
+from talk_hf.metrics import DOCUMENT_BLEU
+from talk_hf.tokenization import train_joint_bpe
+from talk_hf.training.data import document_windows
+from talk_hf.training.models import build_model
+from talk_hf.training.run import evaluate_translation, split_documents
+
+SOURCES = ["ein hund läuft .", "er bellt .", "die katze rennt weg .", "ein mann sieht den hund .", "er ruft ihn ."]
+TARGETS = ["a dog runs .", "it barks .", "the cat runs away .", "a man sees the dog .", "he calls it ."]
+GREEDY = dict(num_beams=1, length_penalty=1.0, max_new_tokens=5)
+
+
+@pytest.fixture(scope="module")
+def setup():
+    sentences = datasets.Dataset.from_dict({"doc_id": ["a"] * 3 + ["b"] * 2, "source": SOURCES, "target": TARGETS})
+    tokenizer = train_joint_bpe(SOURCES + TARGETS, vocab_size=80, min_frequency=1)
+    torch.manual_seed(0)
+    model = build_model("rfa_doc", tokenizer, overrides=dict(
+        d_model=16, encoder_layers=1, decoder_layers=1, encoder_ffn_dim=24, decoder_ffn_dim=24,
+        encoder_attention_heads=2, decoder_attention_heads=2, causal_num_frequencies=8, cross_num_frequencies=8,
+        dropout=0.0)).eval()
+    return model, tokenizer, document_windows(sentences, window=2)
+
+
+def test_a_split_of_windows_gives_back_its_documents(setup):
+    _, _, windows = setup
+    sources, references, window = split_documents(windows)
+    assert sources == [SOURCES[:3], SOURCES[3:]] and references == [TARGETS[:3], TARGETS[3:]] and window == 2
+
+
+def test_sliding_evaluation_translates_whole_documents(setup):
+    model, tokenizer, windows = setup
+    result = evaluate_translation(model, tokenizer, windows, document_level=True, **GREEDY)
+    hyps = translate_documents(model, tokenizer, [SOURCES[:3], SOURCES[3:]], window=2, **GREEDY)
+    assert result["hypotheses"] == hyps[0] + hyps[1]
+    expected = evaluate.load(DOCUMENT_BLEU).compute(predictions=hyps, references=[TARGETS[:3], TARGETS[3:]])
+    assert (result["bleu"], result["d_bleu"], result["sentences"], result["documents"]) == (
+        expected["bleu"], expected["d_bleu"], 5, 2)
+    assert result["window"] == 2 and result["document_decoding"] == "sliding"
+
+
+def test_streaming_and_independent_window_evaluation(setup):
+    model, tokenizer, windows = setup
+    greedy = {k: v for k, v in GREEDY.items() if k not in ("num_beams", "length_penalty")}
+    streamed = evaluate_translation(model, tokenizer, windows, document_level=True,
+                                    document_decoding="streaming", **GREEDY)
+    assert streamed["hypotheses"] == [s for doc in (SOURCES[:3], SOURCES[3:])
+                                      for s in translate_document_streaming(model, tokenizer, doc, window=2, **greedy)]
+    alone = evaluate_translation(model, tokenizer, windows, document_level=True, document_decoding="windows",
+                                 **GREEDY)
+    assert len(alone["hypotheses"]) == 5
+    with pytest.raises(ValueError, match="num_beams=1"):
+        evaluate_translation(model, tokenizer, windows, document_level=True, document_decoding="streaming",
+                             num_beams=2)
+    with pytest.raises(ValueError, match="doc_id"):
+        evaluate_translation(model, tokenizer, windows.remove_columns("doc_id"), document_level=True)
+
+
+def test_document_bleu_metric():
+    metric = evaluate.load(DOCUMENT_BLEU)
+    refs = [["a man rides a red bike in the park .", "he waves at us ."], ["two dogs play in the snow ."]]
+    perfect = metric.compute(predictions=refs, references=refs)
+    assert perfect["bleu"] == pytest.approx(100) and perfect["d_bleu"] == pytest.approx(100)
+    assert (perfect["documents"], perfect["sentences"]) == (2, 3) and perfect["signature"].startswith("nrefs:1")
+    # a sentence's translation given as part of the next one: the same words, scored lower on both levels
+    shifted = metric.compute(predictions=[[refs[0][0], ""], [refs[0][1] + " " + refs[1][0]]], references=refs)
+    assert shifted["bleu"] < 90 and shifted["d_bleu"] < 90
+    with pytest.raises(ValueError, match="document 1: 2 translated sentences but 1 reference"):
+        metric.compute(predictions=[refs[0], refs[0]], references=refs)
