@@ -9,7 +9,7 @@ __version__ = "0.1.0"
 from . import versions  # noqa: E402,F401  (checks the installed transformers first)
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM  # noqa: E402
 
-from . import ops  # noqa: E402,F401
+from . import metrics, ops  # noqa: E402,F401
 from .configuration_dynamic_conv import DynamicConvConfig, DynamicConvLMConfig  # noqa: E402
 from .configuration_rfa_doc import RfaDocConfig  # noqa: E402
 from .configuration_talk import TalkConfig, TalkLMConfig  # noqa: E402
@@ -76,6 +76,7 @@ __all__ = [
     "TalkLMModel",
     "TalkModel",
     "TranslationPipeline",
+    "metrics",
     "ops",
     "train_joint_bpe",
     "translate_document",

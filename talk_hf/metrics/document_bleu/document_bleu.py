@@ -1,7 +1,7 @@
 """Document-level BLEU, an `evaluate` metric: translations of whole documents, scored sentence by sentence.
 
     import evaluate
-    metric = evaluate.load(talk_hf.DOCUMENT_BLEU)            # a local path: works offline; can be pushed to the Hub
+    metric = evaluate.load(talk_hf.metrics.DOCUMENT_BLEU)    # a local path: works offline; can be pushed to the Hub
     metric.compute(predictions=[["A man rides.", "He waves."]], references=[["A man cycles.", "He waves."]])
     # {"bleu": ..., "d_bleu": ..., "documents": 1, "sentences": 2, "signature": "nrefs:1|case:mixed|..."}
 
