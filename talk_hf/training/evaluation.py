@@ -1,11 +1,13 @@
 """Evaluation: batched translation, sacreBLEU (with its signature), ROUGE for summaries, perplexity for LMs,
-and document-level scoring of the last sentence of each window (RFA-doc)."""
+and a document-level `compute_metrics` for transformers' Seq2SeqTrainer (RFA-doc windows)."""
 
 import math
 
+import numpy as np
 import sacrebleu
 import torch
 
+from ..metrics.document_bleu.document_bleu import document_scores
 from ..tokenization import split_sentences
 
 
@@ -40,6 +42,37 @@ def corpus_bleu(hypotheses, references):
 def last_sentences(texts, sep_token="<sep>"):
     """The current (last) sentence of each document window: the part scored at document-level evaluation."""
     return [(split_sentences(text, sep_token) or [""])[-1] for text in texts]
+
+
+def document_metrics(tokenizer, doc_ids, sep_token="<sep>"):
+    """A `compute_metrics` for transformers' Seq2SeqTrainer (predict_with_generate=True) on an evaluation set of
+    document windows in document order: the last sentence of each generated window is that sentence's translation,
+    the rows of one doc_id (consecutive) form a document, and the document_bleu scores come back as
+    {"bleu", "d_bleu"}. doc_ids: the evaluation set's doc_id column, one per row."""
+    doc_ids = list(doc_ids)
+
+    def texts(ids):
+        ids = np.where(ids != -100, ids, tokenizer.pad_token_id)
+        return last_sentences(tokenizer.batch_decode(ids, skip_special_tokens=False), sep_token)
+
+    def compute_metrics(prediction):
+        hyps, refs = texts(prediction.predictions), texts(prediction.label_ids)
+        if len(hyps) != len(doc_ids):
+            raise ValueError(f"{len(hyps)} predictions for an evaluation set of {len(doc_ids)} rows (doc_ids)")
+        scores = document_scores(_documents(hyps, doc_ids), _documents(refs, doc_ids))
+        return {"bleu": scores["bleu"], "d_bleu": scores["d_bleu"]}
+
+    return compute_metrics
+
+
+def _documents(sentences, doc_ids):
+    """Sentences in document order -> one list per run of equal consecutive doc_ids."""
+    documents = []
+    for i, (sentence, doc) in enumerate(zip(sentences, doc_ids)):
+        if i == 0 or doc != doc_ids[i - 1]:
+            documents.append([])
+        documents[-1].append(sentence)
+    return documents
 
 
 def rouge(summaries, references):

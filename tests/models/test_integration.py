@@ -243,3 +243,30 @@ def test_trainer_trains_a_causal_lm_and_reloads(name, lm_tokenizer, tmp_path):
     for key, value in model.state_dict().items():
         assert torch.equal(value, reloaded.state_dict()[key]), key
 
+
+
+def test_seq2seq_trainer_scores_document_windows_with_document_bleu(tokenizer, tmp_path):
+    """An RFA-doc model evaluated by Seq2SeqTrainer on document windows, with talk_hf's document_metrics as
+    compute_metrics: document-level BLEU of the generated windows' last sentences."""
+    from talk_hf.training.data import document_windows
+    from talk_hf.training.evaluation import document_metrics
+
+    model = sized("rfa_doc", tokenizer)
+    model.generation_config = GenerationConfig(
+        decoder_start_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id, max_new_tokens=12,
+    )
+    src, tgt = zip(*pairs()[:12])
+    sentences = Dataset.from_dict({"doc_id": [i // 4 for i in range(12)], "source": list(src), "target": list(tgt)})
+    windows = document_windows(sentences, window=2)
+    ds = windows.map(lambda b: tokenizer(b["source"], text_target=b["target"]), batched=True,
+                     remove_columns=["source", "target", "doc_id"])
+    args = Seq2SeqTrainingArguments(output_dir=str(tmp_path / "run"), per_device_eval_batch_size=5,
+                                    predict_with_generate=True, report_to="none", use_cpu=True)
+    trainer = Seq2SeqTrainer(
+        model=model, args=args, eval_dataset=ds, processing_class=tokenizer,
+        data_collator=DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100),
+        compute_metrics=document_metrics(tokenizer, windows["doc_id"]),
+    )
+    metrics = trainer.evaluate()
+    assert 0.0 <= metrics["eval_bleu"] <= 100.0 and 0.0 <= metrics["eval_d_bleu"] <= 100.0

@@ -75,3 +75,25 @@ def test_document_bleu_metric():
     assert shifted["bleu"] < 90 and shifted["d_bleu"] < 90
     with pytest.raises(ValueError, match="document 1: 2 translated sentences but 1 reference"):
         metric.compute(predictions=[refs[0], refs[0]], references=refs)
+
+
+def test_seq2seq_trainer_document_metrics(setup):
+    """compute_metrics for Seq2SeqTrainer: generated windows -> their last sentences, grouped into documents by
+    doc_id, scored by document_bleu."""
+    from transformers import EvalPrediction
+
+    from talk_hf.training.evaluation import document_metrics
+
+    _, tokenizer, windows = setup
+    labels = tokenizer(text_target=list(windows["target"]), padding=True, return_tensors="np")["input_ids"]
+    labels[labels == tokenizer.pad_token_id] = -100
+    compute = document_metrics(tokenizer, windows["doc_id"])
+    assert compute(EvalPrediction(predictions=labels, label_ids=labels)) == {"bleu": pytest.approx(100),
+                                                                             "d_bleu": pytest.approx(100)}
+    swapped = labels[[1, 0, 2, 3, 4]]  # the first document's first two sentences exchanged
+    expected = evaluate.load(DOCUMENT_BLEU).compute(predictions=[[TARGETS[1], TARGETS[0], TARGETS[2]], TARGETS[3:]],
+                                                    references=[TARGETS[:3], TARGETS[3:]])
+    got = compute(EvalPrediction(predictions=swapped, label_ids=labels))
+    assert got == {"bleu": pytest.approx(expected["bleu"]), "d_bleu": pytest.approx(expected["d_bleu"])}
+    with pytest.raises(ValueError, match="4 predictions for an evaluation set of 5 rows"):
+        compute(EvalPrediction(predictions=labels[:4], label_ids=labels[:4]))
