@@ -145,11 +145,9 @@ class RfaCrossAttention(nn.Module):
         """(B, S, C) encoder states -> the source side of the attention (`rfa_cross_source`): the (B, H, 2D, d + 1)
         state, or for short sources the (keys, values) pair, whichever is smaller."""
         k = _heads(self.k_proj(encoder_hidden_states), self.heads)
-        phi_k = self.features(k, projection)
-        if self.norm_rescale:
-            phi_k = phi_k * rfa_key_norm_rescale(k, self.features.tau, encoder_attention_mask)
+        scale = rfa_key_norm_rescale(k, self.features.tau, encoder_attention_mask) if self.norm_rescale else None
         v = _heads(self.v_proj(encoder_hidden_states), self.heads)
-        return rfa_cross_source(phi_k, v, encoder_attention_mask)
+        return rfa_cross_source(self.features(k, projection), v, encoder_attention_mask, key_scale=scale)
 
     def forward(self, x, encoder_hidden_states, encoder_attention_mask=None, cache=None):
         projection = self.features.current()

@@ -38,6 +38,11 @@ def _owned_copy(tensor):
     return tensor if tensor.requires_grad else _fixed(tensor.clone(memory_format=torch.contiguous_format))
 
 
+def _contiguous(tensor):
+    """`tensor` itself when contiguous, else a contiguous copy; its address marked as fixed."""
+    return _fixed(tensor.contiguous())
+
+
 def _write(current, new):
     """Write `new` into the cache slot holding `current`: in place when the layout matches and no gradient flows
     (the address stays), else a new owned buffer. -> the tensor the slot holds afterwards."""
@@ -118,8 +123,10 @@ class RecurrentLayer(LinearAttentionAndFullAttentionLayer):
     # -- the cross-attention source
 
     def update(self, key_states, value_states, *args, **kwargs):
-        """Store the cross-attention keys and values of one source (replacing any earlier source's) -> both."""
-        self.keys, self.values = _owned_copy(key_states), _owned_copy(value_states)
+        """Store the cross-attention keys and values of one source (replacing any earlier source's) -> both.
+        Contiguous tensors are kept as given (the cache then shares them: a source's keys can be tens of MB, and
+        they are not written again); others are copied into contiguous ones."""
+        self.keys, self.values = _contiguous(key_states), _contiguous(value_states)
         self.is_initialized = True
         self.device, self.dtype = key_states.device, key_states.dtype
         return self.keys, self.values

@@ -321,21 +321,40 @@ def rfa_step_(q, k, v, state, decay=None, eps=DEFAULT_EPS):
     return out
 
 
-def rfa_cross_source(k, v, attention_mask=None):
+def rfa_cross_source(k, v, attention_mask=None, key_scale=None):
     """The source side of cross attention, computed once per source, in whichever form is smaller (`rfa_cross` takes
     both and computes the same function): the state of `rfa_cross_state`, F (d + 1) numbers per (batch, head), or
     for sources shorter than F (d + 1) / (F + d + 1) tokens (57 at F = 512, d = 64) the key features and values
-    themselves, S (F + d + 1) numbers: a pair (keys (B, H, F, S), zero at padded tokens; values (B, H, S, d + 1),
-    with a column of ones last).
+    themselves, S (F + d + 1) numbers: a pair (keys (B, H, S, F), zero at padded tokens; values (B, H, S, d + 1),
+    with a column of ones last), both contiguous and written in one pass each.
 
-    k: (B, S, H, F) key features; v: (B, S, H, d); attention_mask: (B, S), 1 for real tokens.
+    k: (B, S, H, F) key features; v: (B, S, H, d); attention_mask: (B, S), 1 for real tokens; key_scale: (B, S, H, 1)
+    factors multiplying the key features (the norm rescaling of `rfa_key_norm_rescale`), or None.
     """
     _check_source_args(k, v, attention_mask)
     S, F, E = k.shape[1], k.shape[-1], v.shape[-1] + 1
-    if S * (F + E) >= F * E:
-        return _cross_state(k, v, attention_mask)
     acc = _acc_dtype(k, v)
-    return _masked_keys(k.to(acc), attention_mask).permute(0, 2, 3, 1), _with_ones(v, acc).transpose(1, 2)
+    weights = _key_weights(k, attention_mask, key_scale, acc)
+    if S * (F + E) >= F * E:
+        return _cross_state(k if weights is None else k.to(acc) * weights, v, None)
+    if needs_grad(k, key_scale):  # differentiable ops (out= has no autograd)
+        keys = (k.to(acc) if weights is None else k.to(acc) * weights).transpose(1, 2).contiguous()
+    else:  # one pass: scaled, masked and laid out at once
+        keys = torch.empty(k.shape[0], k.shape[2], S, F, dtype=acc, device=k.device)
+        if weights is None:
+            keys.copy_(k.transpose(1, 2))
+        else:
+            torch.mul(k.transpose(1, 2), weights.transpose(1, 2), out=keys)
+    return keys, _with_ones(v, acc).transpose(1, 2).contiguous()
+
+
+def _key_weights(k, attention_mask, key_scale, acc):
+    """(B, S, H or 1, 1) factors for the key features: the mask times key_scale, or None when neither is given."""
+    weights = None if key_scale is None else key_scale.to(acc)
+    if attention_mask is not None:
+        mask = attention_mask.to(acc).view(*k.shape[:2], 1, 1)
+        weights = mask if weights is None else weights * mask
+    return weights
 
 
 def rfa_cross(q, source, eps=DEFAULT_EPS):
@@ -349,10 +368,11 @@ def rfa_cross(q, source, eps=DEFAULT_EPS):
         keys, values = source
         check_float_tensor("keys", keys, 4)
         check_float_tensor("values", values, 4)
-        if keys.shape[:3] != (q.shape[0], q.shape[2], q.shape[3]) or values.shape[:3] != (*keys.shape[:2], keys.shape[3]):
-            raise ValueError(f"source keys must be (B, H, F, S) and values (B, H, S, d + 1) matching q {tuple(q.shape)}, "
+        if (keys.shape[:2], keys.shape[3]) != ((q.shape[0], q.shape[2]), q.shape[3]) or values.shape[:3] != keys.shape[:3]:
+            raise ValueError(f"source keys must be (B, H, S, F) and values (B, H, S, d + 1) matching q {tuple(q.shape)}, "
                              f"got {tuple(keys.shape)} and {tuple(values.shape)}")
-        num = (q.to(keys.dtype).transpose(1, 2) @ keys) @ values  # (B, H, T, S) scores, then (B, H, T, d + 1)
+        # (B, H, T, S) scores (the keys' rows read in place, transposed), then (B, H, T, d + 1)
+        num = (q.to(keys.dtype).transpose(1, 2) @ keys.transpose(-1, -2)) @ values
         return _normalise(num.transpose(1, 2), eps)
     check_float_tensor("state", source, 4)
     if source.shape[:3] != (q.shape[0], q.shape[2], q.shape[3]):

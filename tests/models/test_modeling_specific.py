@@ -83,7 +83,10 @@ def test_rfa_cross_source_kept_in_the_smaller_form(length, form, monkeypatch):
     generated = model.generate(input_ids=src, attention_mask=mask, max_new_tokens=7, min_new_tokens=7, num_beams=2)
     assert torch.equal(generated, model.generate(input_ids=src, attention_mask=mask, max_new_tokens=7,
                                                  min_new_tokens=7, num_beams=2, use_cache=False))
-    monkeypatch.setattr(modeling, "rfa_cross_source", ops.rfa_cross_state)  # the state form whatever the length
+    def state_form_source(k, v, mask, key_scale=None):  # the state form whatever the length
+        return ops.rfa_cross_state(k if key_scale is None else k * key_scale, v, mask)
+
+    monkeypatch.setattr(modeling, "rfa_cross_source", state_form_source)
     with torch.no_grad():
         state_form = model(input_ids=src, attention_mask=mask, decoder_input_ids=dec).logits
     torch.testing.assert_close(out.logits, state_form, rtol=1e-5, atol=1e-5)

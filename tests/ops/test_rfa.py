@@ -480,13 +480,16 @@ def test_cross_source_takes_the_smaller_form(S, form):
     source = ops.rfa_cross_source(k, v, mask)
     if form == "keys":
         keys, values = source
-        assert keys.shape == (B, H, F, S) and values.shape == (B, H, S, d + 1)
-        assert (keys[1, :, :, -1] == 0).all() and (values[..., -1] == 1).all()
+        assert keys.shape == (B, H, S, F) and values.shape == (B, H, S, d + 1)
+        assert (keys[1, :, -1] == 0).all() and (values[..., -1] == 1).all()
     else:
         torch.testing.assert_close(source, ops.rfa_cross_state(k, v, mask), rtol=0, atol=0)
     assert_close(ops.rfa_cross(q, source), ops.rfa_cross_ref(q, k, v, mask))
+    scale = torch.rand(B, S, H, 1, generator=g, dtype=torch.float64) + 0.5  # key_scale: the norm rescaling
+    scaled = ops.rfa_cross_source(k, v, mask, key_scale=scale)
+    assert_close(ops.rfa_cross(q, scaled), ops.rfa_cross_ref(q, k * scale, v, mask))
     if form == "keys":
-        check = lambda q, k, v: ops.rfa_cross(q, ops.rfa_cross_source(k, v, mask))  # noqa: E731
+        check = lambda q, k, v: ops.rfa_cross(q, ops.rfa_cross_source(k, v, mask, key_scale=scale))  # noqa: E731
         assert torch.autograd.gradcheck(check, (q.requires_grad_(), k.requires_grad_(), v.requires_grad_()))
 
 
