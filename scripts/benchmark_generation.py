@@ -17,6 +17,12 @@ number of tokens, `min_new_tokens = max_new_tokens`):
                L (1024, 512, 512, 256, 256, 128, 96) times `--batch_scale` (the paper's machine was a server; 1/8
                suits 2 CPU cores); greedy and beam 4. `--speedup_plot` draws the speed-up against L (the paper's
                Figure 4).
+  streaming    document translation of one document of `--stream_sentences` sentences (20 source and 23 new
+               tokens each) with the paper's model size, batch 1, greedy: RFA-doc streaming (its decoder state
+               carried across the document, `translate_document_streaming`) against sliding windows of
+               `--stream_window` sentences (`translate_documents`: the forced prefix re-run for every sentence) with
+               RFA-doc and with Marian; tokens/s over the first and over the last tenth of the document show whether
+               a token's cost grows with the document.
 Reported: new tokens per second (median of `--repeats` runs), the ratio talk_hf / transformers, and the bytes of
 the decoding cache at the end of generation.
 
@@ -35,6 +41,9 @@ import time
 import torch
 from transformers import CompileConfig, GPT2Config, GPT2LMHeadModel, MarianConfig, MarianMTModel
 
+from tokenizers import Tokenizer, models as token_models, pre_tokenizers, processors
+from transformers import PreTrainedTokenizerFast
+
 from talk_hf import (
     DynamicConvConfig,
     DynamicConvForConditionalGeneration,
@@ -44,6 +53,8 @@ from talk_hf import (
     TalkForCausalLM,
     TalkForConditionalGeneration,
     TalkLMConfig,
+    translate_document_streaming,
+    translate_documents,
 )
 from talk_hf.training.plot import pyplot, save_figure
 from talk_hf.training.timing import environment, save_results
@@ -200,6 +211,8 @@ def run(args):
                                 args.repeats, talk, base, compiled))
     if "paper" in args.rows:
         rows += paper_rows(args, device, g, variants)
+    if "streaming" in args.rows:
+        rows += streaming_rows(args, g)
     return rows
 
 
@@ -215,6 +228,69 @@ def paper_rows(args, device, generator, variants):
                           PAPER_TARGET * w, args.repeats, talk, base, compiled, num_beams=beams)
             rows.append({**row, "window": w, "batch": batch, "num_beams": beams})
     return rows
+
+
+def word_tokenizer():
+    """A tokenizer of the benchmark's vocabulary: the talk_hf special tokens (ids 0-4, <sep> 4), then words w5 ..
+    w<VOCAB - 1>, split on spaces, </s> appended."""
+    vocab = {t: i for i, t in enumerate(["<s>", "<pad>", "</s>", "<unk>", "<sep>"])}
+    vocab.update({f"w{i}": i for i in range(5, VOCAB)})
+    backend = Tokenizer(token_models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    backend.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 2)])
+    return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", pad_token="<pad>", eos_token="</s>",
+                                   unk_token="<unk>", additional_special_tokens=["<sep>"])
+
+
+def streaming_rows(args, generator):
+    """One document of --stream_sentences sentences: RFA-doc streaming vs sliding windows (RFA-doc, Marian)."""
+    talk, base = models("paper")
+    tokenizer = word_tokenizer()
+    words = torch.randint(5, VOCAB, (args.stream_sentences, PAPER_SOURCE), generator=generator).tolist()
+    document = [" ".join(f"w{i}" for i in sentence) for sentence in words]
+    kwargs = dict(min_new_tokens=PAPER_TARGET, max_new_tokens=PAPER_TARGET)
+    tenth = max(1, len(document) // 10)
+    runs = {
+        "RFA-doc streaming": lambda doc: translate_document_streaming(talk, tokenizer, doc, window=args.stream_window,
+                                                                      **kwargs),
+        f"RFA-doc sliding windows of {args.stream_window}": lambda doc: translate_documents(
+            talk, tokenizer, [doc], window=args.stream_window, **kwargs),
+        f"Marian sliding windows of {args.stream_window}": lambda doc: translate_documents(
+            base, tokenizer, [doc], window=args.stream_window, **kwargs),
+    }
+    rows = []
+    for name, run_document in runs.items():
+        model = talk if name.startswith("RFA-doc") else base
+        run_document(document[:2])  # warm-up
+        seconds = _sentence_times(model, lambda: run_document(document))
+        first, last = sum(seconds[:tenth]), sum(seconds[-tenth:])
+        row = {"row": f"{name}, {len(document)} sentences", "kind": "streaming", "sentences": len(document),
+               "tokens_per_s": len(document) * PAPER_TARGET / sum(seconds),
+               "first_tenth_tokens_per_s": tenth * PAPER_TARGET / first,
+               "last_tenth_tokens_per_s": tenth * PAPER_TARGET / last}
+        print(f"{row['row']}: {row['tokens_per_s']:.0f} tokens/s (first tenth {row['first_tenth_tokens_per_s']:.0f}, "
+              f"last tenth {row['last_tenth_tokens_per_s']:.0f})", flush=True)
+        rows.append(row)
+    return rows
+
+
+def _sentence_times(model, run):
+    """Run `run()` and return the seconds of each `model.generate` call it made (one per sentence of a single
+    document, streaming or sliding)."""
+    seconds, generate = [], model.generate
+
+    def timed_generate(*args, **kwargs):
+        start = time.perf_counter()
+        out = generate(*args, **kwargs)
+        seconds.append(time.perf_counter() - start)
+        return out
+
+    model.generate = timed_generate
+    try:
+        run()
+    finally:
+        del model.generate  # back to the class's method
+    return seconds
 
 
 def speedup_plot(rows, path):
@@ -236,6 +312,10 @@ def table(rows):
     lines = ["| row | new tokens | talk_hf tokens/s | transformers tokens/s | speed-up | cache MB (talk_hf / transformers) |",
              "|---|---|---|---|---|---|"]
     for r in rows:
+        if r["kind"] == "streaming":
+            lines.append(f"| {r['row']} | {r['sentences'] * PAPER_TARGET} | {r['tokens_per_s']:.0f} (first tenth "
+                         f"{r['first_tenth_tokens_per_s']:.0f}, last {r['last_tenth_tokens_per_s']:.0f}) | | | |")
+            continue
         lines.append(f"| {r['row']} | {r['new_tokens']} | {r['talk_hf_tokens_per_s']:.0f} | "
                      f"{r['baseline_tokens_per_s']:.0f} | {r['speedup']:.2f}x | "
                      f"{r['talk_hf_cache_MB']:.2f} / {r['baseline_cache_MB']:.2f} |")
@@ -244,6 +324,7 @@ def table(rows):
 
 def plot(rows, path):
     """New tokens/s of each row: the talk_hf model beside its transformers baseline."""
+    rows = [r for r in rows if r["kind"] != "streaming"]
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(9, 4.5))
     xs = range(len(rows))
@@ -258,7 +339,7 @@ def plot(rows, path):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--rows", nargs="+", choices=["lm", "translation", "document", "paper"],
+    parser.add_argument("--rows", nargs="+", choices=["lm", "translation", "document", "paper", "streaming"],
                         default=["lm", "translation", "document"])
     parser.add_argument("--lm_tokens", type=int, nargs="+", default=[1024])
     parser.add_argument("--lm_batch", type=int, nargs="+", default=[1, 16])
@@ -268,6 +349,8 @@ def main(argv=None):
     parser.add_argument("--paper_windows", type=int, nargs="+", default=sorted(PAPER_BATCH), choices=sorted(PAPER_BATCH))
     parser.add_argument("--batch_scale", type=float, default=1.0, help="the paper rows' batch sizes times this")
     parser.add_argument("--speedup_plot", default=None, help="PNG path for the paper rows' speed-up against L")
+    parser.add_argument("--stream_sentences", type=int, default=200, help="sentences of the streaming row's document")
+    parser.add_argument("--stream_window", type=int, default=4, help="the sliding windows' length in the streaming row")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--compile", action="store_true", help="also run the greedy rows with compiled decoding")
     parser.add_argument("--output", default=None)

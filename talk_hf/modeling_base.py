@@ -583,6 +583,14 @@ class RecurrentSeq2SeqLM(RecurrentLMHead):
     def prepare_decoder_input_ids_from_labels(self, labels):
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
 
+    def _reorder_cache(self, cache, beam_idx):
+        """Beam search reorders the decoder's own state only. Beams move among the hypotheses of one source, and
+        generate() repeats each source's encoder output once per beam, so the rows of the cross-attention side that
+        beam_idx exchanges are equal: copying them at every step (RFA-doc's random-feature keys are tens of MB a
+        layer) would change nothing."""
+        (cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache).reorder_cache(beam_idx)
+        return cache
+
     @can_return_tuple
     @takes_cache
     def forward(

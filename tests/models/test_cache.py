@@ -198,3 +198,19 @@ def test_batch_rearrangements_move_every_tensor():
     assert torch.equal(layer.real_tokens, tokens.repeat_interleave(2, 0))
     cache.batch_select_indices(torch.tensor([1, 4]))
     assert torch.equal(layer.conv_state(), state[[0, 2]]) and torch.equal(cross.keys, keys[[0, 2]])
+
+
+@pytest.mark.parametrize("name", ["talk", "rfa_doc"])
+def test_beam_search_reorders_the_decoder_state_not_the_cross_attention_side(name, monkeypatch):
+    """Beams move among the hypotheses of one source, whose cross-attention rows are equal: only the decoder's own
+    state is reordered (cached beam search equals uncached: test_modeling_common)."""
+    model = make(name)
+    src, mask = source_batch()
+    reordered, reorder = [], RecurrentLayer.reorder_cache
+    monkeypatch.setattr(RecurrentLayer, "reorder_cache", lambda self, idx: (reordered.append(self), reorder(self, idx)))
+    out = model.generate(input_ids=src, attention_mask=mask, num_beams=3, max_new_tokens=5, min_new_tokens=5,
+                         return_dict_in_generate=True)
+    cache = cache_of(out)
+    assert reordered and all(any(r is layer for layer in cache.self_attention_cache.layers) for r in reordered)
+    assert torch.equal(out.sequences, model.generate(input_ids=src, attention_mask=mask, num_beams=3, max_new_tokens=5,
+                                                     min_new_tokens=5, use_cache=False))
