@@ -266,6 +266,19 @@ def test_generation_benchmark_paper_rows_scale_the_papers_batches(tmp_path, monk
     assert json.loads((tmp_path / "p.json").read_text())["rows"][-1]["window"] == 2
 
 
+def test_generation_benchmark_streaming_rows_time_every_sentence(tmp_path, monkeypatch):
+    """--rows streaming: one document translated by RFA-doc streaming and by sliding windows (RFA-doc, Marian), each
+    sentence its own generate() call, timed: the whole document's tokens/s and its first and last tenth's."""
+    module = script("benchmark_generation")
+    monkeypatch.setattr(module, "PAPER_SIZE", dict(d_model=16, layers=1, heads=2, ffn=32))
+    rows = module.main(["--rows", "streaming", "--stream_sentences", "10", "--stream_window", "2",
+                        "--output", str(tmp_path / "s.json"), "--plot", str(tmp_path / "s.png")])
+    assert [r["row"] for r in rows] == ["RFA-doc streaming, 10 sentences", "RFA-doc sliding windows of 2, 10 sentences",
+                                        "Marian sliding windows of 2, 10 sentences"]
+    assert all(r["tokens_per_s"] > 0 and r["first_tenth_tokens_per_s"] > 0 and r["last_tenth_tokens_per_s"] > 0
+               for r in rows)
+
+
 def test_generation_benchmark_reports_speed_and_cache_sizes(tmp_path, monkeypatch):
     module = small_generation_benchmark(monkeypatch)
     compiled_calls = []
