@@ -1,8 +1,8 @@
 #!/usr/bin/env python
-"""The README's document-level zh->en results: RFA-doc with and without the sentential decay gate vs a transformers
-Marian model of the same size, at windows of 1 sentence (sentence level) and 4 sentences (3 sentences of context),
-on the bundled Wikipedia zh-en corpus (data/wiki_zh_en). Same data, same number of updates and tokens per update,
-trained by the same loop; the test score is sacreBLEU of the last sentence of each window (zh2en-test).
+"""The document-level zh->en results (docs/benchmarks.md): RFA-doc with and without the sentential decay gate vs a
+transformers Marian model of the same size, at windows of 1 sentence (sentence level) and 4 sentences (3 sentences of
+context), on the bundled Wikipedia zh-en corpus (data/wiki_zh_en). Same data, same number of updates and tokens per
+update, trained by the same loop; the test score is sacreBLEU of the last sentence of each window (zh2en-test).
 
     python scripts/results_doc_zh_en.py --output_dir runs/doc_zh_en --max_steps 120
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
-"""The README's language-model row: the TaLK causal LM vs a transformers GPT-2 model of about the same size on the
-bundled tiny Shakespeare (data/tinyshakespeare), same BPE blocks, same number of updates and tokens per update,
-trained by the same loop; the score is perplexity on the held-out last 10% of the text.
+"""The language-model results (docs/benchmarks.md): the TaLK causal LM vs a transformers GPT-2 model of about the same
+size on the bundled tiny Shakespeare (data/tinyshakespeare), same BPE blocks, same number of updates and tokens per
+update, trained by the same loop; the score is perplexity on the held-out last 10% of the text.
 
     python scripts/results_lm.py --output_dir runs/lm --max_steps 150
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env python
-"""The README's Multi30k de->en results table: TaLK vs DynamicConv vs LightConv vs a transformers Marian baseline,
-same data, same number of updates and tokens per update, near-equal parameter counts, trained by the same loop.
+"""The Multi30k de->en results table (README, docs/benchmarks.md): TaLK vs DynamicConv vs LightConv vs a transformers
+Marian baseline, same data, same number of updates and tokens per update, near-equal parameter counts, trained by the
+same loop.
 
     python scripts/results_multi30k.py --data runs/demo/data --output_dir runs/results --max_steps 500
 

@@ -30,7 +30,7 @@ class RfaDocConfig(TalkHfConfigMixin, PreTrainedConfig):
             sigmoid(w.x + b) after every `sep_token_id` (the paper's RFA-sgate); "none" disables it.
         gate_bias_init (`float`): initial gate bias (2.0: sigmoid ~ 0.88 keeps most context at first).
         sep_token_id (`int`): the sentence separator of document windows.
-        norm_rescale (`bool`): rescale cross-attention key features by their norms (reference_impls.md §C.1).
+        norm_rescale (`bool`): rescale cross-attention key features by their norms (docs/spec.md §C.1).
         resample_random_features (`bool`): draw new Gaussian projections every training step (the evaluation
             projections are fixed, stored in the checkpoint, and shared by all layers, as in the reference).
         random_feature_seed (`int`): seed of the evaluation projections.

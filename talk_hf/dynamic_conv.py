@@ -1,15 +1,15 @@
 """LightConv / DynamicConv (Wu et al., ICLR 2019): depthwise convolutions with softmax-normalised kernels.
 
 Layout is batch-first and channels-last. Head h owns the contiguous channels [h*C/H, (h+1)*C/H)
-(reference_impls.md §E.11). With P = padding_left,
+(docs/spec.md §B.1). With P = padding_left,
 
     out[b, t, c] = sum_k weight[b, t, h(c), k] * x[b, t + k - P, c]      (x = 0 outside [0, T))
 
 DynamicConv predicts `weight` per position; LightConv uses one (H, K) kernel everywhere. The kernel is normalised
 by a softmax over all K taps: by the caller, or, with `softmax=True`, by the op itself from the logits (the compiled
 kernels then never write the probabilities; they stay in the accumulation type). Taps that fall outside the sequence
-read zeros, which is "softmax over K, then truncate at the sequence start" (§B.2). Causal decoders use P = K - 1,
-encoders P = K // 2. Any K and any P are supported.
+read zeros, which is "softmax over K, then truncate at the sequence start" (docs/spec.md §B.1). Causal decoders use
+P = K - 1, encoders P = K // 2. Any K and any P are supported.
 
 DropConnect (`weight_dropout=p`, training) drops each normalised tap with probability p and scales the kept ones by
 1 / (1 - p), as dropout does. The mask is a function of a seed (`dropconnect_keep`), so the compiled kernels draw it

@@ -1,13 +1,13 @@
 """LightConv / DynamicConv models (Wu et al., ICLR 2019): encoder-decoder and causal LM.
 
-Porting notes (reference_impls.md §B.5, §E.10-14):
+Porting notes (docs/spec.md §B):
 - The conv sub-block is: input dropout -> linear1 (or to 2*conv_dim + GLU) -> zero padded positions -> kernels
   (DynamicConv: Linear(conv_dim, H*K, no bias) of the current position; LightConv: one (H, K) parameter) softmaxed
   over all K taps, then DropConnect -> convolution (encoder padding K//2, decoder K-1) -> linear2. The FFN is ReLU.
   The op takes the logits and does the softmax and DropConnect itself (`softmax=True`, `weight_dropout`; its mask is
   drawn from a seed inside the op: one mask per forward for a LightConv kernel, as fairseq's).
 - Kernels are softmaxed over all K taps and then truncated at the sequence start (zeros), in training and in
-  decoding alike (fairseq's unfold path normalised short prefixes differently, §B.2).
+  decoding alike (fairseq's unfold path normalised short prefixes differently, docs/spec.md §B.1).
 - Decoding carries the last K-1 conv inputs per layer; any number of new tokens per call (fairseq #3908).
 """
 

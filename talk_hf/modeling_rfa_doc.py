@@ -1,6 +1,6 @@
 """RFA-doc (Wu et al., 2022): softmax-attention encoder, random-feature-attention decoder with a sentential gate.
 
-Porting notes (reference_impls.md §C, §E.16-23):
+Porting notes (docs/spec.md §C):
 - Features: phi(x) = 0.1 [sin u, cos u] (interleaved), u = W (x/(|x|+1e-3)) / tau with a learned per-head tau;
   the normaliser is clamped below at rfa_eps = 0.1; cross-attention key features are norm-rescaled.
 - Random projections: the reference samples from a stored quasi-Monte-Carlo pool that we cannot redistribute; we

@@ -1,6 +1,6 @@
 """TaLK convolution models (Lioutas & Guo, ICML 2020): encoder-decoder and causal LM.
 
-Porting notes (reference_impls.md §A.8, §E):
+Porting notes (docs/spec.md §A.5):
 - The TaLK sub-block is: input dropout -> linear1 (or linear1 to 2*conv_dim + GLU) -> zero padded positions ->
   TaLK convolution with offsets sigmoid(Linear(conv_dim, 2H)) (decoder: H, left only) and offset dropout ->
   linear2. The offsets Linear keeps PyTorch's default init (windows start near half their reach); the other
@@ -30,7 +30,7 @@ from .talk_conv import talk_conv, talk_conv_state_from_prefix, talk_conv_step
 
 
 class TalkOffsetProjection(nn.Linear):
-    """Predicts the relative window offsets; initialised like a plain nn.Linear (reference_impls.md §E.6)."""
+    """Predicts the relative window offsets; initialised like a plain nn.Linear (docs/spec.md §A.5)."""
 
     def init_parameters(self, config):
         from transformers import initialization as init

@@ -1,13 +1,13 @@
 """Random feature attention (Peng et al., 2021) as used by RFA-doc (Wu et al., 2022): linear attention whose
 features approximate a softmax on cosine similarity, with an optional per-head decay gate applied at sentence
-separators (reference_impls.md §C).
+separators (docs/spec.md §C).
 
 Feature map (§C.1), per head h with a fixed random projection W_h (D, d) and a learned temperature tau_h:
 
     phi(x) = 0.1 * [sin(u_1), cos(u_1), ..., sin(u_D), cos(u_D)],  u = W_h (x / (|x| + 1e-3)) / tau_h
 
 so features have F = 2D entries. Causal attention (§C.3), with decay[t] the factor applied to the state after
-step t (1 everywhere except at sentence separators, where it is the gate g; §C.5 decay variant):
+step t (1 everywhere except at sentence separators, where it is the gate g; §C.4):
 
     S_t = decay[t-1] * S_{t-1} + phi(k_t) v_t^T,   z_t = decay[t-1] * z_{t-1} + phi(k_t)
     out_t = phi(q_t)^T S_t / max(phi(q_t) . z_t, eps),   eps = 0.1
@@ -88,7 +88,7 @@ def _rfa_feature_map_ref(x, projection, tau):
 
 
 def rfa_key_norm_rescale(k, tau=None, attention_mask=None):
-    """Norm rescaling of cross-attention key features (§C.1 step 4): exp(0.5 * (|k| / (sqrt(d) tau))^2 - m),
+    """Norm rescaling of cross-attention key features (docs/spec.md §C.1): exp(0.5 (|k| / (sqrt(d) tau))^2 - m),
     m the (detached) maximum over real source positions of each (batch, head).
 
     k: (B, S, H, d) raw keys; tau: (H,) or None; attention_mask: (B, S) with 1 for real tokens -> (B, S, H, 1).
@@ -174,10 +174,10 @@ def rfa_causal(q, k, v, decay=None, initial_state=None, eps=DEFAULT_EPS, chunk_s
 
     Runs the compiled kernels when they are built for q's device, except on CPU when gradients flow: there the
     chunked PyTorch form, whose matrix products make forward + backward faster than the CPU recurrence kernels
-    (csrc/PERF_NOTES.md). On CUDA the kernels are also the training path (a chunked kernel for more than one step,
+    (docs/kernels.md). On CUDA the kernels are also the training path (a chunked kernel for more than one step,
     forward and backward), with exact fp32 products whatever v's dtype or `torch.backends.cuda.matmul.allow_tf32`:
     their tensor-core (TF32) instantiations, the op's `tf32` argument, measured 0.79-0.85x as fast as the exact ones
-    on an H100 (csrc/PERF_NOTES.md). `rfa_causal_compiled` and `rfa_causal_chunked` pick one.
+    on an H100 (docs/kernels.md). `rfa_causal_compiled` and `rfa_causal_chunked` pick one.
 
     q, k: (B, T, H, F) features; v: (B, T, H, d); decay: (B, T, H) factors in [0, 1] or None;
     initial_state: (B, H, F, d + 1) or None; chunk_size: steps per chunk (of the matmul form, or between the

@@ -7,13 +7,14 @@ share the head's two relative offsets. For position t the window ends are
     r = clamp(t + offset_right * max_right, 0, T-1)
 
 and the output is the sum of x over [l, r], where the two partially covered edge tokens enter with linear
-interpolation weights, divided by the constant max_left + max_right + 1 (reference_impls.md §A.1, §E.1-3).
+interpolation weights, divided by the constant max_left + max_right + 1 (docs/spec.md §A.1-A.2).
 With S_j = x_0 + ... + x_j (S_j = 0 for j < 0) and S~(p) the linear interpolation of S at a real position p:
 
     out[t] = (S~(r) - S~(l - 1)) / (max_left + max_right + 1)
 
 Positions are split into an integer part and an fp32 fraction relative to t, so the interpolation weights stay
-exact at any T (the published fp16 kernel loses them past T=1024, §A.10). Prefix sums are fp32 (fp64 for fp64).
+exact at any T (the published fp16 kernel loses them past T=1024, docs/spec.md §A.4). Prefix sums are fp32 (fp64
+for fp64).
 The causal form is max_right=0, offset_right=None: the right end is t itself.
 """
 

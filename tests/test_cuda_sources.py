@@ -1,5 +1,5 @@
 """The CUDA sources build without a GPU: kernels with nvcc for sm_80 and sm_90, the torch bindings with the host
-compiler against torch's headers. (Running them needs a GPU; see README "GPU status".)"""
+compiler against torch's headers. (Running them needs a GPU; see docs/development.md, "GPU status".)"""
 
 import os
 import shutil
