@@ -257,7 +257,7 @@ def test_readme_lists_all_data_files():
     shipped = {str(p.relative_to(DATA)) for p in DATA.rglob("*.gz")}
     assert set(readme_line_counts()) == shipped - {"wiki_zh_en/zh-en.tar.gz"}
     assert all(f"`{Path(rel).name}`" in text for rel in shipped)
-    assert len(shipped) == 8
+    assert len(shipped) == 18
 
 
 def test_data_line_counts_match_readme():

@@ -52,6 +52,7 @@ __all__ = [
     "load_text_pairs",
     "load_tsv_pairs",
     "load_wiki_zh_en",
+    "load_iwslt15_ted_zh_en",
     "count_documents",
     "read_lines",
     "reverse_pairs",
@@ -62,6 +63,8 @@ __all__ = [
 
 WIKI_ZH_EN_ARCHIVE = Path(__file__).resolve().parents[2] / "data" / "wiki_zh_en" / "zh-en.tar.gz"
 WIKI_ZH_EN_SPLITS = ("train", "dev", "zh2en-test", "en2zh-test")
+IWSLT15_ZH_EN_DIR = Path(__file__).resolve().parents[2] / "data" / "iwslt15_ted_zh_en"
+IWSLT15_ZH_EN_SETS = ("dev2010", "tst2010", "tst2011", "tst2012", "tst2013")
 
 
 # --------------------------------------------------------------------------------------------------- file loaders
@@ -369,6 +372,50 @@ def load_wiki_zh_en(split: str, archive: str | os.PathLike | None = None) -> dat
         columns["doc_id"].append(doc)
         for n, value in zip(names, fields):
             columns[n].append(value)
+    return datasets.Dataset.from_dict(columns)
+
+
+def load_iwslt15_ted_zh_en(split: str, folder: str | os.PathLike | None = None) -> datasets.Dataset:
+    """IWSLT15 TED zh-en development and test talks with their document boundaries (the RFA-doc paper's test set:
+    tst2010-2013, as prepared by Miculicich et al., 2018). Only these sets are bundled (data/iwslt15_ted_zh_en).
+
+    Args:
+        split: ``"dev2010"`` (887 sentences, 8 talks), ``"tst2010"`` .. ``"tst2013"``, or ``"test"`` (the four test
+            sets in order: 5,473 sentences, 56 talks).
+        folder: the folder holding the files (default ``data/iwslt15_ted_zh_en`` of the source tree).
+
+    Returns:
+        Dataset, in file order, with columns ``"doc_id"`` (int, 0-based talk index within the split),
+        ``"source"`` (Chinese, untokenised) and ``"target"`` (English, untokenised).
+
+    Raises:
+        ValueError: unknown split; sides of different lengths; document starts that do not begin at line 0, are
+        not increasing or lie beyond the last line (naming the file).
+        FileNotFoundError: the files are not there (an installed package has no ``data/``: pass ``folder``).
+    """
+    sets = IWSLT15_ZH_EN_SETS[1:] if split == "test" else (split,)
+    if split != "test" and split not in IWSLT15_ZH_EN_SETS:
+        raise ValueError(f"unknown IWSLT15 TED zh-en split {split!r}, expected one of "
+                         f"{[*IWSLT15_ZH_EN_SETS, 'test']}")
+    folder = Path(folder) if folder is not None else IWSLT15_ZH_EN_DIR
+    if not folder.is_dir():
+        raise FileNotFoundError(f"no IWSLT15 TED zh-en files in {folder}: they ship in the talk_hf source tree "
+                                "(data/iwslt15_ted_zh_en), not in the installed package; pass folder= their path")
+    columns: dict[str, list] = {"doc_id": [], "source": [], "target": []}
+    for name in sets:
+        stem = folder / f"IWSLT15.TED.{name}.zh-en"
+        source, target = (read_lines(f"{stem}.{lang}.gz") for lang in ("zh", "en"))
+        if len(source) != len(target):
+            raise ValueError(f"{stem}: {len(source)} Chinese lines but {len(target)} English lines")
+        starts = [int(line) for line in Path(f"{stem}.doc").read_text(encoding="utf-8").split()]
+        if not starts or starts[0] != 0 or starts != sorted(set(starts)) or starts[-1] >= len(source):
+            raise ValueError(f"{stem}.doc: document starts must begin at 0 and increase below {len(source)}")
+        first_doc = columns["doc_id"][-1] + 1 if columns["doc_id"] else 0
+        bounds = starts + [len(source)]
+        for doc, (begin, end) in enumerate(zip(bounds, bounds[1:])):
+            columns["doc_id"] += [first_doc + doc] * (end - begin)
+        columns["source"] += source
+        columns["target"] += target
     return datasets.Dataset.from_dict(columns)
 
 

@@ -39,7 +39,7 @@ from talk_hf.training.evaluation import last_sentences
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "data"
 FIXTURE = ROOT / "tests" / "fixtures" / "multi30k_pairs.tsv"
-# (pairs, documents) per split, as stated in /work/shared/data/docsubstructure_wiki_zh_en/README.md
+# (pairs, documents) per split, as stated in data/README.md
 WIKI_SIZES = {"train": (26505, 693), "dev": (2020, 75), "zh2en-test": (875, 30), "en2zh-test": (1147, 22)}
 LOGGER = "talk_hf.training.data"
 
@@ -525,3 +525,24 @@ def test_lm_blocks(pairs_ds, caplog):
     assert flat == [i for t in texts for i in lm_tok(t)["input_ids"] + [EOS_ID]][: len(flat)]
     with pytest.raises(ValueError, match="fewer than block_size"):
         lm_blocks(["kurz"], lm_tok, 1000)
+
+
+def test_iwslt15_ted_zh_en_talks():
+    """The bundled IWSLT15 TED zh-en sets with their document boundaries (counts as stated in data/README.md)."""
+    from talk_hf.training.data import load_iwslt15_ted_zh_en
+
+    dev, test = load_iwslt15_ted_zh_en("dev2010"), load_iwslt15_ted_zh_en("test")
+    assert (len(dev), dev["doc_id"][-1] + 1) == (887, 8)
+    assert (len(test), test["doc_id"][-1] + 1) == (5473, 56)
+    parts = [load_iwslt15_ted_zh_en(f"tst201{i}") for i in range(4)]
+    assert [len(p) for p in parts] == [1570, 1245, 1397, 1261]
+    assert list(test["source"]) == [s for p in parts for s in p["source"]]
+    ids = list(test["doc_id"])
+    assert ids == sorted(ids) and set(ids) == set(range(56))  # talks in order, none split
+    assert test[0]["source"].startswith("有一天") and test[0]["target"].startswith("One day, Los Angeles Times")
+    windows = document_windows(test.select(range(300)), window=4)
+    assert len(windows) == 300 and windows[0]["source"] == test[0]["source"]  # a talk's first window is one sentence
+    with pytest.raises(ValueError, match="unknown IWSLT15"):
+        load_iwslt15_ted_zh_en("train")
+    with pytest.raises(FileNotFoundError, match="pass folder="):
+        load_iwslt15_ted_zh_en("dev2010", folder="/nonexistent")
