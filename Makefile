@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.talk_hf-installed
-SOURCES := setup.py setup.cfg $(wildcard csrc/*.h csrc/*.cpp csrc/cpu/* csrc/cuda/*)
+SOURCES := setup.py pyproject.toml $(wildcard csrc/*.h csrc/*.cpp csrc/cpu/* csrc/cuda/*)
 
 # The oldest transformers release talk_hf supports (talk_hf/versions.py), installed beside the venv's newest one;
 # the tests that run the models through transformers (forward, generate, pipelines, Trainer, Hub) run on both.

@@ -1,4 +1,4 @@
-"""Builds the talk_hf._C extension; everything else is declared in setup.cfg.
+"""Builds the talk_hf._C extension; everything else is declared in pyproject.toml.
 
     pip install --no-build-isolation -e .     # CPU kernels; CUDA kernels too when torch has CUDA and nvcc exists
     TALK_HF_SKIP_CUDA_BUILD=1  ...            # CPU kernels only

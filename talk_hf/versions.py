@@ -7,7 +7,7 @@ the talk_hf models take `cache`, accept `past_key_values` through `takes_cache`,
 `CACHE_NAME`, the field the installed release's output classes declare.
 
 Importing this module checks the installed release against the supported range: below it raises ImportError,
-at or past `FIRST_UNTESTED` it warns. The range is setup.cfg's transformers requirement (a test keeps the two
+at or past `FIRST_UNTESTED` it warns. The range is pyproject.toml's transformers requirement (a test keeps the two
 equal); `.ci/run` tests both ends of it.
 """
 

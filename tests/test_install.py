@@ -6,6 +6,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,6 +66,11 @@ def test_wheel_works_outside_the_checkout(tmp_path):
     subprocess.run([*pip, "wheel", "--no-build-isolation", "--no-deps", "-w", str(wheels), str(source)], check=True,
                    env=env, capture_output=True)
     (wheel,) = wheels.glob("talk_hf-*.whl")
+    with zipfile.ZipFile(wheel) as archive:  # pyproject.toml's metadata: the licence, the transformers range
+        names = archive.namelist()
+        metadata = archive.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
+    assert "License-Expression: MIT" in metadata and "Requires-Dist: transformers<5.25.0,>=5.20.0" in metadata
     subprocess.run([*pip, "install", "--no-deps", "--no-compile", "--target", str(site), str(wheel)], check=True,
                    capture_output=True)
     assert (site / "talk_hf" / "training" / "templates" / "translation.md").is_file()

@@ -1,6 +1,6 @@
 """The supported transformers range and the decoding state's name (talk_hf/versions.py)."""
 
-import configparser
+import tomllib
 import warnings
 from pathlib import Path
 
@@ -16,10 +16,10 @@ from tests.models.tiny import VOCAB, cache_of, make, source_batch
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_setup_cfg_declares_the_range_the_package_checks():
-    config = configparser.ConfigParser()
-    config.read(ROOT / "setup.cfg")
-    requirements = [Requirement(line) for line in config["options"]["install_requires"].split("\n") if line.strip()]
+def test_pyproject_declares_the_range_the_package_checks():
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        project = tomllib.load(f)["project"]
+    requirements = [Requirement(line) for line in project["dependencies"]]
     (transformers_requirement,) = [r for r in requirements if r.name == "transformers"]
     assert transformers_requirement.specifier == f">={versions.OLDEST},<{versions.FIRST_UNTESTED}"
     assert transformers_requirement.specifier.contains(transformers.__version__)  # what these tests run on
