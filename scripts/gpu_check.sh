@@ -45,24 +45,24 @@ sanitizer() {
 
 ops() {
     for dtype in float32 bfloat16; do
-        "$PY" scripts/benchmark_ops.py --device cuda --dtype "$dtype" --batch 10 --channels 1024 --heads 16 \
+        "$PY" benchmarks/benchmark_ops.py --device cuda --dtype "$dtype" --batch 10 --channels 1024 --heads 16 \
             --lengths 10 100 1000 10000 --output "$OUT/bench_ops_$dtype.json" | tee "$OUT/bench_ops_$dtype.log" | tail -8
     done
 }
 
 generation() {
-    "$PY" scripts/benchmark_generation.py --device cuda --lm_tokens 1024 --lm_batch 1 16 --windows 1 4 8 15 --compile \
+    "$PY" benchmarks/benchmark_generation.py --device cuda --lm_tokens 1024 --lm_batch 1 16 --windows 1 4 8 15 --compile \
         --output "$OUT/bench_generation.json" | tee "$OUT/bench_generation.log" | tail -10
 }
 
 training() {
-    "$PY" scripts/benchmark_training.py --device cuda --amp bf16 --d_model 512 --layers 6 --ffn 2048 --heads 8 \
+    "$PY" benchmarks/benchmark_training.py --device cuda --amp bf16 --d_model 512 --layers 6 --ffn 2048 --heads 8 \
         --batch 32 --length 128 --lengths 512 2048 8192 --output "$OUT/bench_training.json" | tee "$OUT/bench_training.log" | tail -8
 }
 
 profile() {
     for dtype in float32 bfloat16; do
-        "$PY" scripts/profile_kernels.py --dtype "$dtype" --batch 10 --channels 1024 --heads 16 --length 10000 \
+        "$PY" benchmarks/profile_kernels.py --dtype "$dtype" --batch 10 --channels 1024 --heads 16 --length 10000 \
             | tee "$OUT/profile_$dtype.log"
     done
 }

@@ -5,9 +5,9 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCES = [*ROOT.glob("talk_hf/**/*.py"), *ROOT.glob("scripts/*.py"), *ROOT.glob("tests/*.py"),
-           *ROOT.glob("tests/models/*.py"), *ROOT.glob("tests/training/*.py"), ROOT / "README.md",
-           *ROOT.glob("docs/*.md")]
+SOURCES = [*ROOT.glob("talk_hf/**/*.py"), *ROOT.glob("scripts/*.py"), *ROOT.glob("benchmarks/*.py"),
+           *ROOT.glob("tests/*.py"), *ROOT.glob("tests/models/*.py"), *ROOT.glob("tests/training/*.py"),
+           ROOT / "README.md", *ROOT.glob("docs/*.md")]
 
 
 def cited(pattern):

@@ -27,9 +27,15 @@ TINY = ["d_model=16", "encoder_layers=1", "decoder_layers=1", "encoder_ffn_dim=3
 
 
 def script(name):
-    spec = importlib.util.spec_from_file_location(f"script_{name}", ROOT / "scripts" / f"{name}.py")
+    """A script of scripts/ or benchmarks/ imported as a module, its folder first on sys.path as when it runs."""
+    path = next(p for p in (ROOT / "scripts" / f"{name}.py", ROOT / "benchmarks" / f"{name}.py") if p.exists())
+    spec = importlib.util.spec_from_file_location(f"script_{name}", path)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    sys.path.insert(0, str(path.parent))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(path.parent))
     return module
 
 
@@ -243,7 +249,7 @@ def test_lm_results_runner_reports_perplexity(tmp_path, monkeypatch):
 
 
 def small_generation_benchmark(monkeypatch):
-    """scripts/benchmark_generation.py with one-layer models of width 16."""
+    """benchmarks/benchmark_generation.py with one-layer models of width 16."""
     module = script("benchmark_generation")
     monkeypatch.setattr(module, "D", 16)
     monkeypatch.setattr(module, "LAYERS", 1)

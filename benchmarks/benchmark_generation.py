@@ -30,7 +30,7 @@ With `--compile`, every greedy row is run a second time with both models compile
 decoding step (`cache_implementation="static"` and a `CompileConfig`: CUDA graphs on a GPU, inductor code on a
 CPU; the baselines get their static key/value cache). Compilation happens in the untimed warm-up call.
 
-    python scripts/benchmark_generation.py --device cpu --lm_tokens 1024 4096 --windows 1 4 8 15
+    python benchmarks/benchmark_generation.py --device cpu --lm_tokens 1024 4096 --windows 1 4 8 15
 Writes --output (JSON) and prints a markdown table.
 """
 
@@ -39,10 +39,16 @@ import statistics
 import time
 
 import torch
-from transformers import CompileConfig, GPT2Config, GPT2LMHeadModel, MarianConfig, MarianMTModel
-
-from tokenizers import Tokenizer, models as token_models, pre_tokenizers, processors
-from transformers import PreTrainedTokenizerFast
+from tokenizers import Tokenizer, pre_tokenizers, processors
+from tokenizers import models as token_models
+from transformers import (
+    CompileConfig,
+    GPT2Config,
+    GPT2LMHeadModel,
+    MarianConfig,
+    MarianMTModel,
+    PreTrainedTokenizerFast,
+)
 
 from talk_hf import (
     DynamicConvConfig,
@@ -57,7 +63,7 @@ from talk_hf import (
     translate_documents,
 )
 from talk_hf.training.plot import pyplot, save_figure
-from talk_hf.training.timing import environment, save_results
+from timing import environment, save_results
 from talk_hf.versions import CACHE_NAME
 
 VOCAB, D, LAYERS, HEADS = 8000, 256, 3, 4

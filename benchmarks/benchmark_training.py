@@ -9,8 +9,8 @@ Each row is forward + backward, the median of timed steps after warm-up (CUDA ev
 Ratios are against Marian's time in the same run. --amp bf16 runs under torch.autocast (the GPU setting);
 CPU rows are fp32.
 
-    python scripts/benchmark_training.py --device cpu --output runs/bench/training_cpu.json
-    python scripts/benchmark_training.py --device cuda --amp bf16 --d_model 512 --layers 6 --ffn 2048 --heads 8 \\
+    python benchmarks/benchmark_training.py --device cpu --output runs/bench/training_cpu.json
+    python benchmarks/benchmark_training.py --device cuda --amp bf16 --d_model 512 --layers 6 --ffn 2048 --heads 8 \\
         --batch 32 --length 128 --lengths 512 2048 8192 --output runs/bench/training_gpu.json
 """
 
@@ -21,7 +21,7 @@ import torch
 
 from talk_hf.training.models import build_model_for_ids, count_parameters
 from talk_hf.training.plot import pyplot, save_figure
-from talk_hf.training.timing import environment, median_seconds, save_results
+from timing import environment, median_seconds, save_results
 
 VOCAB = 8000
 IDS = dict(vocab_size=VOCAB, pad_token_id=1, bos_token_id=0, eos_token_id=2)

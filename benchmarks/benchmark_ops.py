@@ -11,11 +11,11 @@ torch.nn.functional.scaled_dot_product_attention, forward and forward+backward; 
 memory floor of a one-pass op: `x.clone()` (allocates its output, as every op here does; on CPU a large fresh
 allocation pays its page faults) and `out.copy_(x)` into a buffer allocated once (the bandwidth floor alone). Median of timed iterations after warm-up (CUDA events on GPU).
 
-    python scripts/benchmark_ops.py --device cpu --batch 4 --channels 512 --heads 8 --lengths 256 1024 4096
+    python benchmarks/benchmark_ops.py --device cpu --batch 4 --channels 512 --heads 8 --lengths 256 1024 4096
     # CPU, steady-state allocations (freed memory stays mapped, as in a training loop: no first-touch page faults)
     GLIBC_TUNABLES=glibc.malloc.mmap_threshold=4294967295:glibc.malloc.trim_threshold=4294967295 \
-        python scripts/benchmark_ops.py --device cpu ...
-    python scripts/benchmark_ops.py --device cuda --batch 10 --channels 1024 --heads 16 --lengths 10 100 1000 10000 \
+        python benchmarks/benchmark_ops.py --device cpu ...
+    python benchmarks/benchmark_ops.py --device cuda --batch 10 --channels 1024 --heads 16 --lengths 10 100 1000 10000 \
         --dtype bfloat16
 Writes --output (JSON) and prints a markdown table.
 """
@@ -31,7 +31,7 @@ from talk_hf import _kernels, ops
 from talk_hf.backend import needs_grad
 from talk_hf.rfa import DEFAULT_EPS
 from talk_hf.training.plot import pyplot, save_figure
-from talk_hf.training.timing import environment, median_seconds, save_results
+from timing import environment, median_seconds, save_results
 
 
 def interleaved_ratio(fn, baseline, device, pairs):
