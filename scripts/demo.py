@@ -51,7 +51,7 @@ def prepare(data_dir, vocab_size):
         return
     splits = {"train": "train", "valid": "val", "test": "test_2016_flickr"}
     argv = [f"--split={name}={DATA / f'{stem}.de.gz'},{DATA / f'{stem}.en.gz'}" for name, stem in splits.items()]
-    preprocess.main(argv + ["--vocab-size", str(vocab_size), "--output-dir", str(data_dir)])
+    preprocess.main(argv + ["--vocab_size", str(vocab_size), "--output_dir", str(data_dir)])
 
 
 def main(argv=None):

@@ -60,10 +60,10 @@ def prepare(out, window, vocab_size, max_tokens_per_example):
     folder = out / f"data_w{window}"
     if (folder / "preprocess.json").exists():
         return folder
-    argv = ["--wiki-zh-en", "--wiki-splits", "train,dev,zh2en-test", "--window", str(window),
-            "--max-tokens-per-example", str(max_tokens_per_example), "--output-dir", str(folder)]
+    argv = ["--wiki_zh_en", "--wiki_splits", "train,dev,zh2en-test", "--window", str(window),
+            "--max_tokens_per_example", str(max_tokens_per_example), "--output_dir", str(folder)]
     if window == 1:
-        argv += ["--vocab-size", str(vocab_size)]
+        argv += ["--vocab_size", str(vocab_size)]
     else:
         argv += ["--tokenizer", str(prepare(out, 1, vocab_size, max_tokens_per_example) / "tokenizer")]
     summary = preprocess.main(argv)

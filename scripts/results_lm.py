@@ -49,8 +49,8 @@ def parse_args(argv=None):
 def prepare(out, corpus, block_size, vocab_size):
     folder = out / "data"
     if not (folder / "preprocess.json").exists():
-        preprocess.main(["--lm-text", f"train={corpus}", "--lm-holdout", "0.1", "--block-size", str(block_size),
-                         "--vocab-size", str(vocab_size), "--output-dir", str(folder)])
+        preprocess.main(["--lm_text", f"train={corpus}", "--lm_holdout", "0.1", "--block_size", str(block_size),
+                         "--vocab_size", str(vocab_size), "--output_dir", str(folder)])
     return folder
 
 

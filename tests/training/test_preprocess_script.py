@@ -41,15 +41,15 @@ def test_help_documents_every_flag(script):
     for action in actions:
         assert action.help, action.option_strings  # every flag has a help text
         assert any(opt in result.stdout for opt in action.option_strings), action.option_strings
-    for flag in ("--source-file", "--target-file", "--split", "--tsv", "--json", "--hub-dataset", "--wiki-zh-en",
-                 "--vocab-size", "--lowercase", "--window", "--max-tokens-per-example", "--output-dir"):
+    for flag in ("--source_file", "--target_file", "--split", "--tsv", "--json", "--hub_dataset", "--wiki_zh_en",
+                 "--vocab_size", "--lowercase", "--window", "--max_tokens_per_example", "--output_dir"):
         assert flag in result.stdout
 
 
 def test_tsv_end_to_end(script, tmp_path):
     out = tmp_path / "out"
-    summary = script.main(["--tsv", f"train={FIXTURE}", "--tsv", f"valid={FIXTURE}", "--vocab-size", "300",
-                           "--max-tokens-per-example", "30", "--output-dir", str(out)])
+    summary = script.main(["--tsv", f"train={FIXTURE}", "--tsv", f"valid={FIXTURE}", "--vocab_size", "300",
+                           "--max_tokens_per_example", "30", "--output_dir", str(out)])
     tok = AutoTokenizer.from_pretrained(out / "tokenizer")
     assert len(tok) == 300 and tok.sep_token_id == SEP_ID and tok.eos_token_id == EOS_ID
     pairs = fixture_pairs()
@@ -77,10 +77,10 @@ def test_text_files_match_tsv(script, tmp_path):
         f.write("".join(p[1] + "\n" for p in pairs))
     (tmp_path / "test.de").write_text("Ein Hund.\n", encoding="utf-8")
     (tmp_path / "test.en").write_text("A dog.\n", encoding="utf-8")
-    script.main(["--source-file", str(tmp_path / "train.de"), "--target-file", str(tmp_path / "train.en.gz"),
-                 "--split", f"test={tmp_path / 'test.de'},{tmp_path / 'test.en'}", "--vocab-size", "300",
-                 "--output-dir", str(tmp_path / "text")])
-    script.main(["--tsv", f"train={FIXTURE}", "--vocab-size", "300", "--output-dir", str(tmp_path / "tsv")])
+    script.main(["--source_file", str(tmp_path / "train.de"), "--target_file", str(tmp_path / "train.en.gz"),
+                 "--split", f"test={tmp_path / 'test.de'},{tmp_path / 'test.en'}", "--vocab_size", "300",
+                 "--output_dir", str(tmp_path / "text")])
+    script.main(["--tsv", f"train={FIXTURE}", "--vocab_size", "300", "--output_dir", str(tmp_path / "tsv")])
     text_train = datasets.load_from_disk(str(tmp_path / "text" / "train"))
     tsv_train = datasets.load_from_disk(str(tmp_path / "tsv" / "train"))
     assert text_train["input_ids"] == tsv_train["input_ids"] and text_train["labels"] == tsv_train["labels"]
@@ -94,9 +94,9 @@ def test_json_reverse_and_reused_tokenizer(script, tmp_path):
     pairs = fixture_pairs()[:8]
     path = tmp_path / "p.jsonl"
     path.write_text("".join(json.dumps({"translation": {"de": d, "en": e}}) + "\n" for d, e in pairs))
-    script.main(["--tsv", f"train={FIXTURE}", "--vocab-size", "300", "--output-dir", str(tmp_path / "a")])
-    script.main(["--json", f"valid={path}", "--source-key", "translation.de", "--target-key", "translation.en",
-                 "--reverse", "--tokenizer", str(tmp_path / "a" / "tokenizer"), "--output-dir", str(tmp_path / "b")])
+    script.main(["--tsv", f"train={FIXTURE}", "--vocab_size", "300", "--output_dir", str(tmp_path / "a")])
+    script.main(["--json", f"valid={path}", "--source_key", "translation.de", "--target_key", "translation.en",
+                 "--reverse", "--tokenizer", str(tmp_path / "a" / "tokenizer"), "--output_dir", str(tmp_path / "b")])
     ds = datasets.load_from_disk(str(tmp_path / "b" / "valid"))
     assert ds["source"] == [e for _, e in pairs] and ds["target"] == [d for d, _ in pairs]
     tok = AutoTokenizer.from_pretrained(tmp_path / "a" / "tokenizer")
@@ -111,9 +111,9 @@ def test_local_hub_folder(script, tmp_path):
         for split, (a, b) in {"train": (0, 48), "validation": (48, 64)}.items()
     })
     dd.save_to_disk(str(tmp_path / "hub"))
-    summary = script.main(["--hub-dataset", str(tmp_path / "hub"), "--hub-splits", "train,validation",
-                           "--source-lang", "de", "--target-lang", "en", "--vocab-size", "250",
-                           "--output-dir", str(tmp_path / "out")])
+    summary = script.main(["--hub_dataset", str(tmp_path / "hub"), "--hub_splits", "train,validation",
+                           "--source_lang", "de", "--target_lang", "en", "--vocab_size", "250",
+                           "--output_dir", str(tmp_path / "out")])
     assert {k: v["examples"] for k, v in summary["splits"].items()} == {"train": 48, "validation": 16}
     valid = datasets.load_from_disk(str(tmp_path / "out" / "validation"))
     assert valid["source"] == [d for d, _ in pairs[48:]]
@@ -121,8 +121,8 @@ def test_local_hub_folder(script, tmp_path):
 
 def test_wiki_windows(script, tmp_path):
     out = tmp_path / "wiki"
-    summary = script.main(["--wiki-zh-en", "--wiki-splits", "dev,zh2en-test", "--tokenizer-splits", "dev",
-                           "--window", "4", "--vocab-size", "3000", "--output-dir", str(out)])
+    summary = script.main(["--wiki_zh_en", "--wiki_splits", "dev,zh2en-test", "--tokenizer_splits", "dev",
+                           "--window", "4", "--vocab_size", "3000", "--output_dir", str(out)])
     counts = summary["splits"]
     assert counts["dev"]["sentences"] == counts["dev"]["examples"] == counts["dev"]["kept"] == 2020
     assert counts["dev"]["documents"] == 75 and counts["zh2en-test"]["documents"] == 30
@@ -140,17 +140,17 @@ def test_wiki_windows(script, tmp_path):
 
 def test_input_errors(script, tmp_path):
     with pytest.raises(SystemExit):  # no input
-        script.main(["--output-dir", str(tmp_path / "x")])
+        script.main(["--output_dir", str(tmp_path / "x")])
     with pytest.raises(SystemExit):  # two kinds of input
-        script.main(["--tsv", f"train={FIXTURE}", "--wiki-zh-en", "--output-dir", str(tmp_path / "x")])
+        script.main(["--tsv", f"train={FIXTURE}", "--wiki_zh_en", "--output_dir", str(tmp_path / "x")])
     with pytest.raises(SystemExit):  # tokenizer split missing
-        script.main(["--tsv", f"valid={FIXTURE}", "--output-dir", str(tmp_path / "x")])
+        script.main(["--tsv", f"valid={FIXTURE}", "--output_dir", str(tmp_path / "x")])
     with pytest.raises(ValueError, match="needs a 'doc_id' column"):  # windows need documents
-        script.main(["--tsv", f"train={FIXTURE}", "--window", "2", "--vocab-size", "300",
-                     "--output-dir", str(tmp_path / "x")])
+        script.main(["--tsv", f"train={FIXTURE}", "--window", "2", "--vocab_size", "300",
+                     "--output_dir", str(tmp_path / "x")])
     assert not (tmp_path / "x").exists()  # checked before anything is written
     result = subprocess.run([sys.executable, str(SCRIPT), "--tsv", f"train={FIXTURE}", "--window", "2",
-                             "--vocab-size", "300", "--output-dir", str(tmp_path / "y")],
+                             "--vocab_size", "300", "--output_dir", str(tmp_path / "y")],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode != 0 and "preprocess.py: error:" in result.stderr and "doc_id" in result.stderr
 
@@ -161,8 +161,8 @@ def test_lm_text_blocks_and_holdout(script, tmp_path):
     with gzip.open(corpus, "wt", encoding="utf-8") as f:
         f.write("\n".join(lines) + "\n")
     out = tmp_path / "lm"
-    summary = script.main(["--lm-text", f"train={corpus}", "--lm-holdout", "0.25", "--block-size", "16",
-                           "--vocab-size", "300", "--output-dir", str(out)])
+    summary = script.main(["--lm_text", f"train={corpus}", "--lm_holdout", "0.25", "--block_size", "16",
+                           "--vocab_size", "300", "--output_dir", str(out)])
     counts = summary["splits"]
     assert counts["train"]["lines"] == 48 and counts["valid"]["lines"] == 16  # the last quarter, by position
     tok = AutoTokenizer.from_pretrained(out / "tokenizer")
@@ -183,8 +183,8 @@ def test_lm_text_blocks_and_holdout(script, tmp_path):
 def test_lm_input_errors(script, tmp_path):
     corpus = tmp_path / "c.txt"
     corpus.write_text("a b c\n" * 50, encoding="utf-8")
-    for argv in (["--lm-holdout", "1.5"], ["--window", "2"], ["--block-size", "0"], ["--tsv", f"train={FIXTURE}"],
-                 ["--lm-holdout", "0.1", "--lm-text", f"valid={corpus}"]):
+    for argv in (["--lm_holdout", "1.5"], ["--window", "2"], ["--block_size", "0"], ["--tsv", f"train={FIXTURE}"],
+                 ["--lm_holdout", "0.1", "--lm_text", f"valid={corpus}"]):
         with pytest.raises(SystemExit):
-            script.main(["--lm-text", f"train={corpus}", *argv, "--output-dir", str(tmp_path / "x")])
+            script.main(["--lm_text", f"train={corpus}", *argv, "--output_dir", str(tmp_path / "x")])
     assert not (tmp_path / "x").exists()

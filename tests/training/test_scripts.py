@@ -54,7 +54,7 @@ def run(tmp_path_factory):
     """preprocess -> train (3 updates, checkpoints every update) on the fixture pairs."""
     root = tmp_path_factory.mktemp("run")
     script("preprocess").main(["--tsv", f"train={FIXTURE}", "--tsv", f"valid={FIXTURE}", "--tsv", f"test={FIXTURE}",
-                               "--vocab-size", "200", "--output-dir", str(root / "data")])
+                               "--vocab_size", "200", "--output_dir", str(root / "data")])
     results = script("train").main([
         "--data", str(root / "data"), "--model", "talk", "--set", *TINY, "--output_dir", str(root / "talk"),
         "--max_tokens", "512", "--max_steps", "3", "--save_every", "1", "--warmup_steps", "1", "--bleu_sentences", "8",
