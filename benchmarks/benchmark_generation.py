@@ -258,17 +258,16 @@ def streaming_rows(args, generator):
     document = [" ".join(f"w{i}" for i in sentence) for sentence in words]
     kwargs = dict(min_new_tokens=PAPER_TARGET, max_new_tokens=PAPER_TARGET)
     tenth = max(1, len(document) // 10)
-    runs = {
-        "RFA-doc streaming": lambda doc: translate_document_streaming(talk, tokenizer, doc, window=args.stream_window,
-                                                                      **kwargs),
-        f"RFA-doc sliding windows of {args.stream_window}": lambda doc: translate_documents(
-            talk, tokenizer, [doc], window=args.stream_window, **kwargs),
-        f"Marian sliding windows of {args.stream_window}": lambda doc: translate_documents(
-            base, tokenizer, [doc], window=args.stream_window, **kwargs),
-    }
+    window = args.stream_window
+    runs = [  # (row name, model, how it translates one document)
+        ("RFA-doc streaming", talk, lambda doc: translate_document_streaming(talk, tokenizer, doc, window, **kwargs)),
+        (f"RFA-doc sliding windows of {window}", talk,
+         lambda doc: translate_documents(talk, tokenizer, [doc], window, **kwargs)),
+        (f"Marian sliding windows of {window}", base,
+         lambda doc: translate_documents(base, tokenizer, [doc], window, **kwargs)),
+    ]
     rows = []
-    for name, run_document in runs.items():
-        model = talk if name.startswith("RFA-doc") else base
+    for name, model, run_document in runs:
         run_document(document[:2])  # warm-up
         seconds = _sentence_times(model, lambda: run_document(document))
         first, last = sum(seconds[:tenth]), sum(seconds[-tenth:])

@@ -53,9 +53,10 @@ def translate_documents(model, tokenizer, documents, window=4, batch_size=32, se
     stops = _stop_ids(model, separator)
     done = [[] for _ in docs]  # the token ids kept for each translated sentence
     for i in range(max(map(len, docs), default=0)):
+        first = _window_start(i, window)
         rows = [d for d in range(len(docs)) if i < len(docs[d])]
-        sources = [join_sentences(docs[d][max(0, i - window + 1) : i + 1], sep_token) for d in rows]
-        prefixes = [_forced_prefix(done[d][max(0, i - window + 1) :], separator) for d in rows]
+        sources = [join_sentences(docs[d][first : i + 1], sep_token) for d in rows]
+        prefixes = [_forced_prefix(done[d][first:i], separator) for d in rows]
         for d, ids in zip(rows, _generate_windows(model, tokenizer, sources, prefixes, stops, batch_size,
                                                   generate_kwargs)):
             done[d].append(ids)
@@ -77,6 +78,16 @@ def _check_generation(window, batch_size, generate_kwargs):
     for name in ("decoder_input_ids", "input_ids", "attention_mask", "eos_token_id"):
         if name in generate_kwargs:
             raise ValueError(f"{name} is set by document translation itself; do not pass it")
+
+
+def _window_start(i, window):
+    """The first sentence of sentence i's window (a window never reaches before the document's start)."""
+    return max(0, i - window + 1)
+
+
+def _decoder_start(model):
+    start = model.generation_config.decoder_start_token_id
+    return model.config.decoder_start_token_id if start is None else start
 
 
 def _separator_id(tokenizer, sep_token):
@@ -114,11 +125,7 @@ def _kept(new_ids, stops):
 @torch.no_grad()
 def _generate_windows(model, tokenizer, sources, prefixes, stops, batch_size, generate_kwargs):
     """Translate windows (source text, forced prefix ids) -> the kept ids of each window's new sentence, in order."""
-    device = next(model.parameters()).device
-    start = model.generation_config.decoder_start_token_id
-    if start is None:
-        start = model.config.decoder_start_token_id
-    pad = model.generation_config.pad_token_id
+    start, pad = _decoder_start(model), model.generation_config.pad_token_id
     ends = stops | ({pad} if pad is not None else set())
     groups = {}
     for row, prefix in enumerate(prefixes):
@@ -127,8 +134,8 @@ def _generate_windows(model, tokenizer, sources, prefixes, stops, batch_size, ge
     for length, rows in sorted(groups.items()):
         for first in range(0, len(rows), batch_size):
             chunk = rows[first : first + batch_size]
-            inputs = tokenizer([sources[r] for r in chunk], return_tensors="pt", padding=True).to(device)
-            decoder_input_ids = torch.tensor([[start, *prefixes[r]] for r in chunk], device=device)
+            inputs = tokenizer([sources[r] for r in chunk], return_tensors="pt", padding=True).to(model.device)
+            decoder_input_ids = torch.tensor([[start, *prefixes[r]] for r in chunk], device=model.device)
             out = model.generate(**inputs, decoder_input_ids=decoder_input_ids, **generate_kwargs)
             for r, ids in zip(chunk, out[:, length + 1 :].tolist()):
                 kept[r] = _kept(ids, ends)
@@ -153,24 +160,20 @@ def translate_document_streaming(model, tokenizer, document, window=4, sep_token
                          f"encoder-decoder, got {type(model).__name__} (translate_documents works with any)")
     sentences = document_sentences(document)
     separator = _separator_id(tokenizer, sep_token)
-    stops = sorted(_stop_ids(model, separator))
-    device = next(model.parameters()).device
-    start = model.generation_config.decoder_start_token_id
-    if start is None:
-        start = model.config.decoder_start_token_id
-    tokens, cache, translations = [start], None, []
+    stops = _stop_ids(model, separator)
+    tokens, cache, translations = [_decoder_start(model)], None, []
     for i in range(len(sentences)):
-        inputs = tokenizer([join_sentences(sentences[max(0, i - window + 1) : i + 1], sep_token)],
-                           return_tensors="pt").to(device)
+        inputs = tokenizer([join_sentences(sentences[_window_start(i, window) : i + 1], sep_token)],
+                           return_tensors="pt").to(model.device)
         if cache is not None:
             cache.cross_attention_cache.reset()  # the next forward reads the new source window
-        decoder_input_ids = torch.tensor([tokens], device=device)
+        decoder_input_ids = torch.tensor([tokens], device=model.device)
         out = model.generate(**inputs, decoder_input_ids=decoder_input_ids,
-                             decoder_attention_mask=torch.ones_like(decoder_input_ids), eos_token_id=stops,
+                             decoder_attention_mask=torch.ones_like(decoder_input_ids), eos_token_id=sorted(stops),
                              return_dict_in_generate=True, **{CACHE_NAME: cache}, **generate_kwargs)
         cache = getattr(out, CACHE_NAME)
         new = out.sequences[0, len(tokens) :].tolist()
-        kept = _kept(new, set(stops))
+        kept = _kept(new, stops)
         translations.append(tokenizer.decode(kept, skip_special_tokens=True).strip())
         # the state has consumed every generated token but the last: the stop id (not kept), or the last kept one
         # when max_new_tokens ended the sentence; generate() feeds what it has not consumed

@@ -30,9 +30,8 @@ from transformers.modeling_outputs import (
     Seq2SeqLMOutput,
     Seq2SeqModelOutput,
 )
-from transformers.utils import can_return_tuple, logging
-
 from transformers.cache_utils import EncoderDecoderCache
+from transformers.utils import can_return_tuple, logging
 
 from .recurrent_cache import decoder_cache, recurrent_layers
 from .versions import CACHE_NAME, cache_output, takes_cache
@@ -361,7 +360,6 @@ class DecoderStack(nn.Module):
         return BaseModelOutputWithPast(
             last_hidden_state=x, hidden_states=tuple(hidden) if hidden else None, **cache_output(cache)
         )
-
 
     def _layer_caches(self, cache):
         """Each layer's RecurrentLayer of the decoder's own state and of the cross-attention side (Nones where

@@ -105,18 +105,15 @@ class RecurrentLayer(LinearAttentionAndFullAttentionLayer):
 
     def write_conv_state(self, state, state_idx=0):
         """Store the whole conv state (in place after the first write) -> the stored tensor."""
-        self.conv_states[state_idx] = _write(self.conv_states[state_idx], state)
-        self.is_conv_states_initialized[state_idx] = True
-        return self._mark_written(state, state_idx, self.conv_states)
+        return self._write_state(self.conv_states, self.is_conv_states_initialized, state, state_idx)
 
     def write_recurrent_state(self, state, state_idx=0):
         """Store the whole recurrent state (in place after the first write) -> the stored tensor."""
-        self.recurrent_states[state_idx] = _write(self.recurrent_states[state_idx], state)
-        self.is_recurrent_states_initialized[state_idx] = True
-        return self._mark_written(state, state_idx, self.recurrent_states)
+        return self._write_state(self.recurrent_states, self.is_recurrent_states_initialized, state, state_idx)
 
-    def _mark_written(self, state, state_idx, states):
-        self.has_previous_state[state_idx] = True
+    def _write_state(self, states, initialized, state, state_idx):
+        states[state_idx] = _write(states[state_idx], state)
+        initialized[state_idx] = self.has_previous_state[state_idx] = True
         self.device, self.dtype = state.device, state.dtype
         return states[state_idx]
 

@@ -44,6 +44,7 @@ __all__ = [
     "Seq2SeqCollator",
     "TokenBatchSampler",
     "document_windows",
+    "group_documents",
     "encode",
     "lm_blocks",
     "lm_token_stream",
@@ -430,6 +431,18 @@ def _document_starts(doc_ids: Sequence[Any]) -> list[int]:
             start = i
         starts.append(start)
     return starts
+
+
+def group_documents(values: Sequence[Any], doc_ids: Sequence[Any]) -> list[list[Any]]:
+    """Rows in document order -> one list per document (a run of equal consecutive ``doc_ids``)."""
+    if len(values) != len(doc_ids):
+        raise ValueError(f"{len(values)} values for {len(doc_ids)} doc_ids")
+    documents = []
+    for value, start, i in zip(values, _document_starts(doc_ids), range(len(doc_ids))):
+        if start == i:
+            documents.append([])
+        documents[-1].append(value)
+    return documents
 
 
 def document_windows(ds: datasets.Dataset, window: int, sep_token: str = SEP_TOKEN) -> datasets.Dataset:

@@ -8,7 +8,8 @@ import sacrebleu
 import torch
 
 from ..metrics.document_bleu.document_bleu import document_scores
-from ..tokenization import split_sentences
+from ..tokenization import SEP_TOKEN, split_sentences
+from .data import group_documents
 
 
 @torch.no_grad()
@@ -39,12 +40,12 @@ def corpus_bleu(hypotheses, references):
     return metric.corpus_score(hypotheses, [references]).score, str(metric.get_signature())
 
 
-def last_sentences(texts, sep_token="<sep>"):
+def last_sentences(texts, sep_token=SEP_TOKEN):
     """The current (last) sentence of each document window: the part scored at document-level evaluation."""
     return [(split_sentences(text, sep_token) or [""])[-1] for text in texts]
 
 
-def document_metrics(tokenizer, doc_ids, sep_token="<sep>"):
+def document_metrics(tokenizer, doc_ids, sep_token=SEP_TOKEN):
     """A `compute_metrics` for transformers' Seq2SeqTrainer (predict_with_generate=True) on an evaluation set of
     document windows in document order: the last sentence of each generated window is that sentence's translation,
     the rows of one doc_id (consecutive) form a document, and the document_bleu scores come back as
@@ -59,20 +60,10 @@ def document_metrics(tokenizer, doc_ids, sep_token="<sep>"):
         hyps, refs = texts(prediction.predictions), texts(prediction.label_ids)
         if len(hyps) != len(doc_ids):
             raise ValueError(f"{len(hyps)} predictions for an evaluation set of {len(doc_ids)} rows (doc_ids)")
-        scores = document_scores(_documents(hyps, doc_ids), _documents(refs, doc_ids))
+        scores = document_scores(group_documents(hyps, doc_ids), group_documents(refs, doc_ids))
         return {"bleu": scores["bleu"], "d_bleu": scores["d_bleu"]}
 
     return compute_metrics
-
-
-def _documents(sentences, doc_ids):
-    """Sentences in document order -> one list per run of equal consecutive doc_ids."""
-    documents = []
-    for i, (sentence, doc) in enumerate(zip(sentences, doc_ids)):
-        if i == 0 or doc != doc_ids[i - 1]:
-            documents.append([])
-        documents[-1].append(sentence)
-    return documents
 
 
 def rouge(summaries, references):

@@ -14,7 +14,7 @@ from transformers import AutoTokenizer
 from ..document_translation import translate_document_streaming, translate_documents
 from ..metrics.document_bleu.document_bleu import document_scores
 from ..tokenization import split_sentences
-from .data import write_lines
+from .data import group_documents, write_lines
 from .evaluation import corpus_bleu, last_sentences, translate
 from .loop import Trainer
 from .models import build_model, count_parameters
@@ -59,8 +59,7 @@ def _evaluate_documents(model, tokenizer, dataset, decoding, generation):
     sources, references, window = split_documents(dataset)
     if decoding == "windows":
         texts = translate(model, tokenizer, dataset["source"], skip_special_tokens=False, **generation)
-        flat = iter(last_sentences(texts))
-        hyps = [[next(flat) for _ in doc] for doc in sources]
+        hyps = group_documents(last_sentences(texts), dataset["doc_id"])
     elif decoding == "streaming":
         if generation["num_beams"] != 1:
             raise ValueError("streaming document decoding is greedy: evaluate it with num_beams=1")
@@ -81,17 +80,11 @@ def split_documents(dataset):
     if "doc_id" not in dataset.column_names:
         raise ValueError("document-level evaluation needs a split of document windows with a doc_id column "
                          "(scripts/preprocess.py --window)")
-    sources, references, window, previous = [], [], 1, object()
-    for doc_id, source, target in zip(dataset["doc_id"], dataset["source"], dataset["target"]):
-        sentences = split_sentences(source)
-        window = max(window, len(sentences))
-        if doc_id != previous:
-            sources.append([])
-            references.append([])
-            previous = doc_id
-        sources[-1].append(sentences[-1] if sentences else "")
-        references[-1].append((split_sentences(target) or [""])[-1])
-    return sources, references, window
+    doc_ids = list(dataset["doc_id"])
+    windows = [split_sentences(source) for source in dataset["source"]]
+    sources = group_documents([(sentences or [""])[-1] for sentences in windows], doc_ids)
+    window = max([1, *map(len, windows)])
+    return sources, group_documents(last_sentences(dataset["target"]), doc_ids), window
 
 
 def train_run(data_dir, kind, train_config, preset=None, config_file=None, overrides=None, train_split="train",

@@ -546,3 +546,12 @@ def test_iwslt15_ted_zh_en_talks():
         load_iwslt15_ted_zh_en("train")
     with pytest.raises(FileNotFoundError, match="pass folder="):
         load_iwslt15_ted_zh_en("dev2010", folder="/nonexistent")
+
+
+def test_group_documents_follows_runs_of_doc_ids():
+    from talk_hf.training.data import group_documents
+
+    assert group_documents(list("abcdef"), [0, 0, 1, 1, 1, 0]) == [["a", "b"], ["c", "d", "e"], ["f"]]
+    assert group_documents([], []) == []
+    with pytest.raises(ValueError, match="3 values for 2 doc_ids"):
+        group_documents([1, 2, 3], [0, 0])
