@@ -47,6 +47,8 @@ def parse_args(argv=None):
     parser.add_argument("--num_beams", type=int, default=1, help="beam size at test time (default: greedy)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--test_limit", type=int, default=0, help="score only the first N test windows (0: all)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue each row from its last checkpoint (rows without one start afresh)")
     args = parser.parse_args(argv)
     for row in args.rows:
         name, _, window = row.partition("@")
@@ -101,11 +103,13 @@ def main(argv=None):
         window = int(window)
         data_dir = prepare(out, window, args.vocab_size, args.max_tokens_per_example)
         kind, overrides = MODELS[name]
+        run_dir = out / f"{name}-w{window}"
         config = TrainConfig(
-            output_dir=str(out / f"{name}-w{window}"), max_tokens=args.max_tokens, max_steps=args.max_steps,
+            output_dir=str(run_dir), max_tokens=args.max_tokens, max_steps=args.max_steps,
             learning_rate=1e-3, warmup_steps=min(args.warmup_steps, args.max_steps), label_smoothing=0.1,
             save_every=max(args.max_steps // 6, 1), keep_checkpoints=3, average_last=3, bleu_sentences=0,
             num_beams=args.num_beams, max_new_tokens=max_new_tokens(data_dir), seed=args.seed,
+            resume=args.resume and any((run_dir / "checkpoints").glob("step-*")),
         )
         result = train_run(data_dir, kind, config, overrides=overrides, valid_split="dev", test_split="zh2en-test",
                            document_level=window > 1, test_limit=args.test_limit)
