@@ -1,21 +1,22 @@
-"""Hub model cards (README.md) filled from a training run's real values.
+"""Hub model cards (README.md) rendered from a training run's real values.
 
     from talk_hf.training.model_card import write_model_card
     write_model_card("runs/multi30k/talk/model", model, languages=["de", "en"], license="cc-by-nc-4.0",
                      datasets=["multi30k"], metrics={"test_bleu": 35.2, "valid_loss": 2.1},
                      training_args=vars(train_config), repo_id="me/talk-multi30k-de-en")
 
-The templates live in ``talk_hf/training/templates/``, package data (``translation.md`` for encoder-decoders,
-``causal_lm.md`` for language models). They are Markdown with ``{{ name }}`` fields; :func:`fill_model_card` fills
-every field and fails if one is left. The YAML front matter is written by ``huggingface_hub.ModelCardData`` (language,
-license, datasets, metrics, tags with ``talk_hf`` and the model type, pipeline tag, ``model-index`` when there are
-results) and is parsed back with ``huggingface_hub.ModelCard`` before anything is returned.
+The templates are Jinja2 Markdown in ``talk_hf/training/templates/`` (package data): ``translation.md`` for
+encoder-decoders, ``causal_lm.md`` for language models. They hold every sentence, table and code sample of the card;
+this module gathers plain values (config entries, hyperparameters, results, flags) and renders a template with
+``huggingface_hub.ModelCard.from_template`` (:func:`render_card`: a variable with no value is a ``ValueError`` naming
+it). The YAML front matter is a ``ModelCardData`` (language, license, datasets, metrics, tags with ``talk_hf`` and the
+model type, pipeline tag, ``model-index`` of ``EvalResult``) and must parse back from the rendered card unchanged.
 
 ``metrics``: a run's results dict, e.g. ``{"test_bleu": 35.2, "bleu_signature": "nrefs:1|...", "valid_loss": 2.1,
 "valid_ppl": 8.2, "parameters": 9136, "steps": 20000}``. Keys ``[split_]metric`` with a known metric name (bleu,
 sacrebleu, chrf, ter, loss, ppl/perplexity, accuracy, rouge1/2/L, meteor, comet) and a number become evaluation
 results (table and ``model-index``); ``split`` is one of test/valid/validation/dev/eval/train (none: ``eval_split``).
-A ``*signature`` string is printed under the table; other entries are listed as run statistics.
+A ``*signature`` string is printed under the table; other numbers and strings are listed as run statistics.
 """
 
 from __future__ import annotations
@@ -23,19 +24,19 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+import jinja2
+import jinja2.meta
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from .models import count_parameters
 
-__all__ = ["TEMPLATES_DIR", "fill_model_card", "parse_metrics", "template_path", "write_model_card"]
+__all__ = ["TEMPLATES_DIR", "fill_model_card", "parse_metrics", "render_card", "template_path", "write_model_card"]
 
 TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"  # package data: found in installed packages too
 TEMPLATES = {"translation": "translation.md", "causal_lm": "causal_lm.md"}
-_FIELD = re.compile(r"{{\s*([A-Za-z_][A-Za-z0-9_]*)\s*}}")
 
 # model types whose code travels with the checkpoint (auto_map): loadable with trust_remote_code=True
 TALK_HF_MODEL_TYPES = ("talk", "talk_lm", "dynamic_conv", "dynamic_conv_lm", "rfa_doc")
@@ -51,89 +52,7 @@ _SPLITS = {"test": "test", "valid": "validation", "validation": "validation", "d
            "eval": "validation", "train": "train"}
 # training_args keys never shown (local paths, resume flags, secrets)
 _HIDDEN_ARGS = {"output_dir", "logging_dir", "resume", "resume_from_checkpoint", "overwrite_output_dir"}
-
-_ARCHITECTURES = {
-    "talk": "an encoder-decoder with **Time-aware Large Kernel (TaLK) convolutions** (Lioutas & Guo, ICML 2020) in "
-            "place of self-attention: every token predicts how far its summation window reaches to the left and right, "
-            "and the window is summed in O(1) per token from a summed-area table; the decoder attends to the encoder "
-            "with multi-head attention",
-    "talk_lm": "a decoder-only language model with causal **Time-aware Large Kernel (TaLK) convolutions** (Lioutas & "
-               "Guo, ICML 2020): every token predicts how far back its summation window reaches",
-    "dynamic_conv": "an encoder-decoder with **{conv} convolutions** (Wu et al., ICLR 2019) in place of "
-                    "self-attention; the decoder attends to the encoder with multi-head attention",
-    "dynamic_conv_lm": "a decoder-only language model with causal **{conv} convolutions** (Wu et al., ICLR 2019)",
-    "rfa_doc": "a document-level encoder-decoder with **Random Feature Attention** (RFA, Peng et al., ICLR 2021), "
-               "linear-time attention, and a sentential gate in the decoder (Wu et al., Findings of EMNLP 2022); it "
-               "translates windows of consecutive sentences joined by ` <sep> `",
-    "marian": "a Transformer encoder-decoder baseline (transformers `MarianMTModel`)",
-    "bart": "a Transformer encoder-decoder baseline (transformers `BartForConditionalGeneration`)",
-    "gpt2": "a Transformer decoder-only baseline (transformers `GPT2LMHeadModel`)",
-}
-
-_CITATIONS = {
-    "talk": """@inproceedings{lioutas2020timeaware,
-  title     = {Time-aware Large Kernel Convolutions},
-  author    = {Lioutas, Vasileios and Guo, Yuhong},
-  booktitle = {Proceedings of the 37th International Conference on Machine Learning (ICML)},
-  series    = {Proceedings of Machine Learning Research},
-  volume    = {119},
-  pages     = {6172--6183},
-  year      = {2020}
-}""",
-    "dynamic_conv": """@inproceedings{wu2019pay,
-  title     = {Pay Less Attention with Lightweight and Dynamic Convolutions},
-  author    = {Wu, Felix and Fan, Angela and Baevski, Alexei and Dauphin, Yann N. and Auli, Michael},
-  booktitle = {International Conference on Learning Representations (ICLR)},
-  year      = {2019}
-}""",
-    "rfa": """@inproceedings{peng2021random,
-  title     = {Random Feature Attention},
-  author    = {Peng, Hao and Pappas, Nikolaos and Yogatama, Dani and Schwartz, Roy and Smith, Noah A. and
-               Kong, Lingpeng},
-  booktitle = {International Conference on Learning Representations (ICLR)},
-  year      = {2021}
-}""",
-    "rfa_doc": """@inproceedings{wu-etal-2022-modeling,
-  title     = {Modeling Context With Linear Attention for Scalable Document-Level Translation},
-  author    = {Wu, Zhaofeng and Peng, Hao and Pappas, Nikolaos and Smith, Noah A.},
-  booktitle = {Findings of the Association for Computational Linguistics: EMNLP 2022},
-  pages     = {6931--6939},
-  year      = {2022}
-}""",
-    "transformer": """@inproceedings{vaswani2017attention,
-  title     = {Attention Is All You Need},
-  author    = {Vaswani, Ashish and Shazeer, Noam and Parmar, Niki and Uszkoreit, Jakob and Jones, Llion and
-               Gomez, Aidan N. and Kaiser, Lukasz and Polosukhin, Illia},
-  booktitle = {Advances in Neural Information Processing Systems (NeurIPS)},
-  year      = {2017}
-}""",
-    "multi30k": """@inproceedings{elliott-etal-2016-multi30k,
-  title     = {Multi30K: Multilingual English-German Image Descriptions},
-  author    = {Elliott, Desmond and Frank, Stella and Sima'an, Khalil and Specia, Lucia},
-  booktitle = {Proceedings of the 5th Workshop on Vision and Language},
-  pages     = {70--74},
-  year      = {2016}
-}""",
-}
-_MODEL_CITATIONS = {"talk": ["talk"], "talk_lm": ["talk"], "dynamic_conv": ["dynamic_conv"],
-                    "dynamic_conv_lm": ["dynamic_conv"], "rfa_doc": ["rfa_doc", "rfa"], "marian": ["transformer"],
-                    "bart": ["transformer"], "gpt2": ["transformer"]}
-
-_EXAMPLES = {
-    "de": "Ein kleiner Hund läuft über eine grüne Wiese.",
-    "en": "A small dog runs across a green meadow.",
-    "fr": "Un petit chien court dans une prairie verte.",
-    "cs": "Malý pes běží přes zelenou louku.",
-    "ru": "Маленькая собака бежит по зелёному лугу.",
-    "zh": "一只小狗跑过绿色的草地。",
-}
-_DOC_EXAMPLES = {
-    "de": ["Ein Hund rennt über die Wiese.", "Er bellt laut."],
-    "en": ["A dog runs across the meadow.", "It barks loudly."],
-    "zh": ["一只狗跑过草地。", "它大声地叫。"],
-}
-
-# config fields shown in the "config highlights" table, in this order, when the config has them
+# config fields shown in the model description table, in this order, when the config has them
 _HIGHLIGHTS = (
     "vocab_size", "d_model", "n_embd", "encoder_layers", "decoder_layers", "n_layer", "encoder_ffn_dim",
     "decoder_ffn_dim", "n_inner", "encoder_heads", "decoder_heads", "encoder_conv_heads", "decoder_conv_heads",
@@ -144,22 +63,28 @@ _HIGHLIGHTS = (
 )
 
 
-# --------------------------------------------------------------------------------------------------- helpers
-
-
 def template_path(template: str | Path | None = None, *, is_encoder_decoder: bool = True) -> Path:
     """The template file: a name in ``templates/`` ("translation", "causal_lm"), a path, or None (chosen by
     architecture)."""
     if template is None:
         template = "translation" if is_encoder_decoder else "causal_lm"
-    if str(template) in TEMPLATES:
-        path = TEMPLATES_DIR / TEMPLATES[str(template)]
-    else:
-        path = Path(template)
+    path = TEMPLATES_DIR / TEMPLATES[str(template)] if str(template) in TEMPLATES else Path(template)
     if not path.is_file():
         raise FileNotFoundError(f"model card template {template!r} not found (looked for {path}; the templates ship in "
                                 f"talk_hf/training/templates/)")
     return path
+
+
+def render_card(template: str | Path, card_data: ModelCardData, **values) -> ModelCard:
+    """``ModelCard.from_template`` after checking that every variable the template uses has a value (Jinja would
+    render a missing one as empty text). Raises ValueError naming the missing variables."""
+    path = Path(template)
+    given = {"card_data", *card_data.to_dict(), *values, *jinja2.Environment().globals}  # what from_template passes
+    used = jinja2.meta.find_undeclared_variables(jinja2.Environment().parse(path.read_text(encoding="utf-8")))
+    missing = sorted(used - given)
+    if missing:
+        raise ValueError(f"model card template {path} uses variables with no value: {', '.join(missing)}")
+    return ModelCard.from_template(card_data, template_path=str(path), **values)
 
 
 def _human(n: int) -> str:
@@ -183,21 +108,17 @@ def _fmt(value) -> str:
     return str(value)
 
 
-def _cell(value) -> str:
-    """A Markdown table cell: code-formatted, pipes escaped."""
-    text = _fmt(value) if not isinstance(value, str) else value
-    return "`" + text.replace("|", "\\|").replace("`", "'") + "`"
+def _cells(items) -> list[tuple[str, str]]:
+    """(name, value) pairs as the text of Markdown table cells (the templates put them in backticks)."""
+    return [(name, (v if isinstance(v, str) else _fmt(v)).replace("|", "\\|").replace("`", "'")) for name, v in items]
 
 
 def _number(value) -> float | int | None:
     """A finite Python number (numpy scalars and 0-d tensors included), else None."""
-    if isinstance(value, bool):
-        return None
     if hasattr(value, "item") and callable(value.item) and getattr(value, "ndim", 0) == 0:
         value = value.item()
-    if isinstance(value, (int, float)) and math.isfinite(value):
-        return value
-    return None
+    finite = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return value if finite else None
 
 
 def parse_metrics(metrics: Mapping | None, eval_split: str = "test") -> tuple[list[dict], str | None, dict]:
@@ -225,150 +146,60 @@ def parse_metrics(metrics: Mapping | None, eval_split: str = "test") -> tuple[li
     return results, signature, other
 
 
-def _as_dict(training_args) -> dict:
-    if training_args is None:
-        return {}
-    if isinstance(training_args, Mapping):
-        return dict(training_args)
-    if hasattr(training_args, "to_sanitized_dict"):  # transformers TrainingArguments (tokens already removed)
-        return training_args.to_sanitized_dict()
-    if dataclasses.is_dataclass(training_args):
-        return dataclasses.asdict(training_args)
-    return dict(vars(training_args))
-
-
 def _hyperparameters(training_args) -> dict:
-    shown = {}
-    for key, value in _as_dict(training_args).items():
-        if key in _HIDDEN_ARGS or key.endswith("_token") or "token" == key or value is None or value == "":
-            continue
-        if isinstance(value, (dict, set)):
-            value = json.dumps(value if isinstance(value, dict) else sorted(value), sort_keys=True, default=str)
-        shown[key] = value
-    return shown
-
-
-def _table(header: tuple[str, ...], rows: Sequence[Sequence[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
-def _architecture(config) -> str:
-    model_type = config.model_type
-    text = _ARCHITECTURES.get(model_type)
-    if text is None:
-        return f"a `{model_type}` model"
-    conv = "lightweight" if getattr(config, "conv_type", "dynamic") == "lightweight" else "dynamic"
-    return text.format(conv=conv)
-
-
-def _citation(config, datasets: Sequence[str]) -> str:
-    keys = list(_MODEL_CITATIONS.get(config.model_type, []))
-    keys += [name for name in ("multi30k",) if any(name in d.lower() for d in datasets)]
-    if not keys:
-        return "No citation is recorded for this architecture."
-    return "```bibtex\n" + "\n\n".join(_CITATIONS[k] for k in keys) + "\n```"
-
-
-# --------------------------------------------------------------------------------------------------- filling
-
-
-def _usage_sections(*, config, model_id: str, source: str, pipeline_task: str) -> dict[str, str]:
-    """Code blocks for "How to use": with talk_hf installed, and without it (remote code)."""
-    seq2seq = config.is_encoder_decoder
-    auto = "AutoModelForSeq2SeqLM" if seq2seq else "AutoModelForCausalLM"
-    document = config.model_type == "rfa_doc"
-    if seq2seq:
-        if document:
-            sentences = _DOC_EXAMPLES.get(source, _DOC_EXAMPLES["en"])
-            text_line = f"text = \" <sep> \".join({sentences!r})  # one window of consecutive sentences"
-        else:
-            text_line = f"text = {_EXAMPLES.get(source, _EXAMPLES['en'])!r}"
-        generate = ("ids = model.generate(**tokenizer([text], return_tensors=\"pt\"), num_beams=4, max_new_tokens=64)\n"
-                    "print(tokenizer.batch_decode(ids, skip_special_tokens=True))")
-        pipe = ("translator = pipeline(\"translation\", {source})\n"
-                "print(translator(text, num_beams=4, max_new_tokens=64))")
+    """The shown hyperparameters of a dict, dataclass or ``TrainingArguments`` (tokens already removed there)."""
+    if training_args is None or isinstance(training_args, Mapping):
+        args = dict(training_args or {})
+    elif hasattr(training_args, "to_sanitized_dict"):
+        args = training_args.to_sanitized_dict()
     else:
-        prompt = " ".join(_EXAMPLES.get(source, _EXAMPLES["en"]).split()[:3])
-        text_line = f"text = {prompt!r}  # a prompt"
-        generate = ("ids = model.generate(**tokenizer([text], return_tensors=\"pt\"), max_new_tokens=32, "
-                    "do_sample=False)\nprint(tokenizer.batch_decode(ids, skip_special_tokens=True))")
-        pipe = ("generator = pipeline(\"text-generation\", {source})\n"
-                "print(generator(text, max_new_tokens=32, do_sample=False))")
-    if config.model_type in TALK_HF_MODEL_TYPES:
-        with_pkg = "\n".join([
-            "import talk_hf  # registers the model classes" + (" and the translation pipeline" if seq2seq else "")
-            + "; uses its compiled kernels",
-            f"from transformers import {auto}, AutoTokenizer, pipeline",
-            "",
-            f"model = {auto}.from_pretrained(\"{model_id}\")",
-            f"tokenizer = AutoTokenizer.from_pretrained(\"{model_id}\")",
-            text_line, generate, "", pipe.replace("{source}", "model=model, tokenizer=tokenizer"),
-        ])
-        without = "\n".join([
-            "# the repository carries the model code: no talk_hf install needed (pure PyTorch: slower than kernels)",
-            f"from transformers import {auto}, AutoTokenizer, pipeline",
-            "",
-            f"model = {auto}.from_pretrained(\"{model_id}\", trust_remote_code=True)",
-            f"tokenizer = AutoTokenizer.from_pretrained(\"{model_id}\", trust_remote_code=True)",
-            text_line, generate, "", pipe.replace("{source}", f"model=\"{model_id}\", trust_remote_code=True"),
-        ])
-        without_intro = ("Without `talk_hf` installed, `trust_remote_code=True` runs the modeling code stored in this "
-                         "repository (read it first; pin `revision=` to a commit you have read):")
-    else:
-        with_pkg = "\n".join([
-            *(["import talk_hf  # transformers 5 removed the translation pipeline task; talk_hf registers it again"]
-              if seq2seq else []),
-            f"from transformers import {auto}, AutoTokenizer, pipeline",
-            "",
-            f"model = {auto}.from_pretrained(\"{model_id}\")",
-            f"tokenizer = AutoTokenizer.from_pretrained(\"{model_id}\")",
-            text_line, generate, "", pipe.replace("{source}", f"model=\"{model_id}\""),
-        ])
-        without = "\n".join([
-            f"from transformers import {auto}, AutoTokenizer",
-            "",
-            f"model = {auto}.from_pretrained(\"{model_id}\")",
-            f"tokenizer = AutoTokenizer.from_pretrained(\"{model_id}\")",
-            text_line, generate,
-        ])
-        without_intro = ("This is a native transformers architecture: it loads without `talk_hf` and without "
-                         "`trust_remote_code`" + (" (only the `translation` pipeline task needs `import talk_hf`):"
-                                                  if seq2seq else ":"))
-    return {"usage_with_talk_hf": f"```python\n{with_pkg}\n```", "usage_without_talk_hf_intro": without_intro,
-            "usage_without_talk_hf": f"```python\n{without}\n```"}
+        args = dataclasses.asdict(training_args) if dataclasses.is_dataclass(training_args) else vars(training_args)
+    hidden = {k for k, v in args.items() if k in _HIDDEN_ARGS or k.endswith("_token") or k == "token"
+              or v is None or v == ""}
+    return {k: (json.dumps(v if isinstance(v, dict) else sorted(v), sort_keys=True, default=str)
+                if isinstance(v, (dict, set)) else v) for k, v in args.items() if k not in hidden}
 
 
-def _render(template_text: str, fields: Mapping[str, str]) -> str:
-    missing = sorted({m.group(1) for m in _FIELD.finditer(template_text)} - set(fields))
-    if missing:
-        raise ValueError(f"model card template has fields with no value: {', '.join(missing)}")
-    text = _FIELD.sub(lambda m: fields[m.group(1)], template_text)
-    left = re.findall(r"{{.*?}}|{%.*?%}", text)
-    if left:
-        raise ValueError(f"model card still has template placeholders after filling: {left[:5]}")
-    return text
+def _card_data(config, task, run: dict, results: list[dict], eval_dataset, extra_tags) -> ModelCardData:
+    """The YAML front matter, with a ``model-index`` entry per evaluation result."""
+    eval_name = eval_dataset or (run["datasets"][0] if run["datasets"] else None)
+    if results and eval_name is None:
+        raise ValueError("metrics have evaluation results but no dataset is named: pass datasets= or eval_dataset=")
+    task_name = f"Translation {run['source_language']}-{run['target_language']}" if task == "translation" \
+        else "Text generation"
+    eval_results = [EvalResult(task_type=task, task_name=task_name, dataset_type=eval_name, dataset_name=eval_name,
+                               dataset_split=r["split"], metric_type=r["type"],
+                               metric_name=f"{r['name']} ({r['split']})", metric_value=r["value"]) for r in results]
+    return ModelCardData(
+        language=run["languages"], license=run["license"], library_name="transformers",
+        tags=list(dict.fromkeys(["talk_hf", config.model_type, task, *(t for t in extra_tags if t)])),
+        datasets=run["datasets"] or None, metrics=sorted({r["type"] for r in results if r["type"] != "loss"}) or None,
+        pipeline_tag=task, model_name=run["model_name"] if results else None, eval_results=eval_results or None,
+        base_model=run["base_model"])
 
 
-def fill_model_card(
-    model,
-    *,
-    languages: Sequence[str] | str,
-    license: str | None = None,  # noqa: A002 - the Hub metadata field's name
-    datasets: Sequence[str] | str = (),
-    metrics: Mapping | None = None,
-    training_args=None,
-    dataset_description: str | None = None,
-    template: str | Path | None = None,
-    repo_id: str | None = None,
-    model_name: str | None = None,
-    eval_split: str = "test",
-    eval_dataset: str | None = None,
-    base_model: str | None = None,
-    extra_tags: Sequence[str] = (),
-) -> str:
-    """The README.md text of a Hub model card for ``model``, from the template filled with the run's values.
+def _model_values(model) -> dict:
+    """Template variables describing the model: class, parameters, config table rows, generation settings."""
+    config, n_params = model.config, count_parameters(model)
+    generation = getattr(model, "generation_config", None)
+    return {
+        "model_type": config.model_type, "model_class": type(model).__name__,
+        "conv_type": getattr(config, "conv_type", None), "remote_code": config.model_type in TALK_HF_MODEL_TYPES,
+        "vocab_size": f"{config.vocab_size:,}", "parameters": {"short": _human(n_params), "exact": f"{n_params:,}"},
+        "config_rows": _cells((k, getattr(config, k)) for k in _HIGHLIGHTS
+                              if k in config.to_dict() and getattr(config, k, None) is not None),
+        "generation_rows": _cells((k, getattr(generation, k)) for k in ("num_beams", "max_new_tokens", "length_penalty")
+                                  if getattr(generation, k, None) is not None),
+    }
+
+
+def fill_model_card(model, *, languages: Sequence[str] | str, license: str | None = None,  # noqa: A002 - Hub field
+                    datasets: Sequence[str] | str = (), metrics: Mapping | None = None, training_args=None,
+                    dataset_description: str | None = None, template: str | Path | None = None,
+                    repo_id: str | None = None, model_name: str | None = None, eval_split: str = "test",
+                    eval_dataset: str | None = None, base_model: str | None = None,
+                    extra_tags: Sequence[str] = ()) -> str:
+    """The README.md text of a Hub model card for ``model``, its template rendered with the run's values.
 
     Args:
         model: the trained ``PreTrainedModel`` (its config, class and parameter count are described).
@@ -381,137 +212,37 @@ def fill_model_card(
         training_args: dict (or dataclass / ``TrainingArguments``) of hyperparameters; paths, resume flags, tokens
             and None values are left out.
         dataset_description: prose for "Training data" (default: a sentence naming ``datasets``).
-        template: "translation", "causal_lm", a path to a template, or None (by architecture).
+        template: "translation", "causal_lm", a path to a Jinja2 template, or None (by architecture).
         repo_id: the Hub repository id used in the code samples (default: ``model_name``).
         model_name: the card title and ``model-index`` name (default: last part of ``repo_id``, else
             ``<model_type>-<languages>``).
 
-    Returns:
-        str: the card, YAML front matter included; it parses with ``huggingface_hub.ModelCard``.
-
-    Raises:
-        ValueError: a template field is left unfilled, evaluation results without any dataset name, or metadata that
-            ``ModelCard`` cannot parse back.
+    Returns the card, YAML front matter included (it parses with ``huggingface_hub.ModelCard``). Raises ValueError
+    for a template variable with no value, evaluation results without a dataset name, or metadata that does not
+    parse back from the card as written.
     """
-    config = model.config
-    seq2seq = bool(config.is_encoder_decoder)
     languages = [languages] if isinstance(languages, str) else list(languages)
-    datasets = [datasets] if isinstance(datasets, str) else list(datasets)
     if not languages:
         raise ValueError("languages must name at least one language")
-    task = "translation" if seq2seq else "text-generation"
-    lang_part = "-".join(languages[:2])
-    model_name = model_name or (repo_id.split("/")[-1] if repo_id else f"{config.model_type}-{lang_part}")
-    model_id = repo_id or model_name
-    source, target = languages[0], languages[1] if len(languages) > 1 else languages[0]
-
+    config, task = model.config, "translation" if model.config.is_encoder_decoder else "text-generation"
+    model_name = model_name or (repo_id.split("/")[-1] if repo_id else f"{config.model_type}-{'-'.join(languages[:2])}")
     results, signature, other = parse_metrics(metrics, eval_split)
-    eval_name = eval_dataset or (datasets[0] if datasets else None)
-    if results and eval_name is None:
-        raise ValueError("metrics have evaluation results but no dataset is named: pass datasets= or eval_dataset=")
-    task_name = f"Translation {source}-{target}" if seq2seq else "Text generation"
-    eval_results = [
-        EvalResult(task_type=task, task_name=task_name, dataset_type=eval_name, dataset_name=eval_name,
-                   dataset_split=r["split"], metric_type=r["type"], metric_name=f"{r['name']} ({r['split']})",
-                   metric_value=r["value"])
-        for r in results
-    ] or None
-    tags = ["talk_hf", config.model_type, task, *(t for t in extra_tags if t)]
-    tags = list(dict.fromkeys(tags))
-    card_data = ModelCardData(
-        language=languages, license=license, library_name="transformers", tags=tags, datasets=datasets or None,
-        metrics=sorted({r["type"] for r in results if r["type"] != "loss"}) or None, pipeline_tag=task,
-        model_name=model_name if eval_results else None, eval_results=eval_results, base_model=base_model,
-    )
-
-    n_params = count_parameters(model)
-    highlights = [(f"`{k}`", _cell(getattr(config, k))) for k in _HIGHLIGHTS
-                  if k in config.to_dict() and getattr(config, k, None) is not None]
-    rows = [("architecture", f"`{type(model).__name__}` (`model_type={config.model_type}`)"),
-            ("parameters", f"{_human(n_params)} ({n_params:,}; tied weights counted once)"), *highlights]
-    hyper = _hyperparameters(training_args)
-    gen = getattr(model, "generation_config", None)
-    gen_rows = [(f"`{k}`", _cell(getattr(gen, k))) for k in ("num_beams", "max_new_tokens", "length_penalty")
-                if gen is not None and getattr(gen, k, None) is not None]
-
-    if results:
-        results_text = _table(("split", "metric", "value"),
-                              [(r["split"], r["name"], _fmt(r["value"])) for r in results])
-        if signature:
-            results_text += f"\n\nsacreBLEU signature: `{signature}`"
-    else:
-        results_text = "No evaluation results were recorded for this run."
-    stats = [(f"`{k}`", _cell(v)) for k, v in other.items() if _number(v) is not None or isinstance(v, str)]
-    if stats:
-        results_text += "\n\nRun statistics:\n\n" + _table(("entry", "value"), stats)
-
-    dataset_list = ", ".join(f"`{d}`" for d in datasets) or "an unspecified corpus"
-    limitations = [
-        f"- Trained only on {dataset_list}: expect much lower quality on text from other domains, registers or "
-        "lengths than the training data.",
-        f"- The vocabulary has {config.vocab_size:,} entries: text unlike the training data (other scripts, rare "
-        "words) splits into many rare sub-words and is handled poorly.",
-    ]
-    if config.model_type == "rfa_doc":
-        limitations.append("- Input is a window of consecutive sentences joined by ` <sep> ` (`talk_hf.tokenization."
-                           "join_sentences`); single sentences work but use no context.")
-    if config.model_type in TALK_HF_MODEL_TYPES:
-        limitations.append("- With `trust_remote_code=True` and no `talk_hf` install the layers run their pure-PyTorch "
-                           "reference path, which is slower than the compiled kernels.")
-    limitations.append("- Outputs are not filtered: the model can reproduce biases and errors of its training data.")
-
-    fields = {
-        "card_data": card_data.to_yaml(),
-        "model_name": model_name,
-        "model_id": model_id,
-        "model_type": config.model_type,
-        "model_class": type(model).__name__,
-        "architecture": _architecture(config),
-        "num_parameters": f"{_human(n_params)} ({n_params:,})",
-        "source_language": source,
-        "target_language": target,
-        "languages": ", ".join(f"`{lang}`" for lang in languages),
-        "license_text": f"`{license}`" if license else "not specified by the authors",
-        "highlights_table": _table(("", "config"), rows),
-        "dataset_list": dataset_list,
-        "dataset_description": (dataset_description or f"The model was trained on {dataset_list}.").strip(),
-        "hyperparameters_table": (_table(("hyperparameter", "value"), [(f"`{k}`", _cell(v)) for k, v in hyper.items()])
-                                  if hyper else "The training hyperparameters were not recorded."),
-        "generation_table": (_table(("generation setting", "value"), gen_rows) if gen_rows
-                             else "The repository uses transformers' default generation settings."),
-        "results": results_text,
-        "training_origin": (f"The model was fine-tuned from `{base_model}`" if base_model
-                            else "The model was trained from scratch (no pre-trained weights)"),
-        "limitations": "\n".join(limitations),
-        "citation": _citation(config, datasets),
-        **_usage_sections(config=config, model_id=model_id, source=source, pipeline_task=task),
+    run = {  # the template variables describing the run (the templates hold all the text)
+        "model_name": model_name, "model_id": repo_id or model_name, "languages": languages,
+        "source_language": languages[0], "target_language": languages[min(1, len(languages) - 1)],
+        "license": license, "datasets": [datasets] if isinstance(datasets, str) else list(datasets),
+        "base_model": base_model, "dataset_description": (dataset_description or "").strip() or None,
+        "hyperparameters": _cells(_hyperparameters(training_args).items()), "signature": signature,
+        "results": [{**r, "value": _fmt(r["value"])} for r in results],
+        "statistics": _cells((k, v) for k, v in other.items() if _number(v) is not None or isinstance(v, str)),
     }
-    path = template_path(template, is_encoder_decoder=seq2seq)
-    text = _render(path.read_text(encoding="utf-8"), fields)
-    _check_front_matter(text, languages=languages, license=license, pipeline_tag=task, tags=tags,
-                        n_results=len(results))
-    return text
-
-
-def _check_front_matter(text: str, *, languages, license, pipeline_tag, tags, n_results) -> None:  # noqa: A002
-    """Parse the card back with huggingface_hub and compare the metadata with what was meant."""
-    try:
-        data = ModelCard(text).data
-    except Exception as exc:  # ModelCard raises ValueError for a bad header / model-index
-        raise ValueError(f"the filled model card does not parse as a Hub model card: {exc}") from exc
-    problems = []
-    if data.language != languages:
-        problems.append(f"language {data.language} != {languages}")
-    if data.license != license:
-        problems.append(f"license {data.license} != {license}")
-    if data.pipeline_tag != pipeline_tag:
-        problems.append(f"pipeline_tag {data.pipeline_tag} != {pipeline_tag}")
-    if not set(tags) <= set(data.tags or []):
-        problems.append(f"tags {data.tags} miss some of {tags}")
-    if len(data.eval_results or []) != n_results:
-        problems.append(f"{len(data.eval_results or [])} model-index results instead of {n_results}")
-    if problems:
-        raise ValueError("the filled model card's metadata does not read back as written: " + "; ".join(problems))
+    card_data = _card_data(config, task, run, results, eval_dataset, extra_tags)
+    card = render_card(template_path(template, is_encoder_decoder=config.is_encoder_decoder), card_data,
+                       **run, **_model_values(model))
+    if card.data.to_dict() != card_data.to_dict():
+        raise ValueError(f"the rendered model card's metadata does not read back as written (does the template start "
+                         f"with `---`, `{{{{ card_data }}}}`, `---`?): {card.data.to_dict()} != {card_data.to_dict()}")
+    return str(card).rstrip("\n") + "\n"
 
 
 def write_model_card(folder: str | Path, model, **kwargs) -> Path:
@@ -520,7 +251,6 @@ def write_model_card(folder: str | Path, model, **kwargs) -> Path:
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"no model folder {folder}: save the model there first")
-    text = fill_model_card(model, **kwargs)
     path = folder / "README.md"
-    path.write_text(text, encoding="utf-8")
+    path.write_text(fill_model_card(model, **kwargs), encoding="utf-8")
     return path

@@ -1,16 +1,21 @@
-"""Model cards: templates in talk_hf/training/templates/ filled from a run's values, valid Hub metadata, runnable usage code."""
+"""Model cards: Jinja2 templates in talk_hf/training/templates/ rendered with huggingface_hub from a run's values, valid
+Hub metadata, runnable usage code."""
 
+import fnmatch
+import importlib.resources
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+import jinja2
 import pytest
-from huggingface_hub import HfApi, ModelCard
-from transformers import MarianConfig, MarianMTModel
+from huggingface_hub import HfApi, ModelCard, ModelCardData
+from transformers import GPT2Config, GPT2LMHeadModel, MarianConfig, MarianMTModel
 
 from talk_hf import train_joint_bpe
-from talk_hf.training.model_card import TEMPLATES_DIR, fill_model_card, parse_metrics, write_model_card
+from talk_hf.training.model_card import (TEMPLATES_DIR, fill_model_card, parse_metrics, render_card, template_path,
+                                         write_model_card)
 from tests.hub_server import local_hub  # noqa: F401  (pytest fixture import)
 from tests.models.tiny import ALL, LM, SEQ2SEQ, make
 
@@ -55,12 +60,136 @@ def talk_card(**overrides):
     return fill_model_card(make("talk"), **kwargs)
 
 
-def test_templates_ship_with_their_fields():
+def marian():
+    return MarianMTModel(MarianConfig(vocab_size=60, d_model=16, encoder_layers=1, decoder_layers=1,
+                                      encoder_ffn_dim=16, decoder_ffn_dim=16, encoder_attention_heads=2,
+                                      decoder_attention_heads=2, decoder_start_token_id=2, pad_token_id=1))
+
+
+def gpt2():
+    return GPT2LMHeadModel(GPT2Config(vocab_size=60, n_embd=16, n_layer=1, n_head=2, n_positions=32, bos_token_id=0,
+                                      eos_token_id=0))
+
+
+def template_values(monkeypatch, model, **kwargs):
+    """The card fill_model_card renders and the variables it passes to ModelCard.from_template."""
+    calls = []
+    original = ModelCard.from_template.__func__
+
+    def spy(cls, card_data, template_path=None, template_str=None, **values):
+        calls.append((card_data, Path(template_path), values))
+        return original(cls, card_data, template_path, template_str, **values)
+
+    monkeypatch.setattr(ModelCard, "from_template", classmethod(spy))
+    text = fill_model_card(model, **kwargs)
+    monkeypatch.undo()
+    (call,) = calls
+    return text, call
+
+
+def test_templates_ship_with_their_sections():
     for name in ("translation.md", "causal_lm.md"):
         text = (TEMPLATES_DIR / name).read_text()
-        assert text.startswith("---\n{{ card_data }}\n---\n")
+        assert text.startswith("---\n{{ card_data }}\n---\n")  # huggingface_hub's front matter idiom
         assert sections(text) == SECTIONS
-        assert "{{ usage_without_talk_hf }}" in text and "{{ results }}" in text
+        jinja2.Environment().parse(text)  # valid Jinja2
+
+
+def test_templates_are_package_data():
+    """Found through the installed package's resources, and covered by pyproject.toml's package-data globs."""
+    tomllib = pytest.importorskip("tomllib")
+    installed = importlib.resources.files("talk_hf.training") / "templates"
+    assert {"translation.md", "causal_lm.md"} <= {f.name for f in installed.iterdir()}
+    assert Path(str(installed)).resolve() == TEMPLATES_DIR
+    assert template_path("causal_lm") == TEMPLATES_DIR / "causal_lm.md"
+    assert template_path(is_encoder_decoder=True) == TEMPLATES_DIR / "translation.md"
+    project = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    globs = project["tool"]["setuptools"]["package-data"]["talk_hf.training"]
+    for path in TEMPLATES_DIR.iterdir():
+        assert any(fnmatch.fnmatch(f"templates/{path.name}", g) for g in globs), path.name
+    assert any(re.match(r"jinja2\b", d, flags=re.I) for d in project["project"]["dependencies"])
+
+
+# (model, template, kwargs): every template, with talk_hf and native architectures, all optional parts present / absent
+RENDER_CASES = {
+    "talk-full": (lambda: make("talk"), None, {}),
+    "talk-empty": (lambda: make("talk"), None, dict(metrics=None, training_args=None, license=None, datasets=[],
+                                                     dataset_description=None)),
+    "rfa_doc-base": (lambda: make("rfa_doc"), "translation", dict(base_model="user/base", languages=["zh", "en"])),
+    "marian": (marian, None, {}),
+    "talk_lm-full": (lambda: make("talk_lm"), None, dict(languages=["en"])),
+    "lightconv_lm-empty": (lambda: make("lightconv_lm"), "causal_lm", dict(metrics={}, training_args={})),
+    "gpt2": (gpt2, None, dict(languages="en", datasets=["wikitext"])),
+}
+
+
+@pytest.mark.parametrize("case", list(RENDER_CASES))
+def test_every_template_renders_with_real_values_and_strict_undefined(case, monkeypatch):
+    """The card equals a render of the same template with jinja2.StrictUndefined: no variable, attribute or key the
+    template reads is missing in any branch taken (a typo would raise here)."""
+    build, template, overrides = RENDER_CASES[case]
+    model = build()
+    model.generation_config.num_beams = 4
+    kwargs = dict(languages=["de", "en"], license="mit", datasets=["multi30k"], metrics=RESULTS, training_args=ARGS,
+                  repo_id="user/card", template=template)
+    kwargs.update(overrides)
+    text, (card_data, path, values) = template_values(monkeypatch, model, **kwargs)
+    assert path.name == (template or ("translation" if model.config.is_encoder_decoder else "causal_lm")) + ".md"
+    strict = jinja2.Environment(undefined=jinja2.StrictUndefined).from_string(path.read_text(encoding="utf-8"))
+    expected = strict.render(card_data=card_data.to_yaml(), **{**card_data.to_dict(), **values})
+    assert ModelCard(expected).text.strip() == ModelCard(text).text.strip()
+    assert sections(text) == SECTIONS and not re.search(r"{{|}}|{%|%}|{#|#}", text)
+    assert "``" not in text.replace("```", "") and "None" not in text  # no empty value, no unset value printed
+    assert f"`{type(model).__name__}` (`model_type={model.config.model_type}`)" in text
+    assert ("`num_beams`", "`4`") in table_rows(section(text, "Model description"))
+    assert ('AutoModelForSeq2SeqLM' if model.config.is_encoder_decoder else 'AutoModelForCausalLM') in text
+    if values["results"]:
+        assert ("test", "BLEU", "35.21") in table_rows(section(text, "Evaluation results"))
+    if values["hyperparameters"]:
+        assert ("`learning_rate`", "`0.0007`") in table_rows(section(text, "Training procedure"))
+    if kwargs.get("base_model"):
+        assert "fine-tuned from `user/base`" in text and ModelCard(text).data.base_model == "user/base"
+
+
+def test_a_missing_template_value_is_an_error_naming_it(monkeypatch, tmp_path):
+    _, (card_data, path, values) = template_values(monkeypatch, make("talk"), languages=["de", "en"],
+                                                   datasets=["multi30k"], metrics=RESULTS)
+    for name in ("translation", "causal_lm"):
+        partial = {k: v for k, v in values.items() if k not in ("model_id", "statistics")}
+        with pytest.raises(ValueError, match=rf"{name}\.md uses variables with no value: model_id, statistics$"):
+            render_card(TEMPLATES_DIR / f"{name}.md", card_data, **partial)
+        assert render_card(TEMPLATES_DIR / f"{name}.md", card_data, **values).data.language == ["de", "en"]
+    # None is a value (the templates test it): only absent names are errors
+    assert "No evaluation results" in str(render_card(path, card_data, **{**values, "results": None}))
+    # variables huggingface_hub passes itself count as given: card_data and the metadata fields
+    own = tmp_path / "own.md"
+    own.write_text("---\n{{ card_data }}\n---\n{{ license }} {{ language | join('/') }} {{ model_id }}\n")
+    assert str(render_card(own, ModelCardData(language=["de"], license="mit"), model_id="x")).endswith("mit de x")
+    with pytest.raises(ValueError, match="no value: model_id"):
+        render_card(own, ModelCardData(language=["de"], license="mit"))
+
+
+def test_card_loads_back_with_model_card_load(tmp_path):
+    """The front matter read back from README.md with huggingface_hub.ModelCard.load."""
+    model = make("lightconv")
+    folder = tmp_path / "model"
+    model.save_pretrained(folder)
+    write_model_card(folder, model, languages=["de", "en"], license="apache-2.0", datasets=["bentrevett/multi30k"],
+                     metrics={"test_bleu": 31.4159, "test_chrf": 58.25, "valid_loss": 2.5, "steps": 10},
+                     extra_tags=["lightweight-conv"], repo_id="user/light")
+    data = ModelCard.load(folder / "README.md").data
+    assert data.language == ["de", "en"] and data.license == "apache-2.0" and data.library_name == "transformers"
+    assert data.datasets == ["bentrevett/multi30k"] and data.pipeline_tag == "translation"
+    assert data.tags == ["talk_hf", "dynamic_conv", "translation", "lightweight-conv"]
+    assert data.metrics == ["bleu", "chrf"] and data.model_name == "light"
+    assert {(r.task_type, r.task_name, r.dataset_type, r.dataset_name, r.dataset_split, r.metric_type,
+             r.metric_name, r.metric_value) for r in data.eval_results} == {
+        ("translation", "Translation de-en", "bentrevett/multi30k", "bentrevett/multi30k", "test", "bleu",
+         "BLEU (test)", 31.4159),
+        ("translation", "Translation de-en", "bentrevett/multi30k", "bentrevett/multi30k", "test", "chrf",
+         "chrF (test)", 58.25),
+        ("translation", "Translation de-en", "bentrevett/multi30k", "bentrevett/multi30k", "validation", "loss",
+         "loss (cross-entropy, nats/token) (validation)", 2.5)}
 
 
 def test_translation_card_is_filled_from_the_run_and_parses_back():
@@ -178,13 +307,18 @@ def test_parse_metrics_rules():
 
 def test_template_errors_are_clear(tmp_path):
     bad = tmp_path / "bad.md"
-    bad.write_text("---\n{{ card_data }}\n---\n# {{ model_name }}\n{{ not_a_field }} and {{ also_missing }}\n")
-    with pytest.raises(ValueError, match="fields with no value: also_missing, not_a_field"):
+    bad.write_text("---\n{{ card_data }}\n---\n# {{ model_name }}\n{{ not_a_field }} and {{ also_missing.x }}\n")
+    with pytest.raises(ValueError, match="bad.md uses variables with no value: also_missing, not_a_field"):
         talk_card(template=bad)
-    good = tmp_path / "short.md"
-    good.write_text("---\n{{ card_data }}\n---\n# {{ model_name }}\n\n{{ results }}\n")
+    good = tmp_path / "short.md"  # an own template: the same variables as the shipped ones
+    good.write_text("---\n{{ card_data }}\n---\n# {{ model_name }}\n{% for name, value in statistics %}\n"
+                    "| `{{ name }}` | `{{ value }}` |\n{%- endfor %}\n")
     text = talk_card(template=good)
     assert text.splitlines()[-1] == "| `test_sentences` | `64` |" and ModelCard(text).data.model_name == "talk-multi30k"
+    headless = tmp_path / "headless.md"  # no front matter: the metadata would be lost
+    headless.write_text("# {{ model_name }}\n")
+    with pytest.raises(ValueError, match="does not read back as written"):
+        talk_card(template=headless)
     with pytest.raises(FileNotFoundError, match="nope.md"):
         talk_card(template=tmp_path / "nope.md")
     with pytest.raises(ValueError, match="no dataset is named"):
@@ -194,10 +328,7 @@ def test_template_errors_are_clear(tmp_path):
 
 
 def test_baseline_card_needs_no_remote_code():
-    config = MarianConfig(vocab_size=60, d_model=16, encoder_layers=1, decoder_layers=1, encoder_ffn_dim=16,
-                          decoder_ffn_dim=16, encoder_attention_heads=2, decoder_attention_heads=2,
-                          decoder_start_token_id=2, pad_token_id=1)
-    text = fill_model_card(MarianMTModel(config), languages=["de", "en"], license="mit", datasets=["multi30k"],
+    text = fill_model_card(marian(), languages=["de", "en"], license="mit", datasets=["multi30k"],
                            metrics=RESULTS, training_args={}, repo_id="user/marian")
     assert "{{" not in text
     assert {"talk_hf", "marian"} <= set(ModelCard(text).data.tags)
