@@ -1,14 +1,16 @@
 // Random feature map of RFA on the CPU (specification: talk_hf/rfa.py, `rfa_feature_map_ref`; the per-row
-// arithmetic is csrc/rfa_features.h, shared with the CUDA kernel). One task per group of (b, t, h) rows: the D
-// projections of a row (dot products of d), then their sines and cosines, D at a time (vectorised polynomials).
+// arithmetic is csrc/rfa_features.h, shared with the CUDA kernel). The projections of every row are one batched
+// matrix product per head (ATen's GEMM, about ten times the speed of taking a row's D dot products of d one at a
+// time), then one task per group of (b, t, h) rows scales them and writes their sines and cosines,
+// D at a time (vectorised polynomials).
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/matmul.h>
 #include <torch/library.h>
 
 #include <algorithm>
-#include <vector>
 
 #include "../checks.h"
 #include "../rfa_features.h"
@@ -18,47 +20,40 @@ namespace talk_hf {
 namespace {
 
 struct FeatureDims {
-  int64_t H, D, d;  // heads, frequencies (features 2D), head dim
+  int64_t H, D, d, R;  // heads, frequencies (features 2D), head dim, rows per head (B * T)
 };
 
-// Rows [begin, end) of the (B * T * H, d) input: features (rows, 2D); u is D entries of scratch.
+// Rows [begin, end) of the (B * T * H, d) input x (row = r * H + h): features (rows, 2D) from the (H, R, D)
+// projections u.
 template <typename acc_t>
-TALK_HF_VECTOR_CLONES void feature_rows(const acc_t* __restrict__ x, const acc_t* __restrict__ projection,
-                                        const acc_t* tau, acc_t* __restrict__ out, const FeatureDims& n,
-                                        int64_t begin, int64_t end, acc_t* __restrict__ u) {
+TALK_HF_VECTOR_CLONES void feature_rows(const acc_t* __restrict__ x, const acc_t* __restrict__ u, const acc_t* tau,
+                                        acc_t* __restrict__ out, const FeatureDims& n, int64_t begin, int64_t end) {
   for (int64_t row = begin; row < end; ++row) {
-    const int64_t h = row % n.H;
-    const acc_t* __restrict__ xr = x + row * n.d;
-    const acc_t scale = rfa_feature_row_scale(xr, n.d, tau != nullptr ? tau[h] : acc_t(1));
-    for (int64_t f = 0; f < n.D; ++f) {
-      const acc_t* __restrict__ w = projection + (h * n.D + f) * n.d;
-      acc_t dot = 0;
-#pragma omp simd reduction(+ : dot)
-      for (int64_t c = 0; c < n.d; ++c) dot += w[c] * xr[c];
-      u[f] = dot * scale;
-    }
+    const int64_t h = row % n.H, r = row / n.H;
+    const acc_t scale = rfa_feature_row_scale(x + row * n.d, n.d, tau != nullptr ? tau[h] : acc_t(1));
+    const acc_t* __restrict__ ur = u + (h * n.R + r) * n.D;
     acc_t* __restrict__ o = out + row * 2 * n.D;
 #pragma omp simd
-    for (int64_t f = 0; f < n.D; ++f) rfa_feature_pair(u[f], o + 2 * f);
+    for (int64_t f = 0; f < n.D; ++f) rfa_feature_pair(ur[f] * scale, o + 2 * f);
   }
 }
 
-at::Tensor rfa_feature_map_cpu(const at::Tensor& x_, const at::Tensor& projection_,
+at::Tensor rfa_feature_map_cpu(const at::Tensor& x_, const at::Tensor& projection,
                                const c10::optional<at::Tensor>& tau_) {
-  check_rfa_feature_map_inputs(x_, projection_, tau_);
-  const at::Tensor x = x_.contiguous(), projection = projection_.contiguous();
+  check_rfa_feature_map_inputs(x_, projection, tau_);
+  const at::Tensor x = x_.contiguous();
   const at::Tensor tau = contiguous_or_undefined(tau_);
-  const FeatureDims n{x.size(2), projection.size(1), x.size(3)};
+  const FeatureDims n{x.size(2), projection.size(1), x.size(3), x.size(0) * x.size(1)};
   at::Tensor out = at::empty({x.size(0), x.size(1), n.H, 2 * n.D}, x.options());
-  const int64_t rows = x.size(0) * x.size(1) * n.H;
   if (out.numel() == 0) return out;
+  // (H, R, d) @ (H, d, D): every row's D projections, unscaled
+  const at::Tensor u = at::matmul(x.view({n.R, n.H, n.d}).transpose(0, 1), projection.transpose(1, 2));
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "rfa_feature_map_cpu", [&] {
     const scalar_t* tp = tau.defined() ? tau.data_ptr<scalar_t>() : nullptr;
-    const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, n.D * n.d));  // >= 16K multiply-adds
-    at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
-      std::vector<scalar_t> u(n.D);
-      feature_rows<scalar_t>(x.data_ptr<scalar_t>(), projection.data_ptr<scalar_t>(), tp, out.data_ptr<scalar_t>(),
-                             n, begin, end, u.data());
+    const int64_t grain = std::max<int64_t>(1, 4096 / n.D);  // >= 4K sine/cosine pairs per task
+    at::parallel_for(0, n.R * n.H, grain, [&](int64_t begin, int64_t end) {
+      feature_rows<scalar_t>(x.data_ptr<scalar_t>(), u.data_ptr<scalar_t>(), tp, out.data_ptr<scalar_t>(), n, begin,
+                             end);
     });
   });
   return out;

@@ -66,7 +66,8 @@ FEATURE_CASES = [  # B, T, H, d, D
 @pytest.mark.parametrize("B,T,H,d,D", FEATURE_CASES)
 def test_feature_map_kernel_matches_reference(B, T, H, d, D, dtype, with_tau):
     """The compiled feature map (what decoding runs: no gradient) against the PyTorch form, in the accumulation dtype
-    (fp32 features for fp32/bf16/fp16 x); batch rows computed alone give the same features."""
+    (fp32 features for fp32/bf16/fp16 x); batch rows computed alone give the same features to within rounding (the
+    projections are one matrix product, whose blocking depends on the number of rows)."""
     g = torch.Generator().manual_seed(B * T + d + D)
     acc = torch.float64 if dtype == torch.float64 else torch.float32
     x = torch.randn(B, T, H, d, generator=g, dtype=torch.float64).to(dtype)
@@ -79,7 +80,7 @@ def test_feature_map_kernel_matches_reference(B, T, H, d, D, dtype, with_tau):
     assert rel_err(got, expected) <= REL_TOL[acc], rel_err(got, expected)
     with torch.no_grad():
         rows = torch.cat([ops.rfa_feature_map(x[b : b + 1], proj, tau) for b in range(B)])
-    torch.testing.assert_close(rows, got, rtol=0, atol=0)
+    assert rel_err(rows, got) <= REL_TOL[acc], rel_err(rows, got)
 
 
 @pytest.mark.parametrize("dtype,reach", [(torch.float32, 8000.0), (torch.float64, 1e8)], ids=["fp32", "fp64"])
