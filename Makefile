@@ -12,6 +12,13 @@ OLDEST := $(VENV)/transformers-$(TRANSFORMERS_OLDEST)
 TRANSFORMERS_TESTS := tests/models tests/test_versions.py tests/test_hub_models.py tests/training/test_loop.py \
 	tests/training/test_scripts.py::test_reported_bleu_is_what_the_saved_model_gives
 
+# fairseq, the oracle the checkpoint converter is tested against (tests/convert), built from source against the
+# venv's torch into a --target folder beside the venv: its pins (hydra-core, omegaconf) and pytest plugin stay out of
+# the venv, and --no-deps keeps pip from resolving a second torch; the tests put the folder on sys.path.
+FAIRSEQ := $(VENV)/fairseq-0.12.3.1
+FAIRSEQ_PACKAGES := fairseq-fixed==0.12.3.1 hydra-core==1.3.2 omegaconf==2.3.0 antlr4-python3-runtime==4.9.3 \
+	bitarray scikit-learn scipy threadpoolctl narwhals
+
 .PHONY: install test test-oldest demo cuda-check
 
 $(STAMP): $(SOURCES)
@@ -21,7 +28,12 @@ $(STAMP): $(SOURCES)
 	$(BIN)/python -m pip install -q --no-build-isolation -e ".[train,dev]"
 	touch $@
 
-install: $(STAMP)
+$(FAIRSEQ)/.installed: $(STAMP)
+	$(BIN)/python -m pip install -q cython
+	$(BIN)/python -m pip install -q --no-deps --no-build-isolation --upgrade --target $(FAIRSEQ) $(FAIRSEQ_PACKAGES)
+	touch $@
+
+install: $(STAMP) $(FAIRSEQ)/.installed
 
 test: install test-oldest
 	$(BIN)/python -m pytest -q
@@ -32,7 +44,7 @@ $(OLDEST): $(STAMP)
 test-oldest: $(OLDEST)
 	PYTHONPATH=$(OLDEST) $(BIN)/python -m pytest -q $(TRANSFORMERS_TESTS)
 
-demo: install
+demo: $(STAMP)
 	$(BIN)/python scripts/demo.py
 
 # Compile the CUDA kernels for sm_80 and sm_90 without a GPU (also run by the test suite when nvcc exists).

@@ -7,7 +7,13 @@ Importing the package registers every config and model with the Auto classes, (r
 __version__ = "0.1.0"
 
 from . import versions  # noqa: E402,F401  (checks the installed transformers first)
-from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM  # noqa: E402
+from transformers import (  # noqa: E402
+    AutoConfig,
+    AutoModel,
+    AutoModelForCausalLM,
+    AutoModelForSeq2SeqLM,
+    AutoTokenizer,
+)
 
 from . import metrics, ops  # noqa: E402,F401
 from .configuration_dynamic_conv import DynamicConvConfig, DynamicConvLMConfig  # noqa: E402
@@ -32,6 +38,7 @@ from .pipeline_translation import (  # noqa: E402
     TranslationPipeline,
 )
 from .tokenization import train_joint_bpe  # noqa: E402
+from .tokenization_fairseq import FairseqMosesBpeTokenizer  # noqa: E402
 
 for _config, _model, _head in [
     (TalkConfig, TalkModel, TalkForConditionalGeneration),
@@ -45,6 +52,10 @@ for _config, _model, _head in [
     _config.register_for_auto_class()
     _model.register_for_auto_class("AutoModel")
     _head.register_for_auto_class("AutoModelForSeq2SeqLM")
+
+# converted fairseq models (talk_hf/convert_fairseq.py) name this tokenizer in their tokenizer_config.json
+AutoTokenizer.register(DynamicConvConfig, tokenizer_class=FairseqMosesBpeTokenizer, exist_ok=True)
+FairseqMosesBpeTokenizer.register_for_auto_class("AutoTokenizer")
 
 for _config, _model, _head in [
     (TalkLMConfig, TalkLMModel, TalkForCausalLM),
@@ -65,6 +76,7 @@ __all__ = [
     "DynamicConvLMConfig",
     "DynamicConvLMModel",
     "DynamicConvModel",
+    "FairseqMosesBpeTokenizer",
     "RfaDocConfig",
     "RfaDocForConditionalGeneration",
     "RfaDocModel",

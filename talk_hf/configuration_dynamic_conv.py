@@ -22,6 +22,21 @@ def _check_conv_type(config):
         raise ValueError(f"conv_type must be one of {CONV_TYPES}, got {config.conv_type!r}")
 
 
+def _check_encoder_embeddings(config):
+    if config.encoder_vocab_size is not None:
+        check_positive(config, "encoder_vocab_size")
+    tied = config.tie_word_embeddings and config.tie_encoder_embeddings
+    if tied and config.encoder_vocab_size not in (None, config.vocab_size):
+        raise ValueError(
+            f"encoder_vocab_size={config.encoder_vocab_size} differs from vocab_size={config.vocab_size}, so the "
+            "encoder cannot share the decoder's embedding: set tie_encoder_embeddings=False"
+        )
+    if isinstance(config.position_offset, bool) or not isinstance(config.position_offset, int):
+        raise ValueError(f"position_offset must be an int, got {config.position_offset!r}")
+    if config.position_offset < 0:
+        raise ValueError(f"position_offset must be >= 0, got {config.position_offset}")
+
+
 @strict(accept_kwargs=True)
 class DynamicConvConfig(TalkHfConfigMixin, PreTrainedConfig):
     r"""LightConv/DynamicConv encoder-decoder (`DynamicConvModel`, `DynamicConvForConditionalGeneration`).
@@ -36,6 +51,13 @@ class DynamicConvConfig(TalkHfConfigMixin, PreTrainedConfig):
         encoder_conv_heads / decoder_conv_heads (`int`): kernel heads (channels per head share a kernel).
         weight_softmax (`bool`): softmax-normalise kernels over their K taps.
         weight_dropout (`float`): DropConnect on the normalised kernels (per position and batch element).
+        encoder_vocab_size (`int`, optional): rows of the encoder's token embedding when the source has its own
+            vocabulary (None: `vocab_size`, the target vocabulary of the decoder and the output projection).
+        tie_encoder_embeddings (`bool`): with `tie_word_embeddings`, the encoder's token embedding is the decoder's
+            too (transformers ties nothing when `tie_word_embeddings` is False: then all three are separate).
+            False with `tie_word_embeddings`: only the decoder's input and output embeddings are one matrix.
+        position_offset (`int`): added to every token position (counted from 0 over real tokens) before its
+            sinusoid is taken; fairseq's models count from padding_idx + 1, i.e. 2 (talk_hf/convert_fairseq.py).
     """
 
     model_type = "dynamic_conv"
@@ -91,12 +113,16 @@ class DynamicConvConfig(TalkHfConfigMixin, PreTrainedConfig):
     decoder_start_token_id: int | None = 2
     is_encoder_decoder: bool = True
     tie_word_embeddings: bool = True
+    encoder_vocab_size: int | None = None
+    tie_encoder_embeddings: bool = True
+    position_offset: int = 0
 
     def __post_init__(self, **kwargs):
         super().__post_init__(**kwargs)
         self.conv_dim = self.conv_dim or self.d_model
         check_positive(self, "vocab_size", "d_model", "conv_dim", "encoder_layers", "decoder_layers", "encoder_ffn_dim",
                        "decoder_ffn_dim", "encoder_conv_heads", "decoder_conv_heads", "decoder_attention_heads")
+        _check_encoder_embeddings(self)
         self.encoder_kernel_sizes = per_layer("encoder_kernel_sizes", self.encoder_kernel_sizes, self.encoder_layers, KERNEL_SIZES)
         self.decoder_kernel_sizes = per_layer("decoder_kernel_sizes", self.decoder_kernel_sizes, self.decoder_layers, KERNEL_SIZES)
         if 0 in self.encoder_kernel_sizes + self.decoder_kernel_sizes:

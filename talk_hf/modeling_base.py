@@ -212,17 +212,19 @@ class DecoderLayer(GradientCheckpointingLayer):
 
 
 class TokenEmbedding(nn.Module):
-    """Scaled token embeddings plus sinusoidal positions, then dropout."""
+    """Scaled token embeddings plus sinusoidal positions, then dropout. position_offset is added to every position
+    before its sinusoid is taken (0: the first token is position 0)."""
 
-    def __init__(self, embed_tokens, d_model, scale_embedding, dropout):
+    def __init__(self, embed_tokens, d_model, scale_embedding, dropout, position_offset=0):
         super().__init__()
         self.embed_tokens = embed_tokens
         self.scale = math.sqrt(d_model) if scale_embedding else 1.0
         self.dropout = dropout
+        self.position_offset = position_offset
 
     def forward(self, input_ids, inputs_embeds, positions):
         x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
-        x = x * self.scale + sinusoidal_positions(positions, x.shape[-1]).to(x.dtype)
+        x = x * self.scale + sinusoidal_positions(positions + self.position_offset, x.shape[-1]).to(x.dtype)
         return F.dropout(x, p=self.dropout, training=self.training)
 
 
@@ -250,9 +252,9 @@ class EncoderStack(nn.Module):
     """Embeddings, encoder layers, final norm (pre-norm only). Padding on either side does not change the
     outputs of real tokens: positions count real tokens and every mixer ignores padded positions."""
 
-    def __init__(self, embed_tokens, layers, d_model, scale_embedding, dropout, normalize_before):
+    def __init__(self, embed_tokens, layers, d_model, scale_embedding, dropout, normalize_before, position_offset=0):
         super().__init__()
-        self.embed = TokenEmbedding(embed_tokens, d_model, scale_embedding, dropout)
+        self.embed = TokenEmbedding(embed_tokens, d_model, scale_embedding, dropout, position_offset)
         self.layers = nn.ModuleList(layers)
         self.layer_norm = nn.LayerNorm(d_model) if normalize_before else None
 
@@ -281,9 +283,12 @@ class DecoderStack(nn.Module):
     """Embeddings, causal decoder layers, optional final norm; with use_cache, its state in a transformers cache
     (a DynamicCache of RecurrentLayers, an EncoderDecoderCache with cross-attention)."""
 
-    def __init__(self, embed_tokens, layers, d_model, scale_embedding, dropout, final_layer_norm, sep_token_id=None):
+    def __init__(
+        self, embed_tokens, layers, d_model, scale_embedding, dropout, final_layer_norm, sep_token_id=None,
+        position_offset=0,
+    ):
         super().__init__()
-        self.embed = TokenEmbedding(embed_tokens, d_model, scale_embedding, dropout)
+        self.embed = TokenEmbedding(embed_tokens, d_model, scale_embedding, dropout, position_offset)
         self.layers = nn.ModuleList(layers)
         self.layer_norm = nn.LayerNorm(d_model) if final_layer_norm else None
         self.sep_token_id = sep_token_id
@@ -453,7 +458,8 @@ def token_embedding(config):
 class RecurrentSeq2SeqModel(RecurrentPreTrainedModel):
     """Encoder-decoder base model: `shared`, `encoder` and `decoder` (each stack with its own embedding, tied
     through _tied_weights_keys). A family gives its layers: `encoder_layer(config, i)`, `decoder_layer(config, i)`,
-    and `separator_id(config)` for a decoder whose sentential gate reads sentence separators."""
+    and `separator_id(config)` for a decoder whose sentential gate reads sentence separators. A config's
+    `position_offset` (default 0) shifts the positions of both stacks."""
 
     _tied_weights_keys = {
         "encoder.embed.embed_tokens.weight": "shared.weight",
@@ -462,17 +468,22 @@ class RecurrentSeq2SeqModel(RecurrentPreTrainedModel):
 
     def __init__(self, config):
         super().__init__(config)
+        offset = getattr(config, "position_offset", 0)
         self.shared = token_embedding(config)
         self.encoder = EncoderStack(
-            token_embedding(config), [self.encoder_layer(config, i) for i in range(config.encoder_layers)],
-            config.d_model, config.scale_embedding, config.dropout, config.encoder_normalize_before,
+            self.encoder_embedding(config), [self.encoder_layer(config, i) for i in range(config.encoder_layers)],
+            config.d_model, config.scale_embedding, config.dropout, config.encoder_normalize_before, offset,
         )
         self.decoder = DecoderStack(
             token_embedding(config), [self.decoder_layer(config, i) for i in range(config.decoder_layers)],
             config.d_model, config.scale_embedding, config.dropout, config.decoder_normalize_before,
-            sep_token_id=self.separator_id(config),
+            sep_token_id=self.separator_id(config), position_offset=offset,
         )
         self.post_init()
+
+    def encoder_embedding(self, config):
+        """The encoder's token embedding (tied to `shared` through _tied_weights_keys): (vocab_size, d_model)."""
+        return token_embedding(config)
 
     def encoder_layer(self, config, i):
         raise NotImplementedError(f"{type(self).__name__} must build its encoder layers (encoder_layer)")

@@ -1,0 +1,200 @@
+"""fairseq's text pipeline for converted fairseq translation models, as a transformers (Python) tokenizer.
+
+A flat module (only ``transformers``, ``sacremoses`` and ``subword_nmt`` imports) so that it can be copied next to a
+checkpoint and loaded as remote code. ``sacremoses`` and ``subword-nmt`` come with ``pip install "talk_hf[fairseq]"``.
+
+Encoding a source sentence does what fairseq's hub interface does (``tokenizer=moses``, ``bpe=subword_nmt``)::
+
+    Moses tokenisation (source language, aggressive dash splits, escaping)
+    -> subword-nmt BPE ("@@ " joiners)  -> ids in the source dictionary  -> + </s>
+
+Decoding ids of the target dictionary drops <s>, <pad> and </s> (an <unk> stays "<unk>", as fairseq prints it),
+joins the tokens, removes the "@@ " joiners and Moses-detokenises (target language). Encoding ``text_target`` uses the
+target dictionary and language. Without BPE codes (``bpe_codes_file=None``) the tokenizer expects text that is already
+tokenised and BPE'd: it splits on whitespace, and decoding removes the joiners but does not detokenise.
+
+Dictionaries are fairseq's ``dict.<lang>.txt`` files: ids 0..3 are ``<s> <pad> </s> <unk>``, then one entry per line
+("word count", optionally followed by ``#fairseq:overwrite``), including the ``madeupword`` fillers that pad a
+dictionary to a multiple of 8 when the file has them.
+"""
+
+import os
+import shutil
+
+from transformers import PreTrainedTokenizer
+
+BOS_TOKEN, PAD_TOKEN, EOS_TOKEN, UNK_TOKEN = "<s>", "<pad>", "</s>", "<unk>"
+SPECIAL_TOKENS = [BOS_TOKEN, PAD_TOKEN, EOS_TOKEN, UNK_TOKEN]  # fairseq's Dictionary: ids 0..3
+OVERWRITE_FLAG = "#fairseq:overwrite"
+VOCAB_FILES_NAMES = {
+    "source_dict_file": "dict.source.txt",
+    "target_dict_file": "dict.target.txt",
+    "bpe_codes_file": "bpecodes",
+}
+BPE_JOINER = "@@ "
+
+
+def _parse_dict_line(line, path, number):
+    """One line of a fairseq dictionary -> (word, overwrite)."""
+    fields = line.rstrip("\n").rsplit(" ", 1)
+    overwrite = len(fields) == 2 and fields[1] == OVERWRITE_FLAG
+    if overwrite:
+        fields = fields[0].rsplit(" ", 1)
+    if len(fields) != 2 or not fields[1].lstrip("-").isdigit():
+        raise ValueError(f"{path}, line {number}: expected '<token> <count> [{OVERWRITE_FLAG}]', got {line!r}")
+    return fields[0], overwrite
+
+
+def load_fairseq_dictionary(path):
+    """A fairseq ``dict.txt`` -> {token: id} with ids 0..3 for ``<s> <pad> </s> <unk>`` and the file's entries
+    from id 4 in order. A repeated token is an error unless its line carries ``#fairseq:overwrite`` (fairseq's rule);
+    then it keeps its first id."""
+    vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS)}
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            word, overwrite = _parse_dict_line(line, path, number)
+            if word in vocab and not overwrite:
+                raise ValueError(f"{path}, line {number}: duplicate token {word!r} (without {OVERWRITE_FLAG})")
+            vocab.setdefault(word, len(vocab))
+    return vocab
+
+
+def _moses():
+    try:
+        import sacremoses
+    except ImportError as err:
+        raise ImportError("the fairseq tokenizer needs sacremoses: pip install 'talk_hf[fairseq]'") from err
+    return sacremoses
+
+
+def _subword_nmt_bpe(codes_file):
+    """subword-nmt's BPE as fairseq builds it (``--codes FILE --separator @@``, no vocabulary, no glossaries)."""
+    try:
+        from subword_nmt.apply_bpe import BPE
+    except ImportError as err:
+        raise ImportError("the fairseq tokenizer needs subword-nmt: pip install 'talk_hf[fairseq]'") from err
+    with open(codes_file, encoding="utf-8") as codes:
+        return BPE(codes, -1, BPE_JOINER.strip(), None, None)
+
+
+def remove_bpe(text):
+    """fairseq's subword_nmt decode: "Wie@@ der@@ sehen" -> "Wiedersehen"."""
+    return (text + " ").replace(BPE_JOINER, "").rstrip()
+
+
+class FairseqMosesBpeTokenizer(PreTrainedTokenizer):
+    """fairseq's Moses + subword-nmt pipeline with separate source and target dictionaries (as transformers'
+    FSMTTokenizer keeps them): text is encoded with the source dictionary (the target's for ``text_target``) and ids
+    are decoded with the target dictionary.
+
+    Args:
+        source_dict_file / target_dict_file (`str`): fairseq dictionaries (``dict.<lang>.txt``).
+        bpe_codes_file (`str`, optional): subword-nmt codes; None: input is already tokenised and BPE'd.
+        source_lang / target_lang (`str`): Moses languages of the two sides.
+    """
+
+    vocab_files_names = VOCAB_FILES_NAMES
+    model_input_names = ["input_ids", "attention_mask"]
+
+    def __init__(
+        self,
+        source_dict_file,
+        target_dict_file,
+        bpe_codes_file=None,
+        source_lang="en",
+        target_lang="en",
+        bos_token=BOS_TOKEN,
+        pad_token=PAD_TOKEN,
+        eos_token=EOS_TOKEN,
+        unk_token=UNK_TOKEN,
+        **kwargs,
+    ):
+        self.source_dict_file, self.target_dict_file = source_dict_file, target_dict_file
+        self.bpe_codes_file = bpe_codes_file
+        self.source_lang, self.target_lang = source_lang, target_lang
+        self.source_vocab = load_fairseq_dictionary(source_dict_file)
+        self.target_vocab = load_fairseq_dictionary(target_dict_file)
+        self.target_tokens = {i: token for token, i in self.target_vocab.items()}
+        self.bpe = _subword_nmt_bpe(bpe_codes_file) if bpe_codes_file else None
+        self._moses_tokenizers, self._moses_detokenizer = {}, None
+        self.encoder, self.lang = self.source_vocab, source_lang
+        kwargs.setdefault("clean_up_tokenization_spaces", False)
+        super().__init__(
+            source_lang=source_lang, target_lang=target_lang, bos_token=bos_token, pad_token=pad_token,
+            eos_token=eos_token, unk_token=unk_token, **kwargs,
+        )
+
+    @property
+    def vocab_size(self):
+        """The source dictionary's size (as FSMTTokenizer: the encoder's vocabulary)."""
+        return len(self.source_vocab)
+
+    def get_vocab(self):
+        return dict(self.source_vocab)
+
+    def _switch_to_target_mode(self):
+        self.encoder, self.lang = self.target_vocab, self.target_lang
+
+    def _switch_to_input_mode(self):
+        self.encoder, self.lang = self.source_vocab, self.source_lang
+
+    def moses_tokenize(self, text, lang):
+        """fairseq's moses encoder: text -> space-separated tokens."""
+        if lang not in self._moses_tokenizers:
+            self._moses_tokenizers[lang] = _moses().MosesTokenizer(lang=lang)
+        return self._moses_tokenizers[lang].tokenize(text, aggressive_dash_splits=True, return_str=True, escape=True)
+
+    def moses_detokenize(self, text):
+        """fairseq's moses decoder (target language): space-separated tokens -> text."""
+        if self._moses_detokenizer is None:
+            self._moses_detokenizer = _moses().MosesDetokenizer(lang=self.target_lang)
+        return self._moses_detokenizer.detokenize(text.split())
+
+    def _tokenize(self, text, **kwargs):
+        """text -> BPE pieces ("Wie@@", "der@@", "sehen")."""
+        if self.bpe is not None:
+            text = self.bpe.process_line(self.moses_tokenize(text, self.lang))
+        return text.split()
+
+    def _convert_token_to_id(self, token):
+        return self.encoder.get(token, self.encoder[UNK_TOKEN])
+
+    def _convert_id_to_token(self, index):
+        return self.target_tokens.get(index, UNK_TOKEN)
+
+    def convert_tokens_to_string(self, tokens):
+        """Target tokens -> text: joiners removed, then Moses-detokenised (when the tokenizer has BPE codes)."""
+        text = remove_bpe(" ".join(tokens))
+        return self.moses_detokenize(text) if self.bpe is not None else text
+
+    def _decode(self, token_ids, skip_special_tokens=False, clean_up_tokenization_spaces=None, **kwargs):
+        """Target ids -> text. skip_special_tokens drops <s>, <pad> and </s> but keeps <unk> (fairseq's
+        Dictionary.string prints it)."""
+        token_ids = [token_ids] if isinstance(token_ids, int) else list(token_ids)
+        skipped = {self.bos_token_id, self.pad_token_id, self.eos_token_id} if skip_special_tokens else set()
+        return self.convert_tokens_to_string([self._convert_id_to_token(i) for i in token_ids if i not in skipped])
+
+    def build_inputs_with_special_tokens(self, token_ids_0, token_ids_1=None):
+        """fairseq's encode_line: the ids then </s> (no <s>)."""
+        if token_ids_1 is not None:
+            raise ValueError("fairseq translation models take one sequence, not a pair")
+        return token_ids_0 + [self.eos_token_id]
+
+    def get_special_tokens_mask(self, token_ids_0, token_ids_1=None, already_has_special_tokens=False):
+        if already_has_special_tokens:
+            return [int(i in (self.bos_token_id, self.pad_token_id, self.eos_token_id)) for i in token_ids_0]
+        return [0] * len(token_ids_0) + [1]
+
+    def save_vocabulary(self, save_directory, filename_prefix=None):
+        """Copies the two dictionaries (and the BPE codes) into save_directory -> the paths written."""
+        prefix = f"{filename_prefix}-" if filename_prefix else ""
+        sources = {"source_dict_file": self.source_dict_file, "target_dict_file": self.target_dict_file}
+        if self.bpe_codes_file:
+            sources["bpe_codes_file"] = self.bpe_codes_file
+        written = []
+        for key, source in sources.items():
+            target = os.path.join(save_directory, prefix + VOCAB_FILES_NAMES[key])
+            if os.path.abspath(source) != os.path.abspath(target):
+                shutil.copyfile(source, target)
+            written.append(target)
+        return tuple(written)
