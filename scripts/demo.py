@@ -9,19 +9,17 @@ pipeline("translation"). The last line printed is the test BLEU.
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
+from transformers import pipeline
+
+import talk_hf  # noqa: F401
+from talk_hf.training.loop import TrainConfig
+from talk_hf.training.prepare import SUMMARY_FILE, load_pair_splits, prepare_translation_data
+from talk_hf.training.run import train_run
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
-
-import preprocess  # noqa: E402
-from transformers import pipeline  # noqa: E402
-
-import talk_hf  # noqa: E402,F401
-from talk_hf.training.loop import TrainConfig  # noqa: E402
-from talk_hf.training.run import train_run  # noqa: E402
 
 DATA = ROOT / "data" / "multi30k"
 SENTENCES = [
@@ -47,11 +45,12 @@ def parse_args(argv=None):
 
 
 def prepare(data_dir, vocab_size):
-    if (data_dir / "preprocess.json").exists():
+    """data_dir/ from the bundled Multi30k train, val and test2016 files (kept when already prepared)."""
+    if (data_dir / SUMMARY_FILE).exists():
         return
-    splits = {"train": "train", "valid": "val", "test": "test_2016_flickr"}
-    argv = [f"--split={name}={DATA / f'{stem}.de.gz'},{DATA / f'{stem}.en.gz'}" for name, stem in splits.items()]
-    preprocess.main(argv + ["--vocab_size", str(vocab_size), "--output_dir", str(data_dir)])
+    stems = {"train": "train", "valid": "val", "test": "test_2016_flickr"}
+    files = {name: (DATA / f"{stem}.de.gz", DATA / f"{stem}.en.gz") for name, stem in stems.items()}
+    prepare_translation_data(data_dir, load_pair_splits(text_files=files), vocab_size=vocab_size)
 
 
 def main(argv=None):

@@ -15,7 +15,7 @@ from pathlib import Path
 from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
 import talk_hf  # noqa: F401
-from talk_hf.training.data import read_lines, write_lines
+from talk_hf.training.corpora import read_lines, write_lines
 from talk_hf.training.evaluation import perplexity, rouge, translate
 from talk_hf.training.loop import make_collator, validation_loss
 from talk_hf.training.run import evaluate_translation, load_prepared

@@ -24,14 +24,13 @@ encode, and save.
 Writes <output-dir>/tokenizer/ (save_pretrained), <output-dir>/<split>/ (Dataset.save_to_disk with source, target,
 doc_id, num_context, input_ids, labels, num_tokens; LM splits: input_ids, labels, num_tokens) and
 <output-dir>/preprocess.json (arguments and per-split counts, including the examples dropped by
---max_tokens_per_example and the LM tail tokens that fill no block). The work is done by talk_hf.training.data.
+--max_tokens_per_example and the LM tail tokens that fill no block). The work is done by
+talk_hf.training.prepare.
 """
 
 import argparse
-import json
 import logging
 import sys
-from pathlib import Path
 
 DESCRIPTION = __doc__.split("\n\n")[0]
 
@@ -128,167 +127,85 @@ def build_parser():
     return parser
 
 
-def text_pair_files(args, parser):
-    """[(split, source file, target file)] from --source_file/--target_file and --split; exits unless exactly one
-    kind of input was given."""
-    text_pairs = list(args.splits)
+def check_args(args, parser):
+    """Exit with a usage error unless the flags describe exactly one kind of input with consistent settings."""
     if (args.source_file is None) != (args.target_file is None):
         parser.error("--source_file and --target_file go together")
-    if args.source_file is not None:
-        text_pairs.insert(0, ("train", args.source_file, args.target_file))
+    text_pairs = text_pair_files(args)
     kinds = [name for name, used in (("text files", text_pairs), ("--tsv", args.tsv), ("--json", args.json),
                                      ("--hub_dataset", args.hub_dataset), ("--wiki_zh_en", args.wiki_zh_en),
                                      ("--lm_text", args.lm_text)) if used]
     if len(kinds) != 1:
         parser.error(f"give exactly one kind of input, got {kinds or 'none'}")
-    return text_pairs
-
-
-def load_splits(args, parser):
-    """The sentence-level splits named by the arguments: dict name -> Dataset(source, target[, doc_id, ...])."""
-    from talk_hf.training import data
-
-    text_pairs = text_pair_files(args, parser)
-    if args.hub_dataset and not (args.source_lang and args.target_lang):
-        parser.error("--hub_dataset needs --source_lang and --target_lang")
-    if text_pairs:
-        items = [(name, lambda s=s, t=t: data.load_text_pairs(s, t)) for name, s, t in text_pairs]
-    elif args.tsv:
-        items = [(name, lambda p=p: data.load_tsv_pairs(p, args.source_column, args.target_column, args.doc_column))
-                 for name, p in args.tsv]
-    elif args.json:
-        items = [(name, lambda p=p: data.load_json_pairs(p, args.source_key, args.target_key, args.doc_key))
-                 for name, p in args.json]
-    elif args.hub_dataset:
-        items = [(name, lambda n=name: data.load_hub_pairs(args.hub_dataset, n, args.source_lang, args.target_lang,
-                                                           args.hub_config, cache_dir=args.cache_dir))
-                 for name in args.hub_splits]
-    else:
-        items = [(name, lambda n=name: data.load_wiki_zh_en(n)) for name in args.wiki_splits]
-    names = [name for name, _ in items]
-    if len(set(names)) != len(names):
-        parser.error(f"split names repeat: {names}")
-    splits = {name: load() for name, load in items}
-    if args.reverse:
-        splits = {name: data.reverse_pairs(ds) for name, ds in splits.items()}
-    return splits
-
-
-def lm_texts(args, parser):
-    """The LM splits: dict name -> list of lines (the 'valid' split cut from the end of 'train' with --lm_holdout)."""
-    from talk_hf.training import data
-
-    names = [name for name, _ in args.lm_text]
-    if len(set(names)) != len(names):
-        parser.error(f"split names repeat: {names}")
-    texts = {name: data.read_lines(path) for name, path in args.lm_text}
-    if args.lm_holdout:
-        if not 0 < args.lm_holdout < 1:
-            parser.error(f"--lm_holdout must be in (0, 1), got {args.lm_holdout}")
-        if "train" not in texts or "valid" in texts:
-            parser.error("--lm_holdout needs a 'train' text and no 'valid' one")
-        lines = texts["train"]
-        cut = round(len(lines) * (1 - args.lm_holdout))
-        texts["train"], texts["valid"] = lines[:cut], lines[cut:]
-    return texts
-
-
-def prepare_lm(args, parser, texts, output):
-    """Tokenizer (no </s> appended by the tokenizer itself) and fixed-size blocks per split of `texts` (from
-    `lm_texts`); -> (tokenizer, per-split counts)."""
-    from transformers import AutoTokenizer
-
-    from talk_hf.tokenization import train_joint_bpe
-    from talk_hf.training import data
-
-    if args.tokenizer is not None:
-        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
-    else:
-        missing = [name for name in args.tokenizer_splits if name not in texts]
-        if missing:
-            parser.error(f"--tokenizer_splits {missing} are not among the splits {list(texts)}")
-        corpus = (line for name in args.tokenizer_splits for line in texts[name])
-        tokenizer = train_joint_bpe(corpus, args.vocab_size, lowercase=args.lowercase, add_eos=False,
-                                    min_frequency=args.min_frequency)
-    tokenizer.save_pretrained(output / "tokenizer")
-    counts = {}
-    for name, lines in texts.items():
-        stream = data.lm_token_stream(lines, tokenizer, separator_token_id=tokenizer.eos_token_id)
-        blocks = data.stream_blocks(stream, args.block_size)
-        blocks.save_to_disk(str(output / name))
-        total = len(stream)
-        counts[name] = {"lines": len(lines), "blocks": len(blocks), "tokens_total": total,
-                        "tokens_in_blocks": len(blocks) * args.block_size,
-                        "tail_tokens_dropped": total - len(blocks) * args.block_size}
-        logging.getLogger("preprocess").info("%s: %s", name, counts[name])
-    return tokenizer, counts
-
-
-def main(argv=None):
-    """Parse the arguments, prepare and save every split; returns the preprocess.json contents (a dict)."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
     if args.window < 1:
         parser.error("--window must be >= 1")
+    if args.hub_dataset and not (args.source_lang and args.target_lang):
+        parser.error("--hub_dataset needs --source_lang and --target_lang")
+    names = split_names(args)
+    if len(set(names)) != len(names):
+        parser.error(f"split names repeat: {names}")
     if args.lm_text:
-        text_pair_files(args, parser)  # exits if another kind of input was given too
         if args.block_size < 1:
             parser.error("--block_size must be >= 1")
         if args.window != 1 or args.reverse:
             parser.error("--window and --reverse apply to translation pairs, not to --lm_text")
-        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-        texts = lm_texts(args, parser)
-        output = Path(args.output_dir)
-        output.mkdir(parents=True, exist_ok=True)
-        tokenizer, counts = prepare_lm(args, parser, texts, output)
-        return write_summary(args, output, tokenizer, counts)
+        if args.lm_holdout:
+            if not 0 < args.lm_holdout < 1:
+                parser.error(f"--lm_holdout must be in (0, 1), got {args.lm_holdout}")
+            if "train" not in names or "valid" in names:
+                parser.error("--lm_holdout needs a 'train' text and no 'valid' one")
+            names = [*names, "valid"]
+    missing = [name for name in args.tokenizer_splits if name not in names]
+    if args.tokenizer is None and missing:
+        parser.error(f"--tokenizer_splits {missing} are not among the splits {names}")
 
-    from transformers import AutoTokenizer
 
-    from talk_hf.tokenization import SEP_TOKEN
-    from talk_hf.training import data
+def text_pair_files(args):
+    """[(split, source file, target file)] from --source_file/--target_file and --split."""
+    text_pairs = list(args.splits)
+    if args.source_file is not None:
+        text_pairs.insert(0, ("train", args.source_file, args.target_file))
+    return text_pairs
 
+
+def split_names(args):
+    """The names of the splits the flags ask for, in order (before --lm_holdout adds 'valid')."""
+    if args.lm_text:
+        return [name for name, _ in args.lm_text]
+    if args.hub_dataset:
+        return list(args.hub_splits)
+    if args.wiki_zh_en:
+        return list(args.wiki_splits)
+    return [name for name, *_ in text_pair_files(args) or args.tsv or args.json]
+
+
+def main(argv=None):
+    """Parse the arguments, prepare and save every split; returns the preprocess.json contents (a dict)."""
+    from talk_hf.training.corpora import read_lines
+    from talk_hf.training.prepare import load_pair_splits, prepare_lm_data, prepare_translation_data, prepare_wiki_zh_en
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    check_args(args, parser)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    splits = load_splits(args, parser)
-    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer) if args.tokenizer is not None else None
-    sep_token = tokenizer.sep_token if tokenizer is not None else SEP_TOKEN
-    windows = {name: data.document_windows(ds, args.window, sep_token=sep_token) for name, ds in splits.items()}
-    if tokenizer is None:
-        missing = [name for name in args.tokenizer_splits if name not in splits]
-        if missing:
-            parser.error(f"--tokenizer_splits {missing} are not among the splits {list(splits)}")
-        tokenizer = data.train_tokenizer([splits[n] for n in args.tokenizer_splits], args.vocab_size,
-                                         lowercase=args.lowercase, min_frequency=args.min_frequency)
-    output = Path(args.output_dir)
-    output.mkdir(parents=True, exist_ok=True)
-    tokenizer.save_pretrained(output / "tokenizer")
-    counts = {}
-    for name, sentences in splits.items():
-        encoded = data.encode(windows[name], tokenizer, args.max_tokens_per_example, args.max_tokens_per_example,
-                              cache_dir=args.cache_dir)
-        encoded.save_to_disk(str(output / name))
-        num_tokens = encoded["num_tokens"][:]
-        counts[name] = {
-            "sentences": len(sentences),
-            "documents": data.count_documents(sentences) if "doc_id" in sentences.column_names else None,
-            "examples": len(windows[name]),
-            "kept": len(encoded),
-            "dropped": len(windows[name]) - len(encoded),
-            "num_tokens_total": int(sum(num_tokens)),
-            "num_tokens_max": int(max(num_tokens, default=0)),
-        }
-        logging.getLogger("preprocess").info("%s: %s", name, counts[name])
-    return write_summary(args, output, tokenizer, counts)
-
-
-def write_summary(args, output, tokenizer, counts):
-    summary = {
-        "args": vars(args),
-        "tokenizer": {"vocab_size": len(tokenizer), "trained_on": None if args.tokenizer else args.tokenizer_splits},
-        "splits": counts,
-    }
-    (output / "preprocess.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    return summary
+    common = dict(tokenizer=args.tokenizer, tokenizer_splits=args.tokenizer_splits, vocab_size=args.vocab_size,
+                  min_frequency=args.min_frequency, lowercase=args.lowercase, args=vars(args))
+    if args.lm_text:
+        texts = {name: read_lines(path) for name, path in args.lm_text}
+        return prepare_lm_data(args.output_dir, texts, block_size=args.block_size, holdout=args.lm_holdout, **common)
+    processing = dict(common, window=args.window, reverse=args.reverse,
+                      max_tokens_per_example=args.max_tokens_per_example, cache_dir=args.cache_dir)
+    if args.wiki_zh_en:
+        return prepare_wiki_zh_en(args.output_dir, args.wiki_splits, **processing)
+    splits = load_pair_splits(
+        text_files={name: (source, target) for name, source, target in text_pair_files(args)} or None,
+        tsv_files=dict(args.tsv) or None, json_files=dict(args.json) or None, hub_dataset=args.hub_dataset,
+        source_column=args.source_column, target_column=args.target_column, doc_column=args.doc_column,
+        source_key=args.source_key, target_key=args.target_key, doc_key=args.doc_key, hub_splits=args.hub_splits,
+        hub_config=args.hub_config, source_lang=args.source_lang, target_lang=args.target_lang,
+        cache_dir=args.cache_dir,
+    )
+    return prepare_translation_data(args.output_dir, splits, **processing)
 
 
 if __name__ == "__main__":

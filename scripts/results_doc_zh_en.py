@@ -13,16 +13,11 @@ and results.md, printing the table at the end.
 """
 
 import argparse
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
-
-import preprocess  # noqa: E402
-
-from talk_hf.training.loop import TrainConfig  # noqa: E402
-from talk_hf.training.run import markdown_table, record_result, train_run  # noqa: E402
+from talk_hf.training.loop import TrainConfig
+from talk_hf.training.prepare import SUMMARY_FILE, prepare_wiki_zh_en
+from talk_hf.training.run import load_prepared, markdown_table, record_result, train_run
 
 SIZE = dict(d_model=256, encoder_layers=3, decoder_layers=3, encoder_ffn_dim=512, decoder_ffn_dim=512,
             encoder_attention_heads=4, decoder_attention_heads=4, dropout=0.2, attention_dropout=0.1)
@@ -60,25 +55,19 @@ def parse_args(argv=None):
 def prepare(out, window, vocab_size, max_tokens_per_example):
     """data_w<window>/ from the bundled corpus; the tokenizer comes from data_w1 (trained there first)."""
     folder = out / f"data_w{window}"
-    if (folder / "preprocess.json").exists():
+    if (folder / SUMMARY_FILE).exists():
         return folder
-    argv = ["--wiki_zh_en", "--wiki_splits", "train,dev,zh2en-test", "--window", str(window),
-            "--max_tokens_per_example", str(max_tokens_per_example), "--output_dir", str(folder)]
     if window == 1:
-        argv += ["--vocab_size", str(vocab_size)]
+        tokenizer = dict(vocab_size=vocab_size)
     else:
-        argv += ["--tokenizer", str(prepare(out, 1, vocab_size, max_tokens_per_example) / "tokenizer")]
-    summary = preprocess.main(argv)
-    if summary["splits"]["zh2en-test"]["dropped"]:
-        raise ValueError(f"{folder}: test windows longer than --max_tokens_per_example={max_tokens_per_example} "
-                         "were dropped; raise the limit so that every window is scored")
+        tokenizer = dict(tokenizer=str(prepare(out, 1, vocab_size, max_tokens_per_example) / "tokenizer"))
+    prepare_wiki_zh_en(folder, ("train", "dev", "zh2en-test"), window=window,
+                       max_tokens_per_example=max_tokens_per_example, keep_all_splits=("zh2en-test",), **tokenizer)
     return folder
 
 
 def max_new_tokens(data_dir):
     """Room for the longest test reference (window) and then some: a shorter limit would truncate hypotheses."""
-    from talk_hf.training.run import load_prepared
-
     return int(1.25 * max(len(labels) for labels in load_prepared(data_dir, "zh2en-test")["labels"])) + 8
 
 

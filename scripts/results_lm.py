@@ -10,16 +10,14 @@ results.md, printing the table at the end.
 """
 
 import argparse
-import sys
 from pathlib import Path
 
+from talk_hf.training.corpora import read_lines
+from talk_hf.training.loop import TrainConfig
+from talk_hf.training.prepare import SUMMARY_FILE, prepare_lm_data
+from talk_hf.training.run import markdown_table, record_result, train_run
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
-
-import preprocess  # noqa: E402
-
-from talk_hf.training.loop import TrainConfig  # noqa: E402
-from talk_hf.training.run import markdown_table, record_result, train_run  # noqa: E402
 
 CORPUS = ROOT / "data" / "tinyshakespeare" / "input.txt.gz"
 SIZE = dict(d_model=256, decoder_layers=4, dropout=0.1)
@@ -47,10 +45,11 @@ def parse_args(argv=None):
 
 
 def prepare(out, corpus, block_size, vocab_size):
+    """out/data/: blocks of the corpus, its last 10% of lines held out as 'valid' (kept when already prepared)."""
     folder = out / "data"
-    if not (folder / "preprocess.json").exists():
-        preprocess.main(["--lm_text", f"train={corpus}", "--lm_holdout", "0.1", "--block_size", str(block_size),
-                         "--vocab_size", str(vocab_size), "--output_dir", str(folder)])
+    if not (folder / SUMMARY_FILE).exists():
+        prepare_lm_data(folder, {"train": read_lines(corpus)}, holdout=0.1, block_size=block_size,
+                        vocab_size=vocab_size)
     return folder
 
 

@@ -11,7 +11,7 @@ import sys
 from transformers import pipeline
 
 import talk_hf  # noqa: F401  (registers the models and the translation task)
-from talk_hf.training.data import read_lines, split_lines
+from talk_hf.training.corpora import read_lines, split_lines
 
 
 def parse_args(argv=None):

@@ -17,7 +17,7 @@ USE = textwrap.dedent("""
     import talk_hf
     from transformers import pipeline
     from talk_hf import TalkConfig, TalkForConditionalGeneration, train_joint_bpe
-    from talk_hf.training.data import load_wiki_zh_en
+    from talk_hf.training.corpora import load_wiki_zh_en
     from talk_hf.training.model_card import write_model_card
 
     assert talk_hf.__file__.startswith(sys.argv[1]), talk_hf.__file__  # the installed copy, not the checkout

@@ -9,7 +9,7 @@ import torch
 
 from ..metrics.document_bleu.document_bleu import document_scores
 from ..tokenization import SEP_TOKEN, split_sentences
-from .data import group_documents
+from .corpora import group_documents
 
 
 @torch.no_grad()

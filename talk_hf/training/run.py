@@ -14,7 +14,7 @@ from transformers import AutoTokenizer
 from ..document_translation import translate_document_streaming, translate_documents
 from ..metrics.document_bleu.document_bleu import document_scores
 from ..tokenization import split_sentences
-from .data import group_documents, write_lines
+from .corpora import group_documents, write_lines
 from .evaluation import corpus_bleu, last_sentences, translate
 from .loop import Trainer
 from .models import build_model, count_parameters

@@ -248,7 +248,7 @@ def test_trainer_trains_a_causal_lm_and_reloads(name, lm_tokenizer, tmp_path):
 def test_seq2seq_trainer_scores_document_windows_with_document_bleu(tokenizer, tmp_path):
     """An RFA-doc model evaluated by Seq2SeqTrainer on document windows, with talk_hf's document_metrics as
     compute_metrics: document-level BLEU of the generated windows' last sentences."""
-    from talk_hf.training.data import document_windows
+    from talk_hf.training.corpora import document_windows
     from talk_hf.training.evaluation import document_metrics
 
     model = sized("rfa_doc", tokenizer)

@@ -9,7 +9,7 @@ import torch
 from talk_hf import translate_document_streaming, translate_documents
 from talk_hf.metrics import DOCUMENT_BLEU
 from talk_hf.tokenization import train_joint_bpe
-from talk_hf.training.data import document_windows
+from talk_hf.training.corpora import document_windows
 from talk_hf.training.models import build_model
 from talk_hf.training.run import evaluate_translation, split_documents
 

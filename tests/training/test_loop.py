@@ -8,7 +8,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from talk_hf.training.data import encode, load_tsv_pairs, train_tokenizer
+from talk_hf.training.corpora import load_tsv_pairs
+from talk_hf.training.data import encode, train_tokenizer
 from talk_hf.training.loop import (
     TrainConfig,
     Trainer,

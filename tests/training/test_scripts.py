@@ -211,11 +211,12 @@ def test_record_result_replaces_only_the_rerun_row(tmp_path):
 
 
 def test_doc_results_runner_scores_every_test_window(tmp_path, monkeypatch):
-    from talk_hf.training import data
+    from talk_hf.training import prepare
 
     module = script("results_doc_zh_en")
-    load = data.load_wiki_zh_en
-    monkeypatch.setattr(data, "load_wiki_zh_en", lambda split: load(split).select(range(40)))  # 40 lines per split
+    load = prepare.load_wiki_zh_en
+    monkeypatch.setattr(prepare, "load_wiki_zh_en",  # 40 lines per split
+                        lambda split, archive=None: load(split, archive=archive).select(range(40)))
     tiny = dict(d_model=16, encoder_layers=1, decoder_layers=1, encoder_ffn_dim=32, decoder_ffn_dim=32,
                 encoder_attention_heads=2, decoder_attention_heads=2)
     monkeypatch.setattr(module, "MODELS", {name: (kind, {**values, **tiny})
