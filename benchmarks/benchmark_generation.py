@@ -225,13 +225,15 @@ def run(args):
 
 
 def paper_rows(args, device, generator, variants):
-    """The RFA paper's setting at each window of `--paper_windows`: greedy (also compiled with --compile) and beam 4."""
+    """The RFA paper's setting at each window of `--paper_windows`, with each beam size of `--paper_beams` (greedy
+    also compiled with --compile)."""
     talk, base = (m.to(device) for m in models("paper"))
     rows = []
     for w in args.paper_windows:
         batch = max(1, round({**PAPER_BATCH, **LONGER_BATCH}[w] * args.batch_scale))
         window = [source(batch, PAPER_SOURCE * w, device, generator)]
-        for beams, compiled in [(1, c) for c in variants] + [(4, False)]:
+        greedy = [(1, c) for c in variants] if 1 in args.paper_beams else []
+        for beams, compiled in greedy + [(b, False) for b in args.paper_beams if b != 1]:
             row = compare(f"paper window {w}, batch {batch}, beam {beams} (RFA-doc vs Marian)", "paper", window,
                           PAPER_TARGET * w, args.repeats, talk, base, compiled, num_beams=beams)
             rows.append({**row, "window": w, "batch": batch, "num_beams": beams})
@@ -357,6 +359,7 @@ def main(argv=None):
                         choices=sorted({**PAPER_BATCH, **LONGER_BATCH}),
                         help="windows L of the paper rows: the paper's, or 30 and 60 (batch 48 and 24 before scaling)")
     parser.add_argument("--batch_scale", type=float, default=1.0, help="the paper rows' batch sizes times this")
+    parser.add_argument("--paper_beams", type=int, nargs="+", default=[1, 4], help="beam sizes of the paper rows")
     parser.add_argument("--speedup_plot", default=None, help="PNG path for the paper rows' speed-up against L")
     parser.add_argument("--stream_sentences", type=int, default=200, help="sentences of the streaming row's document")
     parser.add_argument("--stream_window", type=int, default=4, help="the sliding windows' length in the streaming row")

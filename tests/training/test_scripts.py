@@ -40,7 +40,8 @@ def script(name):
 
 
 @pytest.mark.parametrize("name", ["preprocess", "train", "evaluate_model", "translate", "average_checkpoints", "demo",
-                                  "benchmark_ops", "benchmark_generation", "benchmark_training", "results_multi30k", "results_doc_zh_en",
+                                  "benchmark_ops", "benchmark_generation", "benchmark_training", "decoding_bound", "results_multi30k",
+                                  "results_doc_zh_en",
                                   "results_lm"])
 def test_help(name, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -271,6 +272,26 @@ def test_generation_benchmark_paper_rows_scale_the_papers_batches(tmp_path, monk
     assert all("RFA-doc vs Marian" in r["row"] and r["speedup"] > 0 for r in rows)
     assert (tmp_path / "s.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert json.loads((tmp_path / "p.json").read_text())["rows"][-1]["window"] == 2
+
+
+def test_decoding_bound_counts_each_models_state_and_measures_the_machine(tmp_path, monkeypatch):
+    """benchmarks/decoding_bound.py: the bytes of decoding state per layer, token and sequence (Marian's grow with the
+    window, RFA-doc's cross-attention source is the smaller of its two forms) and a bound row per window."""
+    module = script("decoding_bound")
+    # L = 1: 20 source tokens, keys and values (20 x 8 x (512 + 65) floats) are smaller than the state (8 x 512 x 65)
+    assert module.rfa_state_bytes(1, 8, 64, 32, 256) == (2 * 4 * 8 * 64 * 65, 4 * 20 * 8 * 577)
+    assert module.rfa_state_bytes(15, 8, 64, 32, 256) == (2 * 4 * 8 * 64 * 65, 4 * 8 * 512 * 65)  # 300 tokens: state
+    assert module.marian_state_bytes(1, 512) == (3 * 2 * 12 * 512 * 4, 2 * 20 * 512 * 4)  # 12 tokens cached on average
+    self_15, cross_15 = module.marian_state_bytes(15, 512)
+    assert (self_15, cross_15) == (3 * 2 * 173 * 512 * 4, 15 * 2 * 20 * 512 * 4)  # 345 steps: 173 cached on average
+    tiny = script("benchmark_generation")
+    monkeypatch.setattr(tiny, "PAPER_SIZE", dict(d_model=16, layers=1, heads=2, ffn=32))
+    monkeypatch.setattr(module, "models", tiny.models)
+    rows = module.main(["--windows", "1", "15", "--batch_scale", "0.01", "--bandwidth_mb", "8",
+                        "--output", str(tmp_path / "b.json")])
+    assert [(r["window"], r["batch"]) for r in rows] == [(1, 10), (15, 1)]
+    assert all(r["speedup_bound"] > 0 and r["weights_ms"] > 0 and r["features_ms"] > 0 for r in rows)
+    assert json.loads((tmp_path / "b.json").read_text())["rows"][1]["window"] == 15
 
 
 def test_generation_benchmark_streaming_rows_time_every_sentence(tmp_path, monkeypatch):
