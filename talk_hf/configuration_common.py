@@ -54,6 +54,23 @@ def check_token_ids(config, *names):
             raise ValueError(f"{name}={value} is outside the vocabulary (vocab_size={config.vocab_size})")
 
 
+def check_source_embeddings(config):
+    """The fields of a source vocabulary of its own (`encoder_vocab_size`, `tie_encoder_embeddings`) and of
+    `position_offset`, as converted fairseq models set them (talk_hf/convert_fairseq.py)."""
+    if config.encoder_vocab_size is not None:
+        check_positive(config, "encoder_vocab_size")
+    tied = config.tie_word_embeddings and config.tie_encoder_embeddings
+    if tied and config.encoder_vocab_size not in (None, config.vocab_size):
+        raise ValueError(
+            f"encoder_vocab_size={config.encoder_vocab_size} differs from vocab_size={config.vocab_size}, so the "
+            "encoder cannot share the decoder's embedding: set tie_encoder_embeddings=False"
+        )
+    if isinstance(config.position_offset, bool) or not isinstance(config.position_offset, int):
+        raise ValueError(f"position_offset must be an int, got {config.position_offset!r}")
+    if config.position_offset < 0:
+        raise ValueError(f"position_offset must be >= 0, got {config.position_offset}")
+
+
 class TalkHfConfigMixin:
     """Shared by the talk_hf configs: named presets.
 

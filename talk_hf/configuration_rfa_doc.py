@@ -10,6 +10,7 @@ from .configuration_common import (
     check_divisible,
     check_positive,
     check_probability,
+    check_source_embeddings,
     check_token_ids,
 )
 
@@ -36,6 +37,12 @@ class RfaDocConfig(TalkHfConfigMixin, PreTrainedConfig):
         random_feature_seed (`int`): seed of the evaluation projections.
         rfa_eps (`float`): lower bound of the attention normaliser.
         rfa_init_scale (`float`): xavier gain rfa_init_scale**-0.5 for the RFA projections.
+        encoder_vocab_size (`int`, optional): rows of the encoder's token embedding when the source has its own
+            vocabulary (None: `vocab_size`). tie_encoder_embeddings (`bool`): with `tie_word_embeddings`, the
+            encoder's token embedding is the decoder's too; False: only the decoder's input and output are tied.
+        position_offset (`int`): added to every token position before its sinusoid is taken (fairseq's models
+            count from padding_idx + 1 = 2; talk_hf/convert_fairseq.py). The defaults keep one shared vocabulary
+            and positions from 0.
     """
 
     model_type = "rfa_doc"
@@ -71,6 +78,9 @@ class RfaDocConfig(TalkHfConfigMixin, PreTrainedConfig):
     attention_dropout: float = 0.1
     activation_dropout: float = 0.0
     scale_embedding: bool = True
+    encoder_vocab_size: int | None = None
+    tie_encoder_embeddings: bool = True
+    position_offset: int = 0
     use_cache: bool = True
     pad_token_id: int | None = 1
     bos_token_id: int | None = 0
@@ -96,3 +106,4 @@ class RfaDocConfig(TalkHfConfigMixin, PreTrainedConfig):
         check_probability(self, "dropout", "attention_dropout", "activation_dropout")
         check_activation(self)
         check_token_ids(self, "pad_token_id", "bos_token_id", "decoder_start_token_id", "sep_token_id")
+        check_source_embeddings(self)

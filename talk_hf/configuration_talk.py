@@ -9,6 +9,7 @@ from .configuration_common import (
     check_divisible,
     check_positive,
     check_probability,
+    check_source_embeddings,
     check_token_ids,
     per_layer,
 )
@@ -36,6 +37,12 @@ class TalkConfig(TalkHfConfigMixin, PreTrainedConfig):
         offset_dropout (`float`): dropout on the predicted relative offsets (windows may exceed max while training).
         input_dropout (`float`): dropout before the sub-block's input projection.
         activation_function (`str`): FFN activation ("swish" in the paper).
+        encoder_vocab_size (`int`, optional): rows of the encoder's token embedding when the source has its own
+            vocabulary (None: `vocab_size`). tie_encoder_embeddings (`bool`): with `tie_word_embeddings`, the
+            encoder's token embedding is the decoder's too; False: only the decoder's input and output are tied.
+        position_offset (`int`): added to every token position before its sinusoid is taken (fairseq's models
+            count from padding_idx + 1 = 2; talk_hf/convert_fairseq.py). The defaults keep one shared vocabulary
+            and positions from 0.
     """
 
     model_type = "talk"
@@ -83,6 +90,9 @@ class TalkConfig(TalkHfConfigMixin, PreTrainedConfig):
     input_dropout: float = 0.0
     offset_dropout: float = 0.1
     scale_embedding: bool = True
+    encoder_vocab_size: int | None = None
+    tie_encoder_embeddings: bool = True
+    position_offset: int = 0
     use_cache: bool = True
     pad_token_id: int | None = 1
     bos_token_id: int | None = 0
@@ -106,6 +116,7 @@ class TalkConfig(TalkHfConfigMixin, PreTrainedConfig):
         check_probability(self, "dropout", "attention_dropout", "activation_dropout", "input_dropout", "offset_dropout")
         check_activation(self)
         check_token_ids(self, "pad_token_id", "bos_token_id", "decoder_start_token_id")
+        check_source_embeddings(self)
 
 
 @strict(accept_kwargs=True)

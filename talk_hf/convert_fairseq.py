@@ -1,4 +1,5 @@
-"""Convert a fairseq LightConv/DynamicConv translation checkpoint into a talk_hf model folder.
+"""Convert a fairseq translation checkpoint (LightConv/DynamicConv; RFA-doc and TaLK through
+talk_hf/convert_fairseq_rfa.py and talk_hf/convert_fairseq_talk.py) into a talk_hf model folder.
 
     convert_fairseq_checkpoint("wmt16.en-de.joined-dict.dynamicconv-glu", "dynamicconv-wmt16-en-de")
 
@@ -11,7 +12,7 @@ generation config, the fairseq tokenizer (talk_hf/tokenization_fairseq.py) and a
 The architecture and every hyperparameter come from the checkpoint itself; options the converted model cannot
 reproduce exactly (learned positions, adaptive softmax, input/output projections, ...) are refused by name.
 
-What the converted model computes, against fairseq (docs/converting.md):
+What a converted LightConv/DynamicConv model computes, against fairseq (docs/converting.md):
 
 - Decoding (fairseq-generate, the hub interface) is reproduced: fairseq's incremental LightConv/DynamicConv steps
   softmax a kernel over all K taps and drop the taps before the sequence start, which is the talk_hf op everywhere
@@ -251,19 +252,11 @@ def _layer_key(key):
     return (match.group(1), int(match.group(2)), match.group(3), match.group(4)) if match else None
 
 
-def rename_key(key, value):
-    """A fairseq parameter name and tensor -> [(talk_hf name, tensor)] ([] for a buffer fairseq keeps)."""
+def rename_common(key, value):
+    """The parameters every fairseq encoder-decoder has (embeddings, final norms, output matrix) -> [(talk_hf name,
+    tensor)]; [] for a buffer fairseq keeps (versions, sinusoid tables); None for any other key."""
     if _IGNORED.search(key):
         return []
-    layer = _layer_key(key)
-    if layer is not None:
-        side, i, module, kind = layer
-        if module == "conv" and kind == "weight":  # LightConv kernel (H, 1, K)
-            return [(f"model.{side}.layers.{i}.mixer.weight", value.reshape(value.shape[0], -1))]
-        table = _ENCODER_LAYER if side == "encoder" else _DECODER_LAYER
-        if module in table:
-            return [(f"model.{side}.layers.{i}.{table[module]}.{kind}", value)]
-        return None
     simple = {
         "encoder.layer_norm.weight": "model.encoder.layer_norm.weight",
         "encoder.layer_norm.bias": "model.encoder.layer_norm.bias",
@@ -278,12 +271,28 @@ def rename_key(key, value):
     return [(simple[key], value)] if key in simple else None
 
 
-def convert_state_dict(fairseq_state, config):
-    """fairseq model state dict (time-major modules, names of any fairseq release) -> talk_hf state dict (float32).
-    A fairseq parameter with no talk_hf counterpart is refused by name. Tied parameters are given once per name."""
+def rename_key(key, value):
+    """A LightConv/DynamicConv parameter name and tensor -> [(talk_hf name, tensor)] ([] for a buffer fairseq keeps),
+    None for a name with no counterpart."""
+    layer = _layer_key(key)
+    if layer is None:
+        return rename_common(key, value)
+    side, i, module, kind = layer
+    if module == "conv" and kind == "weight":  # LightConv kernel (H, 1, K)
+        return [(f"model.{side}.layers.{i}.mixer.weight", value.reshape(value.shape[0], -1))]
+    table = _ENCODER_LAYER if side == "encoder" else _DECODER_LAYER
+    if module in table:
+        return [(f"model.{side}.layers.{i}.{table[module]}.{kind}", value)]
+    return None
+
+
+def convert_state_dict(fairseq_state, config, rename=rename_key):
+    """fairseq model state dict (time-major modules, names of any fairseq release) -> talk_hf state dict (float32),
+    each key through rename(key, tensor) -> [(name, tensor)] or None. A fairseq parameter with no talk_hf counterpart
+    is refused by name. Tied parameters are given once per name."""
     converted, unknown = {}, []
     for key, value in split_in_proj(fairseq_state).items():
-        renamed = rename_key(key, value)
+        renamed = rename(key, value)
         if renamed is None:
             unknown.append(key)
         for name, tensor in renamed or []:
@@ -341,15 +350,15 @@ def moses_languages(state, args):
     return "en", "en"
 
 
-def build_tokenizer(src_dir, languages, source_dict, target_dict):
+def build_tokenizer(src_dir, languages, source_dict, target_dict, **special_tokens):
     """The fairseq tokenizer of the folder (Moses `languages` (source, target)); without bpecodes one for already
-    tokenised, BPE'd text (warned)."""
+    tokenised, BPE'd text (warned). special_tokens: more of transformers' special tokens (RFA-doc's sep_token)."""
     codes = Path(src_dir) / "bpecodes"
     if not codes.is_file():
         logger.warning("%s has no bpecodes: the tokenizer expects text that is already tokenised and BPE'd", src_dir)
     return FairseqMosesBpeTokenizer(
         str(source_dict), str(target_dict), str(codes) if codes.is_file() else None,
-        source_lang=languages[0], target_lang=languages[1],
+        source_lang=languages[0], target_lang=languages[1], **special_tokens,
     )
 
 
@@ -371,24 +380,21 @@ def generation_config(gen, config):
     )
 
 
-def model_card(src_dir, arch, args, config, gen, has_bpe):
-    """A short README.md naming the source checkpoint and what the conversion kept."""
-    kind = "LightConv" if config.conv_type == "lightweight" else "DynamicConv"
+def model_card(src_dir, title, paper, args, gen, has_bpe, details):
+    """A short README.md naming the source checkpoint (`title`, the `paper` it comes from) and what the conversion
+    kept (`details`: one line each)."""
     text_input = ("raw text (Moses tokenisation and subword-nmt BPE inside the tokenizer)" if has_bpe else
                   "text that is already Moses-tokenised and BPE'd (the source folder had no bpecodes)")
     return "\n".join([
-        "---", "library_name: transformers", "tags: [translation, talk_hf, fairseq, lightconv]", "---", "",
-        f"# {kind} ({arch}), converted from fairseq", "",
+        "---", "library_name: transformers", "tags: [translation, talk_hf, fairseq]", "---", "",
+        f"# {title}, converted from fairseq", "",
         f"Converted by talk_hf's `convert_fairseq_checkpoint` from the fairseq checkpoint in `{Path(src_dir).name}` "
-        "(Wu et al., 2019, *Pay Less Attention with Lightweight and Dynamic Convolutions*).", "",
-        f"- Languages: {args.get('source_lang')} -> {args.get('target_lang')}; vocabularies "
-        f"{config.encoder_vocab_size or config.vocab_size} (source) / {config.vocab_size} (target).",
-        f"- {config.encoder_layers} encoder and {config.decoder_layers} decoder layers, d_model {config.d_model}, "
-        f"GLU encoder/decoder {config.encoder_glu}/{config.decoder_glu}, kernels {config.encoder_kernel_sizes} / "
-        f"{config.decoder_kernel_sizes}.",
+        f"({paper}).", "",
+        f"- Languages: {args.get('source_lang')} -> {args.get('target_lang')}.",
+        *[f"- {line}" for line in details],
         f"- Tokenizer input: {text_input}.",
         f"- Generation defaults: beam {gen['beam']}, lenpen {gen['lenpen']}, at most {int(gen['max_len_b'])} tokens "
-        "before a forced </s> (fairseq-generate's; its README evaluates with other beam/lenpen per model).",
+        "before a forced </s> (fairseq-generate's; papers evaluate with other beam/lenpen per model).",
         "",
         "Load with `AutoModelForSeq2SeqLM.from_pretrained(folder)` (talk_hf imported, or `trust_remote_code=True`).",
         "What differs from fairseq: docs/converting.md in the talk_hf repository.", "",
@@ -399,43 +405,76 @@ def model_card(src_dir, arch, args, config, gen, has_bpe):
 # Entry point
 
 
+def embedding_rows(weights):
+    """(source rows, target rows) of the checkpoint's token embeddings."""
+    for key in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight"):
+        if key not in weights:
+            raise ValueError(f"the checkpoint's model has no {key}")
+    return tuple(weights[f"{s}.embed_tokens.weight"].shape[0] for s in ("encoder", "decoder"))
+
+
+def read_dictionaries(src_dir, args, weights, extra=0):
+    """The release's two dictionaries, checked against the embeddings -> (source path, target path, source rows,
+    target rows); extra: special symbols the model's dictionaries have beyond fairseq's four (not in the files)."""
+    source_dict, target_dict = find_dictionaries(src_dir, args)
+    source_rows, target_rows = embedding_rows(weights)
+    check_vocab_size(source_dict, source_rows - extra, "encoder")
+    check_vocab_size(target_dict, target_rows - extra, "decoder")
+    return source_dict, target_dict, source_rows, target_rows
+
+
+def save_folder(model, tokenizer, out_dir, card):
+    """Write the converted model, its tokenizer and its card (README.md) to out_dir -> out_dir (Path)."""
+    out_dir = Path(out_dir)
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    (out_dir / "README.md").write_text(card, encoding="utf-8")
+    return out_dir
+
+
 def convert_lightconv(state, src_dir, out_dir, arch):
     """A LightConv/DynamicConv checkpoint (already loaded) -> a save_pretrained folder at out_dir."""
     from .modeling_dynamic_conv import DynamicConvForConditionalGeneration
 
     args = model_args(state)
-    source_dict, target_dict = find_dictionaries(src_dir, args)
     weights = state["model"]
-    for key in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight"):
-        if key not in weights:
-            raise ValueError(f"the checkpoint's model has no {key}")
-    source_rows, target_rows = (weights[f"{s}.embed_tokens.weight"].shape[0] for s in ("encoder", "decoder"))
-    check_vocab_size(source_dict, source_rows, "encoder")
-    check_vocab_size(target_dict, target_rows, "decoder")
+    source_dict, target_dict, source_rows, target_rows = read_dictionaries(src_dir, args, weights)
     config = config_from_args(args, source_rows, target_rows)
     model = DynamicConvForConditionalGeneration(config)
     load_weights(model, convert_state_dict(weights, config))
     gen = generation_args(state)
     model.generation_config = generation_config(gen, config)
-    out_dir = Path(out_dir)
-    model.save_pretrained(out_dir)
     tokenizer = build_tokenizer(src_dir, moses_languages(state, args), source_dict, target_dict)
-    tokenizer.save_pretrained(out_dir)
-    has_bpe = tokenizer.bpe is not None
-    (out_dir / "README.md").write_text(model_card(src_dir, arch, args, config, gen, has_bpe), encoding="utf-8")
-    return out_dir
+    kind = "LightConv" if config.conv_type == "lightweight" else "DynamicConv"
+    details = [
+        f"Vocabularies {config.encoder_vocab_size or config.vocab_size} (source) / {config.vocab_size} (target).",
+        f"{config.encoder_layers} encoder and {config.decoder_layers} decoder layers, d_model {config.d_model}, "
+        f"GLU encoder/decoder {config.encoder_glu}/{config.decoder_glu}, kernels {config.encoder_kernel_sizes} / "
+        f"{config.decoder_kernel_sizes}.",
+    ]
+    card = model_card(src_dir, f"{kind} ({arch})", "Wu et al., 2019, *Pay Less Attention with Lightweight and "
+                      "Dynamic Convolutions*", args, gen, tokenizer.bpe is not None, details)
+    return save_folder(model, tokenizer, out_dir, card)
 
 
 def convert_fairseq_checkpoint(src_dir, out_dir):
     """Convert the fairseq release folder src_dir (model.pt, dict.<src>.txt, dict.<tgt>.txt[, bpecodes]) into a
-    save_pretrained folder out_dir. Raises ValueError for an architecture it does not convert (naming it), for
+    save_pretrained folder out_dir: a LightConv/DynamicConv (fairseq), RFA-doc (rfa-doc-mt) or TaLK
+    (TaLKConvolutions) translation model. Raises ValueError for an architecture it does not convert (naming it), for
     unsupported options and for a checkpoint whose pickle names a global outside ALLOWED_GLOBALS -> out_dir (Path)."""
+    from . import convert_fairseq_rfa, convert_fairseq_talk
+
     src_dir = Path(src_dir)
     state = load_checkpoint(src_dir / "model.pt")
     arch = architecture(model_args(state))
     if arch in LIGHTCONV_ARCHS:
         return convert_lightconv(state, src_dir, out_dir, arch)
-    raise ValueError(
-        f"cannot convert fairseq architecture {arch!r}: supported are {', '.join(LIGHTCONV_ARCHS)}"
-    )
-
+    elif arch in convert_fairseq_rfa.RFA_ARCHS:
+        return convert_fairseq_rfa.convert_rfa_doc(state, src_dir, out_dir, arch)
+    elif arch in convert_fairseq_talk.TALK_ARCHS:
+        return convert_fairseq_talk.convert_talk(state, src_dir, out_dir, arch)
+    refused = {**convert_fairseq_rfa.REFUSED_ARCHS, **convert_fairseq_talk.REFUSED_ARCHS}
+    if arch in refused:
+        raise ValueError(f"cannot convert fairseq architecture {arch!r}: {refused[arch]}")
+    supported = LIGHTCONV_ARCHS + convert_fairseq_rfa.RFA_ARCHS + convert_fairseq_talk.TALK_ARCHS
+    raise ValueError(f"cannot convert fairseq architecture {arch!r}: supported are {', '.join(supported)}")

@@ -559,6 +559,26 @@ class RecurrentSeq2SeqModel(RecurrentPreTrainedModel):
         )
 
 
+class SourceVocabularyMixin:
+    """For an encoder-decoder base model whose config has `encoder_vocab_size` and `tie_encoder_embeddings`
+    (a fairseq model with a source dictionary of its own, talk_hf/convert_fairseq.py): the encoder's token
+    embedding has encoder_vocab_size rows (default vocab_size) and is tied to `shared` only when
+    tie_encoder_embeddings (and transformers' tie_word_embeddings). Put it before RecurrentSeq2SeqModel."""
+
+    @property
+    def _tied_weights_keys(self):
+        """transformers' {tied parameter: source} map: RecurrentSeq2SeqModel's, less the encoder's embedding when it
+        is the source vocabulary's own."""
+        keys = dict(RecurrentSeq2SeqModel._tied_weights_keys)
+        if not self.config.tie_encoder_embeddings:
+            del keys["encoder.embed.embed_tokens.weight"]
+        return keys
+
+    def encoder_embedding(self, config):
+        """(encoder_vocab_size or vocab_size, d_model), zero-initialised pad row."""
+        return nn.Embedding(config.encoder_vocab_size or config.vocab_size, config.d_model, config.pad_token_id)
+
+
 class RecurrentLMHead(RecurrentPreTrainedModel, GenerationMixin):
     """What both generation heads are: `model` (the family's `base_model_class`) and a (tied) output projection
     `lm_head` over its states; the embeddings are the base model's."""

@@ -24,6 +24,7 @@ from .modeling_base import (
     FeedForward,
     RecurrentSeq2SeqLM,
     RecurrentSeq2SeqModel,
+    SourceVocabularyMixin,
     SoftmaxSelfAttention,
 )
 from .rfa import (
@@ -192,7 +193,7 @@ def _decoder_layer(config):
     )
 
 
-class RfaDocModel(RecurrentSeq2SeqModel):
+class RfaDocModel(SourceVocabularyMixin, RecurrentSeq2SeqModel):
     """Softmax-attention encoder and RFA decoder."""
 
     config: RfaDocConfig
