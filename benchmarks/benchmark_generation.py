@@ -17,6 +17,8 @@ number of tokens, `min_new_tokens = max_new_tokens`):
                L (1024, 512, 512, 256, 256, 128, 96) times `--batch_scale` (the paper's machine was a server; 1/8
                suits 2 CPU cores); greedy and beam 4. `--speedup_plot` draws the speed-up against L (the paper's
                Figure 4). Windows 30 and 60 go past the paper's (batch 48 and 24: the tokens per batch of L = 15).
+               `--ctranslate2 FOLDER` also times the same Marian converted to CTranslate2, the CPU engine for fast
+               transformer decoding (fp32 and int8, the same sources and token counts).
   streaming    document translation of one document of `--stream_sentences` sentences (20 source and 23 new
                tokens each) with the paper's model size, batch 1, greedy: RFA-doc streaming (its decoder state
                carried across the document, `translate_document_streaming`) against sliding windows of
@@ -35,8 +37,10 @@ Writes --output (JSON) and prints a markdown table.
 """
 
 import argparse
+import importlib.util
 import statistics
 import time
+from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, pre_tokenizers, processors
@@ -224,10 +228,41 @@ def run(args):
     return rows
 
 
+def ctranslate2_translator(marian, folder, compute_type):
+    """The benchmark's Marian converted by CTranslate2's own converter (`TransformersConverter`, with the word
+    tokenizer's vocabulary, <pad> last: one output row fewer) and loaded on the CPU with torch's thread count."""
+    import ctranslate2
+
+    hf_folder, ct2_folder = Path(folder) / "marian", Path(folder) / f"ct2-{compute_type}"
+    if not ct2_folder.exists():
+        marian.save_pretrained(hf_folder)
+        word_tokenizer(pad_last=True).save_pretrained(hf_folder)
+        ctranslate2.converters.TransformersConverter(str(hf_folder)).convert(
+            str(ct2_folder), quantization=None if compute_type == "float32" else compute_type)
+    return ctranslate2.Translator(str(ct2_folder), device="cpu", compute_type=compute_type, inter_threads=1,
+                                  intra_threads=torch.get_num_threads())
+
+
+def ctranslate2_tokens_per_s(translator, inputs, new_tokens, repeats, num_beams):
+    """New tokens per second of CTranslate2 on the same sources (as tokens), exactly `new_tokens` each (median)."""
+    sources = [[f"w{i}" for i in row] + ["</s>"] for row in inputs["input_ids"].tolist()]
+    kwargs = dict(beam_size=num_beams, min_decoding_length=new_tokens, max_decoding_length=new_tokens,
+                  max_batch_size=len(sources))
+    translator.translate_batch(sources, **kwargs)  # warm-up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        translator.translate_batch(sources, **kwargs)
+        times.append(time.perf_counter() - start)
+    return len(sources) * new_tokens / statistics.median(times)
+
+
 def paper_rows(args, device, generator, variants):
     """The RFA paper's setting at each window of `--paper_windows`, with each beam size of `--paper_beams` (greedy
     also compiled with --compile)."""
     talk, base = (m.to(device) for m in models("paper"))
+    translators = {c: ctranslate2_translator(base, args.ctranslate2, c) for c in ("float32", "int8")} if \
+        args.ctranslate2 else {}
     rows = []
     for w in args.paper_windows:
         batch = max(1, round({**PAPER_BATCH, **LONGER_BATCH}[w] * args.batch_scale))
@@ -236,15 +271,24 @@ def paper_rows(args, device, generator, variants):
         for beams, compiled in greedy + [(b, False) for b in args.paper_beams if b != 1]:
             row = compare(f"paper window {w}, batch {batch}, beam {beams} (RFA-doc vs Marian)", "paper", window,
                           PAPER_TARGET * w, args.repeats, talk, base, compiled, num_beams=beams)
-            rows.append({**row, "window": w, "batch": batch, "num_beams": beams})
+            row.update(window=w, batch=batch, num_beams=beams)
+            for compute_type, translator in translators.items() if not compiled else ():
+                tps = ctranslate2_tokens_per_s(translator, window[0], PAPER_TARGET * w, args.repeats, beams)
+                row[f"ctranslate2_{compute_type}_tokens_per_s"] = tps
+                print(f"  CTranslate2 {compute_type}: {tps:.0f} tokens/s (RFA-doc {row['talk_hf_tokens_per_s'] / tps:.2f}x)",
+                      flush=True)
+            rows.append(row)
     return rows
 
 
-def word_tokenizer():
+def word_tokenizer(pad_last=False):
     """A tokenizer of the benchmark's vocabulary: the talk_hf special tokens (ids 0-4, <sep> 4), then words w5 ..
-    w<VOCAB - 1>, split on spaces, </s> appended."""
-    vocab = {t: i for i, t in enumerate(["<s>", "<pad>", "</s>", "<unk>", "<sep>"])}
+    w<VOCAB - 1>, split on spaces, </s> appended. `pad_last`: <pad> is the last id instead of w<VOCAB - 1> (and id 1
+    <blank>), the layout of Marian's own vocabularies that CTranslate2's converter expects (it drops that row)."""
+    vocab = {t: i for i, t in enumerate(["<s>", "<blank>" if pad_last else "<pad>", "</s>", "<unk>", "<sep>"])}
     vocab.update({f"w{i}": i for i in range(5, VOCAB)})
+    if pad_last:
+        vocab["<pad>"] = vocab.pop(f"w{VOCAB - 1}")
     backend = Tokenizer(token_models.WordLevel(vocab, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     backend.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 2)])
@@ -328,6 +372,11 @@ def table(rows):
         lines.append(f"| {r['row']} | {r['new_tokens']} | {r['talk_hf_tokens_per_s']:.0f} | "
                      f"{r['baseline_tokens_per_s']:.0f} | {r['speedup']:.2f}x | "
                      f"{r['talk_hf_cache_MB']:.2f} / {r['baseline_cache_MB']:.2f} |")
+    ct2 = [r for r in rows if "ctranslate2_float32_tokens_per_s" in r]
+    if ct2:
+        lines += ["", "| row | CTranslate2 tokens/s, fp32 / int8 | talk_hf / CTranslate2 fp32 |", "|---|---|---|"]
+        lines += [f"| {r['row']} | {r['ctranslate2_float32_tokens_per_s']:.0f} / {r['ctranslate2_int8_tokens_per_s']:.0f} "
+                  f"| {r['talk_hf_tokens_per_s'] / r['ctranslate2_float32_tokens_per_s']:.2f}x |" for r in ct2]
     return "\n".join(lines)
 
 
@@ -360,6 +409,9 @@ def main(argv=None):
                         help="windows L of the paper rows: the paper's, or 30 and 60 (batch 48 and 24 before scaling)")
     parser.add_argument("--batch_scale", type=float, default=1.0, help="the paper rows' batch sizes times this")
     parser.add_argument("--paper_beams", type=int, nargs="+", default=[1, 4], help="beam sizes of the paper rows")
+    parser.add_argument("--ctranslate2", default=None, metavar="FOLDER",
+                        help="also time the paper rows' Marian converted to CTranslate2 (fp32 and int8; `pip install "
+                             "ctranslate2`), converted into FOLDER")
     parser.add_argument("--speedup_plot", default=None, help="PNG path for the paper rows' speed-up against L")
     parser.add_argument("--stream_sentences", type=int, default=200, help="sentences of the streaming row's document")
     parser.add_argument("--stream_window", type=int, default=4, help="the sliding windows' length in the streaming row")
@@ -368,6 +420,8 @@ def main(argv=None):
     parser.add_argument("--output", default=None)
     parser.add_argument("--plot", default=None, help="PNG path for a plot of the rows")
     args = parser.parse_args(argv)
+    if args.ctranslate2 and importlib.util.find_spec("ctranslate2") is None:
+        parser.error("--ctranslate2 needs the ctranslate2 package: pip install ctranslate2")
     torch.manual_seed(0)
     rows = run(args)
     print(table(rows))

@@ -294,6 +294,22 @@ def test_decoding_bound_counts_each_models_state_and_measures_the_machine(tmp_pa
     assert json.loads((tmp_path / "b.json").read_text())["rows"][1]["window"] == 15
 
 
+def test_generation_benchmark_paper_rows_time_ctranslate2_on_the_same_sources(tmp_path, monkeypatch, capsys):
+    """--ctranslate2: the paper rows' Marian converted by CTranslate2's converter and timed in fp32 and int8 on the
+    same sources, each output exactly the row's new tokens long."""
+    module = script("benchmark_generation")
+    monkeypatch.setattr(module, "PAPER_SIZE", dict(d_model=16, layers=1, heads=2, ffn=32))
+    rows = module.main(["--rows", "paper", "--paper_windows", "1", "--batch_scale", "0.005", "--repeats", "1",
+                        "--paper_beams", "1", "--ctranslate2", str(tmp_path / "ct2")])
+    assert len(rows) == 1 and rows[0]["ctranslate2_float32_tokens_per_s"] > 0
+    assert rows[0]["ctranslate2_int8_tokens_per_s"] > 0
+    assert "CTranslate2 tokens/s, fp32 / int8" in capsys.readouterr().out
+    translator = module.ctranslate2_translator(None, tmp_path / "ct2", "float32")  # converted above: loaded again
+    sources = [["w5", "w9", "</s>"], ["w6", "</s>"]]
+    results = translator.translate_batch(sources, beam_size=4, min_decoding_length=23, max_decoding_length=23)
+    assert [len(r.hypotheses[0]) for r in results] == [23, 23]
+
+
 def test_generation_benchmark_streaming_rows_time_every_sentence(tmp_path, monkeypatch):
     """--rows streaming: one document translated by RFA-doc streaming and by sliding windows (RFA-doc, Marian), each
     sentence its own generate() call, timed: the whole document's tokens/s and its first and last tenth's."""
