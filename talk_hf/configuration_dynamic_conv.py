@@ -9,6 +9,7 @@ from .configuration_common import (
     check_divisible,
     check_positive,
     check_probability,
+    check_source_embeddings,
     check_token_ids,
     per_layer,
 )
@@ -20,21 +21,6 @@ CONV_TYPES = ("dynamic", "lightweight")
 def _check_conv_type(config):
     if config.conv_type not in CONV_TYPES:
         raise ValueError(f"conv_type must be one of {CONV_TYPES}, got {config.conv_type!r}")
-
-
-def _check_encoder_embeddings(config):
-    if config.encoder_vocab_size is not None:
-        check_positive(config, "encoder_vocab_size")
-    tied = config.tie_word_embeddings and config.tie_encoder_embeddings
-    if tied and config.encoder_vocab_size not in (None, config.vocab_size):
-        raise ValueError(
-            f"encoder_vocab_size={config.encoder_vocab_size} differs from vocab_size={config.vocab_size}, so the "
-            "encoder cannot share the decoder's embedding: set tie_encoder_embeddings=False"
-        )
-    if isinstance(config.position_offset, bool) or not isinstance(config.position_offset, int):
-        raise ValueError(f"position_offset must be an int, got {config.position_offset!r}")
-    if config.position_offset < 0:
-        raise ValueError(f"position_offset must be >= 0, got {config.position_offset}")
 
 
 @strict(accept_kwargs=True)
@@ -122,7 +108,7 @@ class DynamicConvConfig(TalkHfConfigMixin, PreTrainedConfig):
         self.conv_dim = self.conv_dim or self.d_model
         check_positive(self, "vocab_size", "d_model", "conv_dim", "encoder_layers", "decoder_layers", "encoder_ffn_dim",
                        "decoder_ffn_dim", "encoder_conv_heads", "decoder_conv_heads", "decoder_attention_heads")
-        _check_encoder_embeddings(self)
+        check_source_embeddings(self)
         self.encoder_kernel_sizes = per_layer("encoder_kernel_sizes", self.encoder_kernel_sizes, self.encoder_layers, KERNEL_SIZES)
         self.decoder_kernel_sizes = per_layer("decoder_kernel_sizes", self.decoder_kernel_sizes, self.decoder_layers, KERNEL_SIZES)
         if 0 in self.encoder_kernel_sizes + self.decoder_kernel_sizes:

@@ -26,6 +26,7 @@ from .modeling_base import (
     RecurrentSeq2SeqLM,
     RecurrentSeq2SeqModel,
     SoftmaxCrossAttention,
+    SourceVocabularyMixin,
     zero_padding,
 )
 
@@ -96,25 +97,12 @@ def _decoder_layer(config, i, cross_attention):
     return DecoderLayer(config.d_model, mixer, cross, ffn, config.decoder_normalize_before, config.dropout)
 
 
-class DynamicConvModel(RecurrentSeq2SeqModel):
+class DynamicConvModel(SourceVocabularyMixin, RecurrentSeq2SeqModel):
     """LightConv/DynamicConv encoder and decoder (causal kernels + softmax cross-attention). The encoder's token
     embedding has `config.encoder_vocab_size` rows (default vocab_size) and is tied to the decoder's (`shared`) only
     when `config.tie_encoder_embeddings` (and transformers' `tie_word_embeddings`)."""
 
     config: DynamicConvConfig
-
-    @property
-    def _tied_weights_keys(self):
-        """transformers' {tied parameter: source} map: RecurrentSeq2SeqModel's, less the encoder's embedding when it
-        is the source vocabulary's own."""
-        keys = dict(RecurrentSeq2SeqModel._tied_weights_keys)
-        if not self.config.tie_encoder_embeddings:
-            del keys["encoder.embed.embed_tokens.weight"]
-        return keys
-
-    def encoder_embedding(self, config):
-        """(encoder_vocab_size or vocab_size, d_model), zero-initialised pad row."""
-        return nn.Embedding(config.encoder_vocab_size or config.vocab_size, config.d_model, config.pad_token_id)
 
     def encoder_layer(self, config, i):
         return _encoder_layer(config, i)
