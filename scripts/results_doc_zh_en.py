@@ -2,7 +2,9 @@
 """The document-level zh->en results (docs/benchmarks.md): RFA-doc with and without the sentential decay gate vs a
 transformers Marian model of the same size, at windows of 1 sentence (sentence level) and 4 sentences (3 sentences of
 context), on the bundled Wikipedia zh-en corpus (data/wiki_zh_en). Same data, same number of updates and tokens per
-update, trained by the same loop; the test score is sacreBLEU of the last sentence of each window (zh2en-test).
+update, trained by the same loop. The test documents (zh2en-test) are translated whole, with the paper's sliding
+windows and the model's own translations as the forced target context (window 1: sentence by sentence); the scores
+are sacreBLEU over every sentence of every document and d-BLEU over whole documents.
 
     python scripts/results_doc_zh_en.py --output_dir runs/doc_zh_en --max_steps 120
 
@@ -17,7 +19,7 @@ from pathlib import Path
 
 from talk_hf.training.loop import TrainConfig
 from talk_hf.training.prepare import SUMMARY_FILE, prepare_wiki_zh_en
-from talk_hf.training.run import load_prepared, markdown_table, record_result, train_run
+from talk_hf.training.run import RUN_COLUMNS, load_prepared, markdown_table, record_result, train_run
 
 SIZE = dict(d_model=256, encoder_layers=3, decoder_layers=3, encoder_ffn_dim=512, decoder_ffn_dim=512,
             encoder_attention_heads=4, decoder_attention_heads=4, dropout=0.2, attention_dropout=0.1)
@@ -74,11 +76,10 @@ def max_new_tokens(data_dir):
 COLUMNS = [
     ("model", lambda r: r["name"]),
     ("window", lambda r: str(r["window"])),
-    ("parameters", lambda r: f"{r['parameters'] / 1e6:.2f}M"),
-    ("updates", lambda r: str(r["steps"])),
-    ("train minutes", lambda r: f"{r['train_minutes']:.1f}"),
+    *RUN_COLUMNS,
     ("valid loss", lambda r: f"{r['valid_loss']:.3f}"),
-    ("zh2en-test BLEU (last sentence)", lambda r: f"{r['test_bleu']:.2f}"),
+    ("zh2en-test BLEU", lambda r: f"{r['test_bleu']:.2f}"),
+    ("zh2en-test d-BLEU", lambda r: f"{r['test_d_bleu']:.2f}" if "test_d_bleu" in r else "-"),
 ]
 
 

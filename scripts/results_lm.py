@@ -15,7 +15,7 @@ from pathlib import Path
 from talk_hf.training.corpora import read_lines
 from talk_hf.training.loop import TrainConfig
 from talk_hf.training.prepare import SUMMARY_FILE, prepare_lm_data
-from talk_hf.training.run import markdown_table, record_result, train_run
+from talk_hf.training.run import RUN_COLUMNS, markdown_table, record_result, train_run
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -55,9 +55,7 @@ def prepare(out, corpus, block_size, vocab_size):
 
 COLUMNS = [
     ("model", lambda r: r["model"]),
-    ("parameters", lambda r: f"{r['parameters'] / 1e6:.2f}M"),
-    ("updates", lambda r: str(r["steps"])),
-    ("train minutes", lambda r: f"{r['train_minutes']:.1f}"),
+    *RUN_COLUMNS,
     ("held-out loss", lambda r: f"{r['valid_loss']:.3f}"),
     ("held-out perplexity", lambda r: f"{r['valid_ppl']:.2f}"),
 ]

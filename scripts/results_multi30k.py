@@ -13,7 +13,7 @@ import argparse
 from pathlib import Path
 
 from talk_hf.training.loop import TrainConfig
-from talk_hf.training.run import markdown_table, record_result, train_run
+from talk_hf.training.run import RUN_COLUMNS, markdown_table, record_result, train_run
 
 SIZE = dict(d_model=256, encoder_layers=3, decoder_layers=3, decoder_attention_heads=4, dropout=0.2,
             attention_dropout=0.1)
@@ -43,9 +43,7 @@ def parse_args(argv=None):
 
 COLUMNS = [
     ("model", lambda r: r["model"]),
-    ("parameters", lambda r: f"{r['parameters'] / 1e6:.2f}M"),
-    ("updates", lambda r: str(r["steps"])),
-    ("train minutes", lambda r: f"{r['train_minutes']:.1f}"),
+    *RUN_COLUMNS,
     ("valid loss", lambda r: f"{r['valid_loss']:.3f}"),
     ("test2016 BLEU", lambda r: f"{r['test_bleu']:.2f}"),
 ]

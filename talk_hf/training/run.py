@@ -153,6 +153,13 @@ def record_result(results_path, row, key):
     return rows
 
 
+RUN_COLUMNS = [  # the columns every results table (scripts/results_*.py) shares: (header, row -> cell text)
+    ("parameters", lambda r: f"{r['parameters'] / 1e6:.2f}M"),
+    ("updates", lambda r: str(r["steps"])),
+    ("train minutes", lambda r: f"{r['train_minutes']:.1f}"),
+]
+
+
 def markdown_table(rows, columns):
     """rows: dicts; columns: (header, row -> cell text) pairs -> a markdown table."""
     lines = ["| " + " | ".join(h for h, _ in columns) + " |", "|" + "---|" * len(columns)]
