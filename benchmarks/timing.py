@@ -3,11 +3,12 @@ one format their result files share."""
 
 import json
 import os
-import platform
 import statistics
 import time
 
 import torch
+
+from talk_hf.environment import device_description
 
 
 def median_seconds(fn, device, warmup=2, iters=20, budget_s=None):
@@ -36,11 +37,8 @@ def median_seconds(fn, device, warmup=2, iters=20, budget_s=None):
 def environment(device, args):
     """What a benchmark ran on: the device (GPU name, or CPU and its threads), torch, the allocator setting
     (GLIBC_TUNABLES) and the script's arguments (an argparse namespace)."""
-    device = torch.device(device)
-    name = (torch.cuda.get_device_name(device) if device.type == "cuda"
-            else f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} threads")
-    return {"device": name, "torch": torch.__version__, "glibc_tunables": os.environ.get("GLIBC_TUNABLES"),
-            "args": vars(args)}
+    return {"device": device_description(device), "torch": torch.__version__,
+            "glibc_tunables": os.environ.get("GLIBC_TUNABLES"), "args": vars(args)}
 
 
 def save_results(path, env, rows):

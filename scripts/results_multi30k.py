@@ -36,6 +36,8 @@ def parse_args(argv=None):
     parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
     parser.add_argument("--max_steps", type=int, default=500)
     parser.add_argument("--max_tokens", type=int, default=4096)
+    parser.add_argument("--learning_rate", type=float, default=1e-3, help="peak learning rate of every row")
+    parser.add_argument("--warmup_steps", type=int, default=200, help="inverse-sqrt warm-up of every row")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--test_limit", type=int, default=0, help="score only the first N test sentences (0: all)")
     return parser.parse_args(argv)
@@ -55,8 +57,9 @@ def main(argv=None):
     results = []
     for kind in args.rows:
         config = TrainConfig(
-            output_dir=str(out / kind), max_tokens=args.max_tokens, max_steps=args.max_steps, learning_rate=1e-3,
-            warmup_steps=200, label_smoothing=0.1, save_every=100, keep_checkpoints=3, average_last=3,
+            output_dir=str(out / kind), max_tokens=args.max_tokens, max_steps=args.max_steps,
+            learning_rate=args.learning_rate, warmup_steps=args.warmup_steps, label_smoothing=0.1, save_every=100,
+            keep_checkpoints=3, average_last=3,
             bleu_sentences=0, num_beams=4, max_new_tokens=64, seed=args.seed,
         )
         row = train_run(args.data, kind, config, overrides=ROWS[kind], test_split="test", test_limit=args.test_limit)

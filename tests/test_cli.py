@@ -7,7 +7,8 @@ import torch
 import transformers
 
 import talk_hf
-from talk_hf.__main__ import env_report, main
+from talk_hf.__main__ import main
+from talk_hf.environment import env_report
 
 
 def test_version_from_the_command_line():

@@ -2,16 +2,14 @@
 scripts/train.py and scripts/demo.py)."""
 
 import json
-import platform
 import time
 from pathlib import Path
-
-import torch
 
 from datasets import load_from_disk
 from transformers import AutoTokenizer
 
 from ..document_translation import translate_document_streaming, translate_documents
+from ..environment import device_description
 from ..metrics.document_bleu.document_bleu import document_scores
 from ..tokenization import split_sentences
 from .corpora import group_documents, write_lines
@@ -132,13 +130,6 @@ def train_run(data_dir, kind, train_config, preset=None, config_file=None, overr
 
             write_model_card(folder, model=model, metrics=results, training_args=vars(train_config), **card)
     return results
-
-
-def device_description():
-    """Where this process trains: the GPU's name, or the CPU architecture and thread count."""
-    if torch.cuda.is_available():
-        return torch.cuda.get_device_name()
-    return f"{platform.machine()} CPU, {torch.get_num_threads()} threads"
 
 
 def record_result(results_path, row, key):
