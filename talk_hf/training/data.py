@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
+from talk_hf.modeling_base import shift_tokens_right
 from talk_hf.tokenization import train_joint_bpe
 
 logger = logging.getLogger(__name__)
@@ -308,6 +309,11 @@ class TokenBatchSampler(Sampler[list[int]]):
         return self._len
 
 
+def pad_right(sequences: Sequence[torch.Tensor], value: int) -> torch.Tensor:
+    """1-D int64 tensors of lengths L_i -> (B, max L_i), each right-padded with `value`."""
+    return torch.nn.utils.rnn.pad_sequence(list(sequences), batch_first=True, padding_value=value)
+
+
 class Seq2SeqCollator:
     """Pad a list of encoded examples into a batch of tensors (right padding).
 
@@ -320,7 +326,8 @@ class Seq2SeqCollator:
 
     - ``input_ids`` (B, S): padded with ``pad_token_id``; ``attention_mask`` (B, S): 1 on tokens, 0 on padding;
     - ``labels`` (B, T): padded with -100 (ignored by the loss);
-    - ``decoder_input_ids`` (B, T): ``[start] + labels[:-1]`` per example, padded with ``pad_token_id``.
+    - ``decoder_input_ids`` (B, T): ``shift_tokens_right`` of the padded labels (the start token, then labels[:-1],
+      -100 as ``pad_token_id``), as transformers' ``DataCollatorForSeq2Seq(model=...)`` builds them.
     """
 
     def __init__(self, pad_token_id: int, decoder_start_token_id: int):
@@ -337,21 +344,13 @@ class Seq2SeqCollator:
                 if len(example[key]) == 0:
                     raise ValueError(f"Seq2SeqCollator: example {i} has an empty {key!r}")
         sources = [torch.as_tensor(e["input_ids"], dtype=torch.long) for e in examples]
-        labels = [torch.as_tensor(e["labels"], dtype=torch.long) for e in examples]
-        batch, src_len, tgt_len = len(examples), max(map(len, sources)), max(map(len, labels))
-        input_ids = torch.full((batch, src_len), self.pad_token_id, dtype=torch.long)
-        attention_mask = torch.zeros((batch, src_len), dtype=torch.long)
-        padded_labels = torch.full((batch, tgt_len), -100, dtype=torch.long)
-        decoder_input_ids = torch.full((batch, tgt_len), self.pad_token_id, dtype=torch.long)
-        for i, (src, tgt) in enumerate(zip(sources, labels)):
-            input_ids[i, : len(src)] = src
-            attention_mask[i, : len(src)] = 1
-            padded_labels[i, : len(tgt)] = tgt
-            decoder_input_ids[i, 0] = self.decoder_start_token_id
-            decoder_input_ids[i, 1 : len(tgt)] = tgt[:-1]
+        labels = pad_right([torch.as_tensor(e["labels"], dtype=torch.long) for e in examples], -100)
+        input_ids = pad_right(sources, self.pad_token_id)
+        attention_mask = pad_right([torch.ones_like(src) for src in sources], 0)
+        decoder_input_ids = shift_tokens_right(labels, self.pad_token_id, self.decoder_start_token_id)
         return {
             "input_ids": input_ids,
             "attention_mask": attention_mask,
-            "labels": padded_labels,
+            "labels": labels,
             "decoder_input_ids": decoder_input_ids,
         }

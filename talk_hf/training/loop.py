@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import get_cosine_schedule_with_warmup
 
-from .data import Seq2SeqCollator, TokenBatchSampler
+from .data import Seq2SeqCollator, TokenBatchSampler, pad_right
 from .evaluation import corpus_bleu, translate
 
 SCHEDULES = ("inverse_sqrt", "cosine")
@@ -118,14 +118,9 @@ def is_causal_lm(model):
 
 def lm_collate(examples, pad_token_id):
     """Causal-LM examples {"input_ids", "labels"} -> right-padded tensors with an attention mask."""
-    length = max(len(e["input_ids"]) for e in examples)
-    ids = torch.full((len(examples), length), pad_token_id, dtype=torch.long)
-    labels = torch.full((len(examples), length), -100, dtype=torch.long)
-    mask = torch.zeros((len(examples), length), dtype=torch.long)
-    for i, e in enumerate(examples):
-        n = len(e["input_ids"])
-        ids[i, :n], labels[i, :n], mask[i, :n] = torch.tensor(e["input_ids"]), torch.tensor(e["labels"]), 1
-    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+    ids = [torch.as_tensor(e["input_ids"], dtype=torch.long) for e in examples]
+    return {"input_ids": pad_right(ids, pad_token_id), "attention_mask": pad_right([torch.ones_like(i) for i in ids], 0),
+            "labels": pad_right([torch.as_tensor(e["labels"], dtype=torch.long) for e in examples], -100)}
 
 
 def make_collator(model):

@@ -203,7 +203,9 @@ def test_collator_pads_and_shifts():
     assert batch["input_ids"].tolist() == [[5, 6, 7, 2], [10, 2, 1, 1]]
     assert batch["attention_mask"].tolist() == [[1, 1, 1, 1], [1, 1, 0, 0]]
     assert batch["labels"].tolist() == [[8, 9, 2, -100, -100], [11, 12, 13, 14, 2]]
-    assert batch["decoder_input_ids"].tolist() == [[2, 8, 9, 1, 1], [2, 11, 12, 13, 14]]
+    # shift_tokens_right of the padded labels, as DataCollatorForSeq2Seq(model=...) builds them (the shorter row's
+    # positions past its end hold the shifted </s> and padding; their labels are -100)
+    assert batch["decoder_input_ids"].tolist() == [[2, 8, 9, 2, 1], [2, 11, 12, 13, 14]]
     with pytest.raises(ValueError, match="example 0 has no 'labels'"):
         collate([{"input_ids": [1]}])
 
