@@ -67,6 +67,7 @@ from talk_hf import (
     translate_documents,
 )
 from talk_hf.training.plot import pyplot, save_figure
+from talk_hf.training.tables import markdown_table
 from timing import environment, save_results
 from talk_hf.versions import CACHE_NAME
 
@@ -361,23 +362,35 @@ def speedup_plot(rows, path):
     save_figure(fig, path)
 
 
+COMPARED = [
+    ("row", lambda r: r["row"]),
+    ("new tokens", lambda r: str(r["new_tokens"])),
+    ("talk_hf tokens/s", lambda r: f"{r['talk_hf_tokens_per_s']:.0f}"),
+    ("transformers tokens/s", lambda r: f"{r['baseline_tokens_per_s']:.0f}"),
+    ("speed-up", lambda r: f"{r['speedup']:.2f}x"),
+    ("cache MB (talk_hf / transformers)", lambda r: f"{r['talk_hf_cache_MB']:.2f} / {r['baseline_cache_MB']:.2f}"),
+]
+STREAMED = [
+    ("row", lambda r: r["row"]),
+    ("new tokens", lambda r: str(r["sentences"] * PAPER_TARGET)),
+    ("tokens/s", lambda r: f"{r['tokens_per_s']:.0f}"),
+    ("first tenth", lambda r: f"{r['first_tenth_tokens_per_s']:.0f}"),
+    ("last tenth", lambda r: f"{r['last_tenth_tokens_per_s']:.0f}"),
+]
+CTRANSLATE2 = [
+    ("row", lambda r: r["row"]),
+    ("CTranslate2 tokens/s, fp32 / int8",
+     lambda r: f"{r['ctranslate2_float32_tokens_per_s']:.0f} / {r['ctranslate2_int8_tokens_per_s']:.0f}"),
+    ("talk_hf / CTranslate2 fp32", lambda r: f"{r['talk_hf_tokens_per_s'] / r['ctranslate2_float32_tokens_per_s']:.2f}x"),
+]
+
+
 def table(rows):
-    lines = ["| row | new tokens | talk_hf tokens/s | transformers tokens/s | speed-up | cache MB (talk_hf / transformers) |",
-             "|---|---|---|---|---|---|"]
-    for r in rows:
-        if r["kind"] == "streaming":
-            lines.append(f"| {r['row']} | {r['sentences'] * PAPER_TARGET} | {r['tokens_per_s']:.0f} (first tenth "
-                         f"{r['first_tenth_tokens_per_s']:.0f}, last {r['last_tenth_tokens_per_s']:.0f}) | | | |")
-            continue
-        lines.append(f"| {r['row']} | {r['new_tokens']} | {r['talk_hf_tokens_per_s']:.0f} | "
-                     f"{r['baseline_tokens_per_s']:.0f} | {r['speedup']:.2f}x | "
-                     f"{r['talk_hf_cache_MB']:.2f} / {r['baseline_cache_MB']:.2f} |")
-    ct2 = [r for r in rows if "ctranslate2_float32_tokens_per_s" in r]
-    if ct2:
-        lines += ["", "| row | CTranslate2 tokens/s, fp32 / int8 | talk_hf / CTranslate2 fp32 |", "|---|---|---|"]
-        lines += [f"| {r['row']} | {r['ctranslate2_float32_tokens_per_s']:.0f} / {r['ctranslate2_int8_tokens_per_s']:.0f} "
-                  f"| {r['talk_hf_tokens_per_s'] / r['ctranslate2_float32_tokens_per_s']:.2f}x |" for r in ct2]
-    return "\n".join(lines)
+    """The compared rows, then the streaming rows and the CTranslate2 timings when there are any."""
+    tables = [(COMPARED, [r for r in rows if r["kind"] != "streaming"]),
+              (STREAMED, [r for r in rows if r["kind"] == "streaming"]),
+              (CTRANSLATE2, [r for r in rows if "ctranslate2_float32_tokens_per_s" in r])]
+    return "\n\n".join(markdown_table(part, columns) for columns, part in tables if part)
 
 
 def plot(rows, path):

@@ -31,6 +31,7 @@ from talk_hf import _kernels, ops
 from talk_hf.backend import needs_grad
 from talk_hf.rfa import DEFAULT_EPS
 from talk_hf.training.plot import pyplot, save_figure
+from talk_hf.training.tables import markdown_table
 from timing import environment, median_seconds, save_results
 
 
@@ -136,10 +137,8 @@ def table(rows):
             "talk_vs_copy_into_interleaved", "sdpa_over_talk", "softmax_unfused_over_fused_fwd",
             "softmax_unfused_over_fused_fwdbwd", "dropconnect_unfused_over_fused_fwd",
             "dropconnect_unfused_over_fused_fwdbwd", "rfa_exact_over_tf32_fwd", "rfa_exact_over_tf32_fwdbwd"]
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for r in rows:
-        lines.append("| " + " | ".join(f"{r[c]:.3g}" if isinstance(r.get(c), float) else str(r.get(c, "-")) for c in cols) + " |")
-    return "\n".join(lines)
+    return markdown_table(rows, [(c, lambda r, c=c: f"{r[c]:.3g}" if isinstance(r.get(c), float) else str(r.get(c, "-")))
+                                 for c in cols])
 
 
 def plot(rows, path):

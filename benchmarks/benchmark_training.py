@@ -21,6 +21,7 @@ import torch
 
 from talk_hf.training.models import build_model_for_ids, count_parameters
 from talk_hf.training.plot import pyplot, save_figure
+from talk_hf.training.tables import markdown_table
 from timing import environment, median_seconds, save_results
 
 VOCAB = 8000
@@ -118,12 +119,10 @@ def with_ratios(row, kinds):
 
 
 def table(rows):
-    lines = ["| row | " + " | ".join(f"{k} tokens/s" for k in KINDS) + " | TaLK / Marian |",
-             "|---|" + "---|" * (len(KINDS) + 1)]
-    for r in rows:
-        cells = [f"{r[f'{k}_tokens_per_s']:.0f}" if f"{k}_tokens_per_s" in r else "-" for k in KINDS]
-        lines.append(f"| {r['row']} | " + " | ".join(cells) + f" | {r['talk_over_marian']:.2f}x |")
-    return "\n".join(lines)
+    speeds = [(f"{k} tokens/s", lambda r, k=k: f"{r[f'{k}_tokens_per_s']:.0f}" if f"{k}_tokens_per_s" in r else "-")
+              for k in KINDS]
+    return markdown_table(rows, [("row", lambda r: r["row"]), *speeds,
+                                 ("TaLK / Marian", lambda r: f"{r['talk_over_marian']:.2f}x")])
 
 
 def plot(rows, path):

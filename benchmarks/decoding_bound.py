@@ -35,6 +35,7 @@ import torch
 
 from benchmark_generation import LONGER_BATCH, PAPER_BATCH, PAPER_SOURCE, PAPER_TARGET, models
 from talk_hf.rfa import rfa_feature_map
+from talk_hf.training.tables import markdown_table
 from timing import environment, median_seconds, save_results
 
 FP32 = 4
@@ -109,17 +110,23 @@ def bound_row(window, batch, weights_s, bandwidth, features_s, config):
             "rfa_floor_tokens_per_s": 1 / rfa_s, "speedup_bound": marian_s / rfa_s}
 
 
+COLUMNS = [
+    ("window L", lambda r: str(r["window"])),
+    ("batch", lambda r: str(r["batch"])),
+    ("state per layer, token and sequence: Marian self + cross / RFA-doc causal + cross (KB)",
+     lambda r: f"{r['marian_self_kb']:.0f} + {r['marian_cross_kb']:.0f} / {r['rfa_causal_kb']:.0f} + "
+               f"{r['rfa_cross_kb']:.0f}"),
+    ("weights per step (ms)", lambda r: f"{r['weights_ms']:.1f}"),
+    ("feature maps per step (ms)", lambda r: f"{r['features_ms']:.1f}"),
+    ("floor tokens/s: RFA-doc / Marian",
+     lambda r: f"{r['rfa_floor_tokens_per_s']:.0f} / {r['marian_floor_tokens_per_s']:.0f}"),
+    ("speed-up bound", lambda r: f"{r['speedup_bound']:.2f}x"),
+]
+
+
 def table(rows, bandwidth):
-    lines = [f"memory bandwidth (in-place add, read + write): {bandwidth / 1e9:.1f} GB/s", "",
-             "| window L | batch | state per layer, token and sequence: Marian self + cross / RFA-doc causal + cross "
-             "(KB) | weights per step (ms) | feature maps per step (ms) | floor tokens/s: RFA-doc / Marian | "
-             "speed-up bound |", "|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(
-            f"| {r['window']} | {r['batch']} | {r['marian_self_kb']:.0f} + {r['marian_cross_kb']:.0f} / "
-            f"{r['rfa_causal_kb']:.0f} + {r['rfa_cross_kb']:.0f} | {r['weights_ms']:.1f} | {r['features_ms']:.1f} | "
-            f"{r['rfa_floor_tokens_per_s']:.0f} / {r['marian_floor_tokens_per_s']:.0f} | {r['speedup_bound']:.2f}x |")
-    return "\n".join(lines)
+    return (f"memory bandwidth (in-place add, read + write): {bandwidth / 1e9:.1f} GB/s\n\n"
+            + markdown_table(rows, COLUMNS))
 
 
 def main(argv=None):

@@ -19,7 +19,8 @@ from pathlib import Path
 
 from talk_hf.training.loop import TrainConfig
 from talk_hf.training.prepare import SUMMARY_FILE, prepare_wiki_zh_en
-from talk_hf.training.run import RUN_COLUMNS, load_prepared, markdown_table, record_result, train_run
+from talk_hf.training.run import load_prepared, record_result, train_run
+from talk_hf.training.tables import RUN_COLUMNS, markdown_table
 
 SIZE = dict(d_model=256, encoder_layers=3, decoder_layers=3, encoder_ffn_dim=512, decoder_ffn_dim=512,
             encoder_attention_heads=4, decoder_attention_heads=4, dropout=0.2, attention_dropout=0.1)

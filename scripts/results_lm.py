@@ -15,7 +15,8 @@ from pathlib import Path
 from talk_hf.training.corpora import read_lines
 from talk_hf.training.loop import TrainConfig
 from talk_hf.training.prepare import SUMMARY_FILE, prepare_lm_data
-from talk_hf.training.run import RUN_COLUMNS, markdown_table, record_result, train_run
+from talk_hf.training.run import record_result, train_run
+from talk_hf.training.tables import RUN_COLUMNS, markdown_table
 
 ROOT = Path(__file__).resolve().parents[1]
 

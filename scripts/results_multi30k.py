@@ -13,7 +13,8 @@ import argparse
 from pathlib import Path
 
 from talk_hf.training.loop import TrainConfig
-from talk_hf.training.run import RUN_COLUMNS, markdown_table, record_result, train_run
+from talk_hf.training.run import record_result, train_run
+from talk_hf.training.tables import RUN_COLUMNS, markdown_table
 
 SIZE = dict(d_model=256, encoder_layers=3, decoder_layers=3, decoder_attention_heads=4, dropout=0.2,
             attention_dropout=0.1)

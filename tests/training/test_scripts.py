@@ -199,7 +199,8 @@ def test_accelerate_launch_two_processes(run, tmp_path):
 
 
 def test_record_result_replaces_only_the_rerun_row(tmp_path):
-    from talk_hf.training.run import markdown_table, record_result
+    from talk_hf.training.run import record_result
+    from talk_hf.training.tables import markdown_table
 
     path = tmp_path / "r" / "results.json"
     record_result(path, {"name": "a", "window": 1, "bleu": 1.0}, ("name", "window"))
