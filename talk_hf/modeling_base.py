@@ -224,7 +224,9 @@ class TokenEmbedding(nn.Module):
 
     def forward(self, input_ids, inputs_embeds, positions):
         x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
-        x = x * self.scale + sinusoidal_positions(positions + self.position_offset, x.shape[-1]).to(x.dtype)
+        if self.position_offset:
+            positions = positions + self.position_offset
+        x = x * self.scale + sinusoidal_positions(positions, x.shape[-1]).to(x.dtype)
         return F.dropout(x, p=self.dropout, training=self.training)
 
 
@@ -458,32 +460,43 @@ def token_embedding(config):
 class RecurrentSeq2SeqModel(RecurrentPreTrainedModel):
     """Encoder-decoder base model: `shared`, `encoder` and `decoder` (each stack with its own embedding, tied
     through _tied_weights_keys). A family gives its layers: `encoder_layer(config, i)`, `decoder_layer(config, i)`,
-    and `separator_id(config)` for a decoder whose sentential gate reads sentence separators. A config's
-    `position_offset` (default 0) shifts the positions of both stacks."""
+    and `separator_id(config)` for a decoder whose sentential gate reads sentence separators.
 
-    _tied_weights_keys = {
+    The config's source-side fields, as converted fairseq models set them (talk_hf/convert_fairseq.py):
+    `position_offset` shifts the positions of both stacks; the encoder's token embedding has `encoder_vocab_size`
+    rows (None: vocab_size) and is tied to `shared` only when `tie_encoder_embeddings` (and transformers'
+    `tie_word_embeddings`)."""
+
+    _SHARED_EMBEDDINGS = {
         "encoder.embed.embed_tokens.weight": "shared.weight",
         "decoder.embed.embed_tokens.weight": "shared.weight",
     }
 
     def __init__(self, config):
         super().__init__(config)
-        offset = getattr(config, "position_offset", 0)
         self.shared = token_embedding(config)
+        encoder_embedding = nn.Embedding(config.encoder_vocab_size or config.vocab_size, config.d_model,
+                                         padding_idx=config.pad_token_id)
         self.encoder = EncoderStack(
-            self.encoder_embedding(config), [self.encoder_layer(config, i) for i in range(config.encoder_layers)],
-            config.d_model, config.scale_embedding, config.dropout, config.encoder_normalize_before, offset,
+            encoder_embedding, [self.encoder_layer(config, i) for i in range(config.encoder_layers)],
+            config.d_model, config.scale_embedding, config.dropout, config.encoder_normalize_before,
+            config.position_offset,
         )
         self.decoder = DecoderStack(
             token_embedding(config), [self.decoder_layer(config, i) for i in range(config.decoder_layers)],
             config.d_model, config.scale_embedding, config.dropout, config.decoder_normalize_before,
-            sep_token_id=self.separator_id(config), position_offset=offset,
+            sep_token_id=self.separator_id(config), position_offset=config.position_offset,
         )
         self.post_init()
 
-    def encoder_embedding(self, config):
-        """The encoder's token embedding (tied to `shared` through _tied_weights_keys): (vocab_size, d_model)."""
-        return token_embedding(config)
+    @property
+    def _tied_weights_keys(self):
+        """transformers' {tied parameter: source} map: both stacks' embeddings are `shared`, less the encoder's
+        when it is the source vocabulary's own."""
+        keys = dict(self._SHARED_EMBEDDINGS)
+        if not self.config.tie_encoder_embeddings:
+            del keys["encoder.embed.embed_tokens.weight"]
+        return keys
 
     def encoder_layer(self, config, i):
         raise NotImplementedError(f"{type(self).__name__} must build its encoder layers (encoder_layer)")
@@ -557,26 +570,6 @@ class RecurrentSeq2SeqModel(RecurrentPreTrainedModel):
             encoder_last_hidden_state=encoder_outputs.last_hidden_state,
             encoder_hidden_states=encoder_outputs.hidden_states,
         )
-
-
-class SourceVocabularyMixin:
-    """For an encoder-decoder base model whose config has `encoder_vocab_size` and `tie_encoder_embeddings`
-    (a fairseq model with a source dictionary of its own, talk_hf/convert_fairseq.py): the encoder's token
-    embedding has encoder_vocab_size rows (default vocab_size) and is tied to `shared` only when
-    tie_encoder_embeddings (and transformers' tie_word_embeddings). Put it before RecurrentSeq2SeqModel."""
-
-    @property
-    def _tied_weights_keys(self):
-        """transformers' {tied parameter: source} map: RecurrentSeq2SeqModel's, less the encoder's embedding when it
-        is the source vocabulary's own."""
-        keys = dict(RecurrentSeq2SeqModel._tied_weights_keys)
-        if not self.config.tie_encoder_embeddings:
-            del keys["encoder.embed.embed_tokens.weight"]
-        return keys
-
-    def encoder_embedding(self, config):
-        """(encoder_vocab_size or vocab_size, d_model), zero-initialised pad row."""
-        return nn.Embedding(config.encoder_vocab_size or config.vocab_size, config.d_model, config.pad_token_id)
 
 
 class RecurrentLMHead(RecurrentPreTrainedModel, GenerationMixin):

@@ -26,7 +26,6 @@ from .modeling_base import (
     RecurrentSeq2SeqLM,
     RecurrentSeq2SeqModel,
     SoftmaxCrossAttention,
-    SourceVocabularyMixin,
     zero_padding,
 )
 
@@ -97,10 +96,8 @@ def _decoder_layer(config, i, cross_attention):
     return DecoderLayer(config.d_model, mixer, cross, ffn, config.decoder_normalize_before, config.dropout)
 
 
-class DynamicConvModel(SourceVocabularyMixin, RecurrentSeq2SeqModel):
-    """LightConv/DynamicConv encoder and decoder (causal kernels + softmax cross-attention). The encoder's token
-    embedding has `config.encoder_vocab_size` rows (default vocab_size) and is tied to the decoder's (`shared`) only
-    when `config.tie_encoder_embeddings` (and transformers' `tie_word_embeddings`)."""
+class DynamicConvModel(RecurrentSeq2SeqModel):
+    """LightConv/DynamicConv encoder and decoder (causal kernels + softmax cross-attention)."""
 
     config: DynamicConvConfig
 

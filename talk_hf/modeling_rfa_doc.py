@@ -24,7 +24,6 @@ from .modeling_base import (
     FeedForward,
     RecurrentSeq2SeqLM,
     RecurrentSeq2SeqModel,
-    SourceVocabularyMixin,
     SoftmaxSelfAttention,
 )
 from .rfa import (
@@ -193,7 +192,7 @@ def _decoder_layer(config):
     )
 
 
-class RfaDocModel(SourceVocabularyMixin, RecurrentSeq2SeqModel):
+class RfaDocModel(RecurrentSeq2SeqModel):
     """Softmax-attention encoder and RFA decoder."""
 
     config: RfaDocConfig

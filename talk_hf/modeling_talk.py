@@ -23,7 +23,6 @@ from .modeling_base import (
     RecurrentCausalLMModel,
     RecurrentSeq2SeqLM,
     RecurrentSeq2SeqModel,
-    SourceVocabularyMixin,
     SoftmaxCrossAttention,
     zero_padding,
 )
@@ -99,7 +98,7 @@ def _decoder_layer(config, i, cross_attention):
     return DecoderLayer(config.d_model, mixer, cross, ffn, config.decoder_normalize_before, config.dropout)
 
 
-class TalkModel(SourceVocabularyMixin, RecurrentSeq2SeqModel):
+class TalkModel(RecurrentSeq2SeqModel):
     """TaLK encoder (non-causal windows) and decoder (causal windows + softmax cross-attention)."""
 
     config: TalkConfig
