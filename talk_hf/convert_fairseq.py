@@ -117,28 +117,28 @@ def architecture(args):
 # Config
 
 
-def _require(args, *names):
+def require(args, *names):
     missing = [n for n in names if args.get(n) is None]
     if missing:
         raise ValueError(f"the checkpoint's args lack {', '.join(missing)}: cannot build the model without guessing")
     return [args[n] for n in names]
 
 
-def _same(args, first, second, what):
-    a, b = _require(args, first, second)
+def same(args, first, second, what):
+    a, b = require(args, first, second)
     if a != b:
         raise ValueError(f"{first}={a} != {second}={b}: the converted model has one {what}")
     return a
 
 
-def _refuse(args, name, value_ok, why):
+def refuse(args, name, value_ok, why):
     if not value_ok(args.get(name)):
         raise ValueError(f"{name}={args.get(name)!r} is not supported: {why}")
 
 
 def _kernel_sizes(args, side):
     """args.<side>_kernel_size_list, a one-entry list repeated per layer as fairseq does -> list[int]."""
-    sizes, layers = _require(args, f"{side}_kernel_size_list", f"{side}_layers")
+    sizes, layers = require(args, f"{side}_kernel_size_list", f"{side}_layers")
     sizes = list(sizes) * layers if len(sizes) == 1 else list(sizes)
     if len(sizes) != layers:
         raise ValueError(f"{side}_kernel_size_list has {len(sizes)} entries for {layers} layers")
@@ -147,7 +147,7 @@ def _kernel_sizes(args, side):
     return sizes
 
 
-def _derived(args):
+def derived(args):
     """The fields fairseq's base_architecture derives from others when a checkpoint lacks them (its own rule)."""
     args = dict(args)
     for key, source in [("decoder_embed_dim", "encoder_embed_dim"), ("encoder_conv_dim", "encoder_embed_dim"),
@@ -160,45 +160,45 @@ def _derived(args):
 
 def check_supported(args):
     """Refuse (ValueError naming the option) what the converted model cannot compute exactly."""
-    _refuse(args, "encoder_learned_pos", lambda v: not v, "learned positions (fairseq's released models use sinusoids)")
-    _refuse(args, "decoder_learned_pos", lambda v: not v, "learned positions (fairseq's released models use sinusoids)")
-    _refuse(args, "no_token_positional_embeddings", lambda v: not v, "models without positions")
-    _refuse(args, "adaptive_softmax_cutoff", lambda v: v is None, "adaptive softmax")
-    _refuse(args, "weight_softmax", lambda v: v in (True, None),
+    refuse(args, "encoder_learned_pos", lambda v: not v, "learned positions (fairseq's released models use sinusoids)")
+    refuse(args, "decoder_learned_pos", lambda v: not v, "learned positions (fairseq's released models use sinusoids)")
+    refuse(args, "no_token_positional_embeddings", lambda v: not v, "models without positions")
+    refuse(args, "adaptive_softmax_cutoff", lambda v: v is None, "adaptive softmax")
+    refuse(args, "weight_softmax", lambda v: v in (True, None),
             "unnormalised kernels are in no released model and untested against fairseq")
-    embed = _same(args, "encoder_embed_dim", "decoder_embed_dim", "d_model")
+    embed = same(args, "encoder_embed_dim", "decoder_embed_dim", "d_model")
     for name in ("decoder_input_dim", "decoder_output_dim"):
-        _refuse(args, name, lambda v: v == embed, f"a decoder projection to/from {name}")
+        refuse(args, name, lambda v: v == embed, f"a decoder projection to/from {name}")
     return embed
 
 
 def config_from_args(args, source_vocab_size, target_vocab_size):
     """fairseq model args -> DynamicConvConfig (vocab sizes from the state dict's embeddings)."""
-    args = _derived(args)
+    args = derived(args)
     d_model = check_supported(args)
     share_all = bool(args.get("share_all_embeddings"))
     tie_output = share_all or bool(args.get("share_decoder_input_output_embed"))
-    encoder_heads, decoder_heads = _require(args, "encoder_attention_heads", "decoder_attention_heads")
+    encoder_heads, decoder_heads = require(args, "encoder_attention_heads", "decoder_attention_heads")
     return DynamicConvConfig(
         vocab_size=target_vocab_size,
         encoder_vocab_size=source_vocab_size,
         tie_word_embeddings=tie_output,
         tie_encoder_embeddings=share_all,
         d_model=d_model,
-        conv_dim=_same(args, "encoder_conv_dim", "decoder_conv_dim", "conv_dim"),
-        encoder_layers=_require(args, "encoder_layers")[0],
-        decoder_layers=_require(args, "decoder_layers")[0],
-        encoder_ffn_dim=_require(args, "encoder_ffn_embed_dim")[0],
-        decoder_ffn_dim=_require(args, "decoder_ffn_embed_dim")[0],
+        conv_dim=same(args, "encoder_conv_dim", "decoder_conv_dim", "conv_dim"),
+        encoder_layers=require(args, "encoder_layers")[0],
+        decoder_layers=require(args, "decoder_layers")[0],
+        encoder_ffn_dim=require(args, "encoder_ffn_embed_dim")[0],
+        decoder_ffn_dim=require(args, "decoder_ffn_embed_dim")[0],
         encoder_conv_heads=encoder_heads,
         decoder_conv_heads=decoder_heads,
         decoder_attention_heads=decoder_heads,
         encoder_kernel_sizes=_kernel_sizes(args, "encoder"),
         decoder_kernel_sizes=_kernel_sizes(args, "decoder"),
-        conv_type=_same(args, "encoder_conv_type", "decoder_conv_type", "conv_type"),
+        conv_type=same(args, "encoder_conv_type", "decoder_conv_type", "conv_type"),
         weight_softmax=True,
-        encoder_glu=bool(_require(args, "encoder_glu")[0]),
-        decoder_glu=bool(_require(args, "decoder_glu")[0]),
+        encoder_glu=bool(require(args, "encoder_glu")[0]),
+        decoder_glu=bool(require(args, "decoder_glu")[0]),
         encoder_normalize_before=bool(args.get("encoder_normalize_before")),
         decoder_normalize_before=bool(args.get("decoder_normalize_before")),
         activation_function="relu",
@@ -219,12 +219,12 @@ def config_from_args(args, source_vocab_size, target_vocab_size):
 
 # fairseq name (after the layer prefix) -> talk_hf name; the released 2019 checkpoints name the encoder's norms
 # layer_norms.0 / layer_norms.1 (later layer_norm1 / layer_norm2)
-_ENCODER_LAYER = {
+ENCODER_LAYER = {
     "linear1": "mixer.linear1", "linear2": "mixer.linear2", "conv.weight_linear": "mixer.weight_linear",
     "fc1": "ffn.fc1", "fc2": "ffn.fc2", "layer_norm1": "mixer_layer_norm", "layer_norm2": "final_layer_norm",
     "layer_norms.0": "mixer_layer_norm", "layer_norms.1": "final_layer_norm",
 }
-_DECODER_LAYER = {
+DECODER_LAYER = {
     "linear1": "mixer.linear1", "linear2": "mixer.linear2", "conv.weight_linear": "mixer.weight_linear",
     "fc1": "ffn.fc1", "fc2": "ffn.fc2", "conv_layer_norm": "mixer_layer_norm",
     "encoder_attn_layer_norm": "cross_attention_layer_norm", "final_layer_norm": "final_layer_norm",
@@ -246,7 +246,7 @@ def split_in_proj(state):
     return state
 
 
-def _layer_key(key):
+def layer_key(key):
     """'encoder.layers.3.fc1.weight' -> ('encoder', 3, 'fc1', 'weight'); None for a key outside the layers."""
     match = re.fullmatch(r"(encoder|decoder)\.layers\.(\d+)\.(.+)\.(weight|bias)", key)
     return (match.group(1), int(match.group(2)), match.group(3), match.group(4)) if match else None
@@ -274,13 +274,13 @@ def rename_common(key, value):
 def rename_key(key, value):
     """A LightConv/DynamicConv parameter name and tensor -> [(talk_hf name, tensor)] ([] for a buffer fairseq keeps),
     None for a name with no counterpart."""
-    layer = _layer_key(key)
+    layer = layer_key(key)
     if layer is None:
         return rename_common(key, value)
     side, i, module, kind = layer
     if module == "conv" and kind == "weight":  # LightConv kernel (H, 1, K)
         return [(f"model.{side}.layers.{i}.mixer.weight", value.reshape(value.shape[0], -1))]
-    table = _ENCODER_LAYER if side == "encoder" else _DECODER_LAYER
+    table = ENCODER_LAYER if side == "encoder" else DECODER_LAYER
     if module in table:
         return [(f"model.{side}.layers.{i}.{table[module]}.{kind}", value)]
     return None
@@ -423,8 +423,12 @@ def read_dictionaries(src_dir, args, weights, extra=0):
     return source_dict, target_dict, source_rows, target_rows
 
 
-def save_folder(model, tokenizer, out_dir, card):
-    """Write the converted model, its tokenizer and its card (README.md) to out_dir -> out_dir (Path)."""
+def save_folder(model, tokenizer, out_dir, state, src_dir, title, paper, details):
+    """Give the converted model the checkpoint's decoding settings and write it, its tokenizer and its card
+    (README.md: `title`, `paper`, `details` lines) to out_dir -> out_dir (Path)."""
+    args, gen = model_args(state), generation_args(state)
+    model.generation_config = generation_config(gen, model.config)
+    card = model_card(src_dir, title, paper, args, gen, tokenizer.bpe is not None, details)
     out_dir = Path(out_dir)
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
@@ -442,8 +446,6 @@ def convert_lightconv(state, src_dir, out_dir, arch):
     config = config_from_args(args, source_rows, target_rows)
     model = DynamicConvForConditionalGeneration(config)
     load_weights(model, convert_state_dict(weights, config))
-    gen = generation_args(state)
-    model.generation_config = generation_config(gen, config)
     tokenizer = build_tokenizer(src_dir, moses_languages(state, args), source_dict, target_dict)
     kind = "LightConv" if config.conv_type == "lightweight" else "DynamicConv"
     details = [
@@ -452,9 +454,8 @@ def convert_lightconv(state, src_dir, out_dir, arch):
         f"GLU encoder/decoder {config.encoder_glu}/{config.decoder_glu}, kernels {config.encoder_kernel_sizes} / "
         f"{config.decoder_kernel_sizes}.",
     ]
-    card = model_card(src_dir, f"{kind} ({arch})", "Wu et al., 2019, *Pay Less Attention with Lightweight and "
-                      "Dynamic Convolutions*", args, gen, tokenizer.bpe is not None, details)
-    return save_folder(model, tokenizer, out_dir, card)
+    return save_folder(model, tokenizer, out_dir, state, src_dir, f"{kind} ({arch})", "Wu et al., 2019, *Pay Less "
+                       "Attention with Lightweight and Dynamic Convolutions*", details)
 
 
 def convert_fairseq_checkpoint(src_dir, out_dir):

@@ -27,16 +27,13 @@ import torch
 
 from .convert_fairseq import (
     FAIRSEQ_SPECIAL_IDS,
-    _refuse,
-    _require,
-    _same,
+    refuse,
+    require,
+    same,
     build_tokenizer,
     convert_state_dict,
-    generation_args,
-    generation_config,
     load_weights,
     model_args,
-    model_card,
     moses_languages,
     read_dictionaries,
     rename_common,
@@ -54,12 +51,12 @@ SEP_ID = 4
 ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_accurate": "gelu_new", "gelu_fast": "gelu_new", "tanh": "tanh",
                "linear": "linear"}
 
-_ENCODER_LAYER = {
+ENCODER_LAYER = {
     "self_attn.q_proj": "mixer.q_proj", "self_attn.k_proj": "mixer.k_proj", "self_attn.v_proj": "mixer.v_proj",
     "self_attn.out_proj": "mixer.out_proj", "self_attn_layer_norm": "mixer_layer_norm", "fc1": "ffn.fc1",
     "fc2": "ffn.fc2", "final_layer_norm": "final_layer_norm",
 }
-_DECODER_LAYER = {
+DECODER_LAYER = {
     "self_attn.q_proj": "mixer.q_proj", "self_attn.k_proj": "mixer.k_proj", "self_attn.v_proj": "mixer.v_proj",
     "self_attn.out_proj": "mixer.out_proj", "self_attn.g_proj": "mixer.gate", "self_attn_layer_norm": "mixer_layer_norm",
     "encoder_attn.q_proj": "cross_attention.q_proj", "encoder_attn.out_proj": "cross_attention.out_proj",
@@ -85,23 +82,23 @@ def task_name(state):
 
 def check_supported(args):
     """Refuse (ValueError naming the option) what talk_hf's RFA-doc cannot compute exactly."""
-    _refuse(args, "use_sentential_gate", lambda v: not v,
+    refuse(args, "use_sentential_gate", lambda v: not v,
             "the interpolating sentential gate; talk_hf implements the decay gate (--decay-sentential-gate)")
-    _refuse(args, "reparam_proj", lambda v: not v, "reparameterised random matrices (sigma * W)")
-    _refuse(args, "random_feature", lambda v: v == "rrf", "only the 'rrf' (sin/cos) random features are implemented")
-    _refuse(args, "encoder_learned_pos", lambda v: not v, "learned positions")
-    _refuse(args, "decoder_learned_pos", lambda v: not v, "learned positions")
-    _refuse(args, "no_token_positional_embeddings", lambda v: not v, "models without positions")
-    _refuse(args, "layernorm_embedding", lambda v: not v, "a LayerNorm after the embeddings")
-    _refuse(args, "no_cross_attention", lambda v: not v, "a decoder without cross-attention")
-    _refuse(args, "cross_self_attention", lambda v: not v, "cross+self attention")
-    _refuse(args, "adaptive_softmax_cutoff", lambda v: v is None, "adaptive softmax")
-    _refuse(args, "activation_fn", lambda v: v in ACTIVATIONS, f"activations other than {', '.join(ACTIVATIONS)}")
+    refuse(args, "reparam_proj", lambda v: not v, "reparameterised random matrices (sigma * W)")
+    refuse(args, "random_feature", lambda v: v == "rrf", "only the 'rrf' (sin/cos) random features are implemented")
+    refuse(args, "encoder_learned_pos", lambda v: not v, "learned positions")
+    refuse(args, "decoder_learned_pos", lambda v: not v, "learned positions")
+    refuse(args, "no_token_positional_embeddings", lambda v: not v, "models without positions")
+    refuse(args, "layernorm_embedding", lambda v: not v, "a LayerNorm after the embeddings")
+    refuse(args, "no_cross_attention", lambda v: not v, "a decoder without cross-attention")
+    refuse(args, "cross_self_attention", lambda v: not v, "cross+self attention")
+    refuse(args, "adaptive_softmax_cutoff", lambda v: v is None, "adaptive softmax")
+    refuse(args, "activation_fn", lambda v: v in ACTIVATIONS, f"activations other than {', '.join(ACTIVATIONS)}")
     if args.get("decoder_normalize_before"):
-        _refuse(args, "no_decoder_final_norm", lambda v: not v, "a pre-norm decoder without its final LayerNorm")
-    embed = _same(args, "encoder_embed_dim", "decoder_embed_dim", "d_model (the cross-attention projects both)")
+        refuse(args, "no_decoder_final_norm", lambda v: not v, "a pre-norm decoder without its final LayerNorm")
+    embed = same(args, "encoder_embed_dim", "decoder_embed_dim", "d_model (the cross-attention projects both)")
     for name in ("decoder_input_dim", "decoder_output_dim"):
-        _refuse(args, name, lambda v: v in (None, embed), f"a decoder projection to/from {name}")
+        refuse(args, name, lambda v: v in (None, embed), f"a decoder projection to/from {name}")
     return embed
 
 
@@ -112,8 +109,8 @@ def gate_settings(args, has_sep):
         return "none", float(args.get("decay_gate_bias") or 0.0), SEP_ID if has_sep else None
     if not has_sep:
         raise ValueError("decay_sentential_gate=True needs the doc_translation task's separator [@@SEP@@] "
-                         f"(the checkpoint's task is not doc_translation)")
-    return "decay", float(_require(args, "decay_gate_bias")[0]), SEP_ID
+                         "(the checkpoint's task is not doc_translation)")
+    return "decay", float(require(args, "decay_gate_bias")[0]), SEP_ID
 
 
 def config_from_args(args, source_rows, target_rows, has_sep):
@@ -123,7 +120,7 @@ def config_from_args(args, source_rows, target_rows, has_sep):
     d_model = check_supported(args)
     share_all = bool(args.get("share_all_embeddings"))
     gate, gate_bias, sep = gate_settings(args, has_sep)
-    layers = _require(args, "encoder_layers", "decoder_layers", "encoder_ffn_embed_dim", "decoder_ffn_embed_dim",
+    layers = require(args, "encoder_layers", "decoder_layers", "encoder_ffn_embed_dim", "decoder_ffn_embed_dim",
                       "encoder_attention_heads", "decoder_attention_heads", "causal_proj_dim", "cross_proj_dim")
     return RfaDocConfig(
         vocab_size=target_rows, encoder_vocab_size=source_rows, tie_encoder_embeddings=share_all,
@@ -192,7 +189,7 @@ def rename(key, value, config):
     side, i, module, kind = layer
     if side == "decoder" and module == "self_attn" and kind == "tau":
         return [(f"model.decoder.layers.{i}.mixer.features.tau", _temperature(value))]
-    table = _ENCODER_LAYER if side == "encoder" else _DECODER_LAYER
+    table = ENCODER_LAYER if side == "encoder" else DECODER_LAYER
     return [(f"model.{side}.layers.{i}.{table[module]}.{kind}", value)] if module in table else None
 
 
@@ -200,7 +197,7 @@ def fixed_temperatures(args, config):
     """Without --learned-tau the checkpoint has no tau: every head's temperature is args.causal_tau / cross_tau."""
     if args.get("learned_tau"):
         return {}
-    causal, cross = _require(args, "causal_tau", "cross_tau")
+    causal, cross = require(args, "causal_tau", "cross_tau")
     heads, fixed = config.decoder_attention_heads, {}
     for i in range(config.decoder_layers):
         fixed[f"model.decoder.layers.{i}.mixer.features.tau"] = torch.full((heads,), float(causal))
@@ -246,8 +243,6 @@ def convert_rfa_doc(state, src_dir, out_dir, arch):
     config = config_from_args(args, source_rows, target_rows, has_sep)
     model = RfaDocForConditionalGeneration(config)
     load_weights(model, convert_weights(weights, config, args))
-    gen = generation_args(state)
-    model.generation_config = generation_config(gen, config)
     with tempfile.TemporaryDirectory() as tmp:
         special = {}
         if has_sep:
@@ -264,6 +259,5 @@ def convert_rfa_doc(state, src_dir, out_dir, arch):
             f"random features causal D={config.causal_num_frequencies} / cross D={config.cross_num_frequencies} "
             f"(the checkpoint's evaluation matrices), sentential gate: {config.sentential_gate}.",
         ]
-        card = model_card(src_dir, f"RFA-doc ({arch})", "Wu et al., 2022, *Modeling Context With Linear Attention "
-                          "for Scalable Document-Level Translation*", args, gen, tokenizer.bpe is not None, details)
-        return save_folder(model, tokenizer, out_dir, card)
+        return save_folder(model, tokenizer, out_dir, state, src_dir, f"RFA-doc ({arch})", "Wu et al., 2022, "
+                           "*Modeling Context With Linear Attention for Scalable Document-Level Translation*", details)

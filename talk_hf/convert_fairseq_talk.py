@@ -13,20 +13,17 @@ encoder_kernel_size_list / decoder_kernel_size_list.
 
 from .convert_fairseq import (
     FAIRSEQ_SPECIAL_IDS,
-    _DECODER_LAYER,
-    _ENCODER_LAYER,
-    _derived,
-    _layer_key,
-    _refuse,
-    _require,
-    _same,
+    DECODER_LAYER,
+    ENCODER_LAYER,
+    derived,
+    layer_key,
+    refuse,
+    require,
+    same,
     build_tokenizer,
     convert_state_dict,
-    generation_args,
-    generation_config,
     load_weights,
     model_args,
-    model_card,
     moses_languages,
     read_dictionaries,
     rename_common,
@@ -41,26 +38,26 @@ REFUSED_ARCHS = {
 }
 # the LightConv names without DynamicConv's kernel projection, plus TaLK's offsets projection
 _CONV_LAYER = {"conv.offsets": "mixer.offsets"}
-_TALK_ENCODER = {**{k: v for k, v in _ENCODER_LAYER.items() if k != "conv.weight_linear"}, **_CONV_LAYER}
-_TALK_DECODER = {**{k: v for k, v in _DECODER_LAYER.items() if k != "conv.weight_linear"}, **_CONV_LAYER}
+_TALK_ENCODER = {**{k: v for k, v in ENCODER_LAYER.items() if k != "conv.weight_linear"}, **_CONV_LAYER}
+_TALK_DECODER = {**{k: v for k, v in DECODER_LAYER.items() if k != "conv.weight_linear"}, **_CONV_LAYER}
 
 
 def check_supported(args):
     """Refuse (ValueError naming the option) what talk_hf's TaLK model cannot compute exactly -> d_model."""
-    _refuse(args, "encoder_learned_pos", lambda v: not v, "learned positions")
-    _refuse(args, "decoder_learned_pos", lambda v: not v, "learned positions")
-    _refuse(args, "no_token_positional_embeddings", lambda v: not v, "models without positions")
-    _refuse(args, "adaptive_softmax_cutoff", lambda v: v is None, "adaptive softmax")
-    embed = _same(args, "encoder_embed_dim", "decoder_embed_dim", "d_model")
+    refuse(args, "encoder_learned_pos", lambda v: not v, "learned positions")
+    refuse(args, "decoder_learned_pos", lambda v: not v, "learned positions")
+    refuse(args, "no_token_positional_embeddings", lambda v: not v, "models without positions")
+    refuse(args, "adaptive_softmax_cutoff", lambda v: v is None, "adaptive softmax")
+    embed = same(args, "encoder_embed_dim", "decoder_embed_dim", "d_model")
     for name in ("decoder_input_dim", "decoder_output_dim"):
-        _refuse(args, name, lambda v: v == embed, f"a decoder projection to/from {name}")
+        refuse(args, name, lambda v: v == embed, f"a decoder projection to/from {name}")
     return embed
 
 
 def max_offsets(args, side):
     """args.<side>_kernel_size_list: the first <side>_layers entries (TaLK reads entry i for layer i; a shorter list
     cannot build the model) -> list[int]."""
-    sizes, layers = _require(args, f"{side}_kernel_size_list", f"{side}_layers")
+    sizes, layers = require(args, f"{side}_kernel_size_list", f"{side}_layers")
     if len(sizes) < layers:
         raise ValueError(f"{side}_kernel_size_list has {len(sizes)} entries for {layers} layers")
     return [int(k) for k in list(sizes)[:layers]]
@@ -70,16 +67,16 @@ def config_from_args(args, source_rows, target_rows):
     """TaLK model args -> TalkConfig (vocab sizes from the state dict's embeddings)."""
     from .configuration_talk import TalkConfig
 
-    args = _derived(args)
+    args = derived(args)
     d_model = check_supported(args)
     share_all = bool(args.get("share_all_embeddings"))
-    numbers = _require(args, "encoder_layers", "decoder_layers", "encoder_ffn_embed_dim", "decoder_ffn_embed_dim",
+    numbers = require(args, "encoder_layers", "decoder_layers", "encoder_ffn_embed_dim", "decoder_ffn_embed_dim",
                        "encoder_attention_heads", "decoder_attention_heads", "encoder_glu", "decoder_glu")
     encoder_offsets = max_offsets(args, "encoder")
     return TalkConfig(
         vocab_size=target_rows, encoder_vocab_size=source_rows, tie_encoder_embeddings=share_all,
         tie_word_embeddings=share_all or bool(args.get("share_decoder_input_output_embed")),
-        d_model=d_model, conv_dim=_same(args, "encoder_conv_dim", "decoder_conv_dim", "conv_dim"),
+        d_model=d_model, conv_dim=same(args, "encoder_conv_dim", "decoder_conv_dim", "conv_dim"),
         encoder_layers=numbers[0], decoder_layers=numbers[1], encoder_ffn_dim=numbers[2], decoder_ffn_dim=numbers[3],
         encoder_heads=numbers[4], decoder_heads=numbers[5], decoder_attention_heads=numbers[5],
         encoder_max_offsets=encoder_offsets, encoder_max_right_offsets=encoder_offsets,
@@ -101,7 +98,7 @@ def config_from_args(args, source_rows, target_rows):
 def rename(key, value):
     """A TaLK parameter name and tensor -> [(talk_hf name, tensor)] ([] for a buffer fairseq keeps), None for a name
     with no counterpart."""
-    layer = _layer_key(key)
+    layer = layer_key(key)
     if layer is None:
         return rename_common(key, value)
     side, i, module, kind = layer
@@ -118,8 +115,6 @@ def convert_talk(state, src_dir, out_dir, arch):
     config = config_from_args(args, source_rows, target_rows)
     model = TalkForConditionalGeneration(config)
     load_weights(model, convert_state_dict(weights, config, rename))
-    gen = generation_args(state)
-    model.generation_config = generation_config(gen, config)
     tokenizer = build_tokenizer(src_dir, moses_languages(state, args), source_dict, target_dict)
     details = [
         f"Vocabularies {config.encoder_vocab_size} (source) / {config.vocab_size} (target).",
@@ -127,6 +122,5 @@ def convert_talk(state, src_dir, out_dir, arch):
         f"GLU encoder/decoder {config.encoder_glu}/{config.decoder_glu}, max offsets {config.encoder_max_offsets} / "
         f"{config.decoder_max_offsets}.",
     ]
-    card = model_card(src_dir, f"TaLK ({arch})", "Lioutas & Guo, 2020, *Time-aware Large Kernel Convolutions*", args,
-                      gen, tokenizer.bpe is not None, details)
-    return save_folder(model, tokenizer, out_dir, card)
+    return save_folder(model, tokenizer, out_dir, state, src_dir, f"TaLK ({arch})",
+                       "Lioutas & Guo, 2020, *Time-aware Large Kernel Convolutions*", details)

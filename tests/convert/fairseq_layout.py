@@ -97,6 +97,12 @@ def softmax_attention(state, prefix, query, memory, key_padding_mask, heads):
     return linear(state, f"{prefix}.out_proj", out)
 
 
+def left_padded(rows):
+    """(1, L_i) token rows -> (B, max L_i), padded on the left with PAD."""
+    width = max(r.shape[1] for r in rows)
+    return torch.cat([F.pad(r, (width - r.shape[1], 0), value=PAD) for r in rows])
+
+
 def relative_error(reference, result, mask=None):
     """max over positions of |result - reference| / |reference| (norms over the last dimension)."""
     errors = (result - reference).norm(dim=-1) / reference.norm(dim=-1)

@@ -205,11 +205,6 @@ def sentence_pairs(count=3, seed=1):
     return sources, targets
 
 
-def left_padded(rows):
-    width = max(r.shape[1] for r in rows)
-    return torch.cat([F.pad(r, (width - r.shape[1], 0), value=layout.PAD) for r in rows])
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # Layers against the project's specifications
 
@@ -291,7 +286,7 @@ def test_logits_equal_the_reference_forward_with_padded_sources(release):
     folder, state, converted = release
     model = load(converted)
     sources, targets = sentence_pairs()
-    src, prev = left_padded(sources), torch.cat(targets)
+    src, prev = layout.left_padded(sources), torch.cat(targets)
     with torch.no_grad():
         result = model(input_ids=src, attention_mask=src.ne(layout.PAD).long(), decoder_input_ids=prev).logits
     for n, (s, t) in enumerate(zip(sources, targets)):
