@@ -51,7 +51,7 @@ __all__ = [
     "prepare_lm_data",
     "prepare_translation_data",
     "prepare_wiki_zh_en",
-    "write_summary",
+    "save_prepared",
 ]
 
 SUMMARY_FILE = "preprocess.json"
@@ -199,13 +199,7 @@ def prepare_translation_data(
     if dropped:
         raise ValueError(f"examples longer than max_tokens_per_example={max_tokens_per_example} would be dropped from "
                          f"{dropped} (keep_all_splits); raise the limit so that every example is kept")
-    output = Path(output_dir)
-    output.mkdir(parents=True, exist_ok=True)
-    tokenizer.save_pretrained(output / "tokenizer")
-    for name, ds in encoded.items():
-        ds.save_to_disk(str(output / name))
-        logger.info("%s: %s", name, counts[name])
-    return write_summary(output, settings if args is None else args, len(tokenizer), trained_on, counts)
+    return save_prepared(output_dir, tokenizer, encoded, counts, settings if args is None else args, trained_on)
 
 
 def prepare_wiki_zh_en(
@@ -314,13 +308,7 @@ def prepare_lm_data(
         in_blocks = len(blocks[name]) * block_size
         counts[name] = {"lines": len(lines), "blocks": len(blocks[name]), "tokens_total": len(stream),
                         "tokens_in_blocks": in_blocks, "tail_tokens_dropped": len(stream) - in_blocks}
-    output = Path(output_dir)
-    output.mkdir(parents=True, exist_ok=True)
-    tokenizer.save_pretrained(output / "tokenizer")
-    for name, ds in blocks.items():
-        ds.save_to_disk(str(output / name))
-        logger.info("%s: %s", name, counts[name])
-    return write_summary(output, settings if args is None else args, len(tokenizer), trained_on, counts)
+    return save_prepared(output_dir, tokenizer, blocks, counts, settings if args is None else args, trained_on)
 
 
 def _hold_out(texts: Mapping[str, Sequence[str]], fraction: float) -> dict[str, list[str]]:
@@ -341,22 +329,30 @@ def _hold_out(texts: Mapping[str, Sequence[str]], fraction: float) -> dict[str, 
 # ------------------------------------------------------------------------------------------------------ helpers
 
 
-def write_summary(
+def save_prepared(
     output_dir: PathLike,
-    args: Mapping[str, Any],
-    vocab_size: int,
-    trained_on: Sequence[str] | None,
+    tokenizer,
+    splits: Mapping[str, datasets.Dataset],
     counts: Mapping[str, Mapping[str, Any]],
+    args: Mapping[str, Any],
+    trained_on: Sequence[str] | None,
 ) -> dict[str, Any]:
-    """Write ``<output_dir>/preprocess.json`` (UTF-8, indented) and return its contents:
-    ``{"args": args, "tokenizer": {"vocab_size": vocab_size, "trained_on": trained_on}, "splits": counts}``."""
+    """Write ``<output_dir>/tokenizer/``, each split (``save_to_disk``) and ``<output_dir>/preprocess.json`` (UTF-8,
+    indented), and return the latter's contents:
+    ``{"args": args, "tokenizer": {"vocab_size": len(tokenizer), "trained_on": trained_on}, "splits": counts}``."""
+    output = Path(output_dir)
+    output.mkdir(parents=True, exist_ok=True)
+    tokenizer.save_pretrained(output / "tokenizer")
+    for name, ds in splits.items():
+        ds.save_to_disk(str(output / name))
+        logger.info("%s: %s", name, counts[name])
     summary = {
         "args": dict(args),
-        "tokenizer": {"vocab_size": vocab_size, "trained_on": None if trained_on is None else list(trained_on)},
+        "tokenizer": {"vocab_size": len(tokenizer), "trained_on": None if trained_on is None else list(trained_on)},
         "splits": {name: dict(c) for name, c in counts.items()},
     }
     text = json.dumps(summary, indent=2, ensure_ascii=False) + "\n"
-    (Path(output_dir) / SUMMARY_FILE).write_text(text, encoding="utf-8")
+    (output / SUMMARY_FILE).write_text(text, encoding="utf-8")
     return summary
 
 
