@@ -257,7 +257,7 @@ def test_readme_lists_all_data_files():
     shipped = {str(p.relative_to(DATA)) for p in DATA.rglob("*.gz")}
     assert set(readme_line_counts()) == shipped - {"wiki_zh_en/zh-en.tar.gz"}
     assert all(f"`{Path(rel).name}`" in text for rel in shipped)
-    assert len(shipped) == 18
+    assert len(shipped) == 21
 
 
 def test_data_line_counts_match_readme():
@@ -268,6 +268,19 @@ def test_data_line_counts_match_readme():
         de, en = (len(gz_lines(DATA / "multi30k" / f"{split}.{lang}.gz")) for lang in ("de", "en"))
         assert de == en == stated[f"multi30k/{split}.de.gz"]
     assert stated["multi30k/train.en.gz"] == 29000 and stated["tinyshakespeare/input.txt.gz"] == 40000
+
+
+def test_wikitext2_splits_have_the_official_token_counts():
+    from talk_hf.training.corpora import load_wikitext2
+
+    counts = {split: sum(len(line.split()) + 1 for line in load_wikitext2(split))
+              for split in ("train", "valid", "test")}
+    assert counts == {"train": 2_088_628, "valid": 217_646, "test": 245_569}  # words + one <eos> per line
+    assert load_wikitext2("valid")[1] == " = Homarus gammarus = "
+    with pytest.raises(ValueError, match="unknown WikiText-2 split 'dev'"):
+        load_wikitext2("dev")
+    with pytest.raises(FileNotFoundError, match="pass folder="):
+        load_wikitext2("test", folder=DATA / "multi30k")
 
 
 def test_tinyshakespeare_characters():

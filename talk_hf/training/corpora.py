@@ -39,6 +39,7 @@ __all__ = [
     "load_text_pairs",
     "load_tsv_pairs",
     "load_wiki_zh_en",
+    "load_wikitext2",
     "read_lines",
     "reverse_pairs",
     "split_lines",
@@ -50,6 +51,8 @@ WIKI_ZH_EN_ARCHIVE = Path(__file__).resolve().parents[2] / "data" / "wiki_zh_en"
 WIKI_ZH_EN_SPLITS = ("train", "dev", "zh2en-test", "en2zh-test")
 IWSLT15_ZH_EN_DIR = Path(__file__).resolve().parents[2] / "data" / "iwslt15_ted_zh_en"
 IWSLT15_ZH_EN_SETS = ("dev2010", "tst2010", "tst2011", "tst2012", "tst2013")
+WIKITEXT2_DIR = Path(__file__).resolve().parents[2] / "data" / "wikitext2"
+WIKITEXT2_SPLITS = ("train", "valid", "test")
 
 
 # --------------------------------------------------------------------------------------------------- file loaders
@@ -402,6 +405,28 @@ def load_iwslt15_ted_zh_en(split: str, folder: str | os.PathLike | None = None) 
         columns["source"] += source
         columns["target"] += target
     return datasets.Dataset.from_dict(columns)
+
+
+def load_wikitext2(split: str, folder: str | os.PathLike | None = None) -> list[str]:
+    """The lines of one split of the bundled WikiText-2 (tokenised, v1; Merity et al., 2016): one paragraph or
+    heading per line, blank lines kept (each is one ``<eos>`` of the standard token stream).
+
+    Args:
+        split: ``"train"`` (36,718 lines, 2,088,628 tokens counting one ``<eos>`` per line), ``"valid"`` (3,760 /
+            217,646) or ``"test"`` (4,358 / 245,569).
+        folder: the folder holding ``wiki.<split>.tokens.gz`` (default ``data/wikitext2`` of the source tree).
+
+    Raises:
+        ValueError: unknown split.
+        FileNotFoundError: the file is not there (an installed package has no ``data/``: pass ``folder``).
+    """
+    if split not in WIKITEXT2_SPLITS:
+        raise ValueError(f"unknown WikiText-2 split {split!r}, expected one of {list(WIKITEXT2_SPLITS)}")
+    path = (Path(folder) if folder is not None else WIKITEXT2_DIR) / f"wiki.{split}.tokens.gz"
+    if not path.is_file():
+        raise FileNotFoundError(f"no WikiText-2 file at {path}: it ships in the talk_hf source tree "
+                                "(data/wikitext2), not in the installed package; pass folder= its folder")
+    return read_lines(path)
 
 
 # ------------------------------------------------------------------------------------------------ document windows
