@@ -5,6 +5,7 @@
         --set d_model=256 --output_dir runs/multi30k/talk --max_tokens 4096 --max_steps 20000 --test_split test
     accelerate launch scripts/train.py ...            # several GPUs, through Accelerate
     python scripts/train.py ... --resume              # continue exactly from the last checkpoint
+    python scripts/train.py ... --init_from runs/wiki1/rfa/model   # start from another run's weights
 
 Writes <output_dir>/metrics.jsonl, metrics.png, checkpoints/step-N/, eval_results.json and model/ (weights, code,
 tokenizer, generation config, README.md model card).
@@ -33,6 +34,8 @@ class RunArguments:
     test_split: str = dataclasses.field(default=None, metadata={"help": "split to translate and score at the end"})
     document_level: bool = dataclasses.field(default=False, metadata={"help": "score the last sentence per window"})
     test_limit: int = dataclasses.field(default=0, metadata={"help": "score only the first N test examples"})
+    init_from: str = dataclasses.field(default=None, metadata={
+        "help": "a saved model folder whose weights start training (e.g. a sentence-level run's model/)"})
     languages: list[str] = dataclasses.field(default_factory=lambda: ["de", "en"], metadata={"help": "for the card"})
     dataset_name: str = dataclasses.field(default="multi30k", metadata={"help": "for the model card"})
     push_to_hub: str = dataclasses.field(default=None, metadata={"help": "repo id to upload the final model to"})
@@ -50,7 +53,7 @@ def main(argv=None):
         run_args.data, run_args.model, train_config, preset=run_args.preset, config_file=run_args.config,
         overrides=parse_overrides(run_args.set), train_split=run_args.train_split, valid_split=run_args.valid_split,
         test_split=run_args.test_split, document_level=run_args.document_level, card=card,
-        test_limit=run_args.test_limit,
+        test_limit=run_args.test_limit, init_from=run_args.init_from,
     )
     print(json.dumps(results, indent=2))
     if run_args.push_to_hub:

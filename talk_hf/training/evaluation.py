@@ -1,4 +1,4 @@
-"""Evaluation: batched translation, sacreBLEU (with its signature), ROUGE for summaries, perplexity for LMs,
+"""Evaluation: batched translation, sacreBLEU and chrF (with their signatures), ROUGE for summaries, perplexity for LMs,
 and a document-level `compute_metrics` for transformers' Seq2SeqTrainer (RFA-doc windows)."""
 
 import math
@@ -37,6 +37,14 @@ def corpus_bleu(hypotheses, references):
     if len(hypotheses) != len(references):
         raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
     metric = sacrebleu.metrics.BLEU()
+    return metric.corpus_score(hypotheses, [references]).score, str(metric.get_signature())
+
+
+def corpus_chrf(hypotheses, references):
+    """sacreBLEU's chrF (character n-gram F-score, chrF2) over detokenised text -> (score, signature string)."""
+    if len(hypotheses) != len(references):
+        raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
+    metric = sacrebleu.metrics.CHRF()
     return metric.corpus_score(hypotheses, [references]).score, str(metric.get_signature())
 
 

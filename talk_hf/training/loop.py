@@ -1,9 +1,9 @@
 """An Accelerate training loop for talk_hf models and the transformers baselines.
 
 Token-budget batches (`max_tokens`), gradient accumulation, fp16/bf16, multi-GPU through `accelerate launch`,
-Adam with inverse-sqrt or cosine-with-warmup schedules, label smoothing, periodic validation loss and BLEU, a
-JSONL metrics log and a plot, checkpoints that resume exactly (same next batch, same loss), and averaging of the
-last checkpoints.
+Adam with inverse-sqrt or cosine-with-warmup schedules, label smoothing, periodic validation loss and BLEU, early
+stopping when the validation loss stops improving, a JSONL metrics log and a plot, checkpoints that resume exactly
+(same next batch, same loss), and averaging of the last checkpoints.
 """
 
 import dataclasses
@@ -51,6 +51,9 @@ class TrainConfig:
     seed: int = 1
     log_every: int = 50
     eval_every: int = 0  # steps; 0: only at the end
+    # early stopping: stop after this many periodic evaluations in a row without a new lowest validation loss
+    # (0: never; needs eval_every)
+    patience: int = 0
     save_every: int = 0  # steps; 0: only at the end
     keep_checkpoints: int = 5
     average_last: int = 0  # average the weights of the last N checkpoints into the final model
@@ -64,6 +67,9 @@ class TrainConfig:
             raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
         if not (self.max_steps or self.max_epochs or self.max_minutes):
             raise ValueError("set at least one of max_steps, max_epochs and max_minutes")
+        if self.patience < 0 or (self.patience and not self.eval_every):
+            raise ValueError(f"patience={self.patience} needs patience >= 0 and eval_every > 0 (the evaluations it "
+                             f"counts), got eval_every={self.eval_every}")
         if self.average_last > self.keep_checkpoints:
             raise ValueError(f"average_last={self.average_last} needs keep_checkpoints >= it ({self.keep_checkpoints})")
 
@@ -77,6 +83,9 @@ class TrainerState:
     batch_in_epoch: int = 0  # batches of this epoch already consumed (on this process)
     elapsed_seconds: float = 0.0
     micro_step: int = 0  # Accelerate's accumulation counter: it decides which batches form the next update
+    best_valid_loss: float = math.inf  # the lowest validation loss of the periodic evaluations so far
+    best_step: int = 0  # the update where it was reached
+    evals_since_best: int = 0  # periodic evaluations since then (early stopping at config.patience)
 
     def state_dict(self):
         return dataclasses.asdict(self)
@@ -268,7 +277,12 @@ class Trainer:
             (c.max_steps and s.global_step >= c.max_steps)
             or (c.max_epochs and s.epoch >= c.max_epochs)
             or (c.max_minutes and s.elapsed_seconds >= 60 * c.max_minutes)
+            or self.stopped_early()
         )
+
+    def stopped_early(self):
+        """The validation loss has not improved for config.patience periodic evaluations."""
+        return bool(self.config.patience) and self.state.evals_since_best >= self.config.patience
 
     # -- evaluation -------------------------------------------------------------------------------------------
 
@@ -324,12 +338,21 @@ class Trainer:
             progress.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{record['lr']:.2e}")
             self.log(record)
         if c.eval_every and s.global_step % c.eval_every == 0:
-            self.evaluate()
+            self.track_best(self.evaluate()["valid_loss"])
         if c.save_every and s.global_step % c.save_every == 0:
             self.save_checkpoint()
 
+    def track_best(self, valid_loss):
+        """Note a periodic validation loss: a new lowest one resets the early-stopping count."""
+        s = self.state
+        if valid_loss < s.best_valid_loss:
+            s.best_valid_loss, s.best_step, s.evals_since_best = valid_loss, s.global_step, 0
+        else:
+            s.evals_since_best += 1
+
     def train(self):
-        """Train until max_steps / max_epochs / max_minutes; returns the final evaluation record."""
+        """Train until max_steps / max_epochs / max_minutes, or until the validation loss stops improving
+        (config.patience); returns the final evaluation record (of the averaged weights with average_last)."""
         if self.config.resume:
             self.resume()
         total = self.config.max_steps or None

@@ -1,4 +1,5 @@
-"""A loss/BLEU plot of a run's metrics.jsonl, and the plotting helpers the benchmark scripts share."""
+"""A loss/BLEU plot of a run's metrics.jsonl, the loss curves of several runs in one plot, and the plotting helpers
+the benchmark scripts share."""
 
 import json
 from pathlib import Path
@@ -48,5 +49,21 @@ def plot_metrics(metrics_path, image_path):
         more = ax2.get_legend_handles_labels()
         handles = (handles[0] + more[0], handles[1] + more[1])
     ax.legend(*handles, loc="center right")  # one legend for both axes
+    save_figure(fig, image_path)
+    return image_path
+
+
+def plot_runs(runs, image_path, key="valid_loss", ylabel="validation loss"):
+    """One curve per run: `key` (a metrics.jsonl field) against updates; runs: {label: metrics.jsonl path}."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for label, metrics_path in runs.items():
+        points = [(r["step"], r[key]) for r in read_metrics(metrics_path) if key in r]
+        if not points:
+            raise ValueError(f"{metrics_path} holds no {key!r} record to plot for {label!r}")
+        ax.plot(*zip(*points), "o-", markersize=3, label=label)
+    ax.set_xlabel("update")
+    ax.set_ylabel(ylabel)
+    ax.legend()
     save_figure(fig, image_path)
     return image_path

@@ -1,7 +1,9 @@
 """One training run from a preprocessed data folder to a saved, evaluated, documented model (used by
 scripts/train.py and scripts/demo.py)."""
 
+import fcntl
 import json
+import math
 import time
 from pathlib import Path
 
@@ -13,8 +15,8 @@ from ..environment import device_description
 from ..metrics.document_bleu.document_bleu import document_scores
 from ..tokenization import split_sentences
 from .corpora import group_documents, write_lines
-from .evaluation import corpus_bleu, last_sentences, translate
-from .loop import Trainer
+from .evaluation import corpus_bleu, corpus_chrf, last_sentences, translate
+from .loop import Trainer, validation_loss
 from .models import build_model, count_parameters
 from .plot import plot_metrics
 
@@ -29,8 +31,8 @@ def load_prepared(data_dir, split):
 
 def evaluate_translation(model, tokenizer, dataset, num_beams=4, length_penalty=1.0, max_new_tokens=128,
                          document_level=False, limit=0, document_decoding="sliding"):
-    """sacreBLEU of the model on a prepared split -> dict(bleu, signature, sentences, hypotheses); `limit`: the first N
-    rows only (0: all).
+    """sacreBLEU and chrF of the model on a prepared split -> dict(bleu, signature, chrf, chrf_signature, sentences,
+    hypotheses); `limit`: the first N rows only (0: all).
 
     document_level: the split holds document windows (scripts/preprocess.py --window; one row per sentence, its
     window ending with it). Its documents are translated whole, by `document_decoding`: "sliding" (the paper's
@@ -45,7 +47,9 @@ def evaluate_translation(model, tokenizer, dataset, num_beams=4, length_penalty=
         return _evaluate_documents(model, tokenizer, dataset, document_decoding, generation)
     hyps = translate(model, tokenizer, dataset["source"], **generation)
     score, signature = corpus_bleu(hyps, dataset["target"])
-    return {"bleu": score, "signature": signature, "sentences": len(hyps), "hypotheses": hyps}
+    chrf, chrf_signature = corpus_chrf(hyps, dataset["target"])
+    return {"bleu": score, "signature": signature, "chrf": chrf, "chrf_signature": chrf_signature,
+            "sentences": len(hyps), "hypotheses": hyps}
 
 
 DOCUMENT_DECODINGS = ("sliding", "streaming", "windows")
@@ -85,17 +89,41 @@ def split_documents(dataset):
     return sources, group_documents(last_sentences(dataset["target"]), doc_ids), window
 
 
+def initialise_from(model, folder):
+    """Copy the weights of the saved model in `folder` into `model` (e.g. a document-level model from its
+    sentence-level run, or a gated RFA-doc from an ungated one) -> the names of `model`'s weights the folder does
+    not hold (they keep their initialisation). A weight of the folder that `model` lacks, or of another shape, is a
+    ValueError: the two models must be of one architecture."""
+    from safetensors.torch import load_file
+
+    files = sorted(Path(folder).glob("model*.safetensors"))
+    if not files:
+        raise ValueError(f"init_from: no model*.safetensors in {folder}")
+    source = {k: v for f in files for k, v in load_file(str(f)).items()}
+    target = model.state_dict()
+    unknown = sorted(k for k in source if k not in target)
+    mismatched = sorted(k for k in source if k in target and source[k].shape != target[k].shape)
+    if unknown or mismatched:
+        raise ValueError(f"init_from {folder}: weights the model lacks {unknown[:5]}, of other shapes {mismatched[:5]}")
+    model.load_state_dict(source, strict=False)
+    loaded = {target[k].data_ptr() for k in source}  # a tied weight the file stores once is loaded with it
+    return sorted(k for k in target if k not in source and target[k].data_ptr() not in loaded)
+
+
 def train_run(data_dir, kind, train_config, preset=None, config_file=None, overrides=None, train_split="train",
-              valid_split="valid", test_split=None, document_level=False, card=None, test_limit=0):
+              valid_split="valid", test_split=None, document_level=False, card=None, test_limit=0, init_from=None):
     """Build, train, evaluate and save a model; returns the results dict (also written to eval_results.json).
 
+    `test_split`: translated and scored (BLEU, chrF) for an encoder-decoder, its perplexity measured for a causal LM.
     `card`: keyword arguments for talk_hf.training.model_card.write_model_card (languages, license, datasets ...);
-    None writes no card. `test_limit`: score only the first N test examples (0: all).
+    None writes no card. `test_limit`: score only the first N test examples (0: all). `init_from`: a saved model
+    folder whose weights start training (initialise_from).
     """
     output_dir = Path(train_config.output_dir)
     tokenizer = AutoTokenizer.from_pretrained(Path(data_dir) / "tokenizer")
     train, valid = load_prepared(data_dir, train_split), load_prepared(data_dir, valid_split)
     model = build_model(kind, tokenizer, preset=preset, config_file=config_file, overrides=overrides)
+    kept_initialisation = initialise_from(model, init_from) if init_from is not None else None
     is_seq2seq = model.config.is_encoder_decoder
     valid_texts = (valid["source"], valid["target"]) if is_seq2seq and not document_level else None
     trainer = Trainer(model, tokenizer, train, valid, train_config, valid_texts=valid_texts)
@@ -103,7 +131,14 @@ def train_run(data_dir, kind, train_config, preset=None, config_file=None, overr
     final = trainer.train()
     results = {"model": kind, "parameters": count_parameters(model), "train_minutes": (time.monotonic() - start) / 60,
                "steps": trainer.state.global_step, "valid_loss": final["valid_loss"],
-               "num_processes": trainer.accelerator.num_processes}
+               "num_processes": trainer.accelerator.num_processes, "learning_rate": train_config.learning_rate,
+               "warmup_steps": train_config.warmup_steps, "max_tokens": train_config.max_tokens}
+    if init_from is not None:
+        results.update({"init_from": str(init_from), "not_initialised": kept_initialisation})
+    if train_config.patience:
+        results.update({"best_step": trainer.state.best_step, "best_valid_loss": trainer.state.best_valid_loss,
+                        "stopped_early": trainer.stopped_early(), "patience": train_config.patience,
+                        "eval_every": train_config.eval_every})
     model = trainer.accelerator.unwrap_model(trainer.model)
     if is_seq2seq and test_split:
         test = load_prepared(data_dir, test_split)
@@ -112,6 +147,8 @@ def train_run(data_dir, kind, train_config, preset=None, config_file=None, overr
                                       limit=test_limit)
         results.update({"test_bleu": scored["bleu"], "bleu_signature": scored["signature"],
                         "test_sentences": scored["sentences"]})
+        if "chrf" in scored:
+            results.update({"test_chrf": scored["chrf"], "chrf_signature": scored["chrf_signature"]})
         if document_level:
             results.update({"test_d_bleu": scored["d_bleu"], "test_documents": scored["documents"],
                             "document_decoding": scored["document_decoding"], "window": scored["window"]})
@@ -119,6 +156,10 @@ def train_run(data_dir, kind, train_config, preset=None, config_file=None, overr
             write_lines(output_dir / "test_hypotheses.txt", scored["hypotheses"])
     elif not is_seq2seq:
         results["valid_ppl"] = final["valid_ppl"]
+        if test_split:
+            test = load_prepared(data_dir, test_split)
+            loss, tokens = validation_loss(model, test, trainer.collator, train_config.max_tokens, trainer.accelerator)
+            results.update({"test_loss": loss, "test_ppl": math.exp(loss), "test_tokens": tokens})
     folder = trainer.save_model()
     if trainer.accelerator.is_main_process:
         (output_dir / "eval_results.json").write_text(json.dumps(results, indent=2) + "\n")
@@ -134,11 +175,15 @@ def train_run(data_dir, kind, train_config, preset=None, config_file=None, overr
 
 def record_result(results_path, row, key):
     """Add a result row (with the device) to the JSON list at `results_path`, replacing an earlier row with the same
-    values of the `key` fields (a re-run replaces its row; the other rows stay). -> all rows, in file order."""
+    values of the `key` fields (a re-run replaces its row; the other rows stay). -> all rows, in file order.
+    Processes writing the same file take turns (an exclusive lock on `<results_path>.lock`)."""
     results_path = Path(results_path)
-    rows = json.loads(results_path.read_text()) if results_path.exists() else []
     row = {**row, "device": device_description()}
-    rows = [r for r in rows if [r.get(k) for k in key] != [row[k] for k in key]] + [row]
     results_path.parent.mkdir(parents=True, exist_ok=True)
-    results_path.write_text(json.dumps(rows, indent=2) + "\n")
+    # several runners may share one results file (rows trained in parallel): one writer at a time
+    with open(results_path.with_name(results_path.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        rows = json.loads(results_path.read_text()) if results_path.exists() else []
+        rows = [r for r in rows if [r.get(k) for k in key] != [row[k] for k in key]] + [row]
+        results_path.write_text(json.dumps(rows, indent=2) + "\n")
     return rows

@@ -118,8 +118,46 @@ def test_cosine_schedule_needs_steps_and_decays():
     assert lrs[1] == pytest.approx(1.0) and lrs[-1] < 0.05
 
 
+def scripted_validation(monkeypatch, losses):
+    """Trainer.evaluate returns the next of `losses` (and logs it), so the early-stopping decisions are known."""
+    queue = iter(losses)
+
+    def evaluate(self):
+        record = {"step": self.state.global_step, "valid_loss": next(queue)}
+        self.log(record)
+        return record
+
+    monkeypatch.setattr(Trainer, "evaluate", evaluate)
+
+
+def test_training_stops_when_the_validation_loss_stops_improving(data, tmp_path, monkeypatch):
+    """patience=2: the loss is lowest at update 2 (2.0), then 2.5 and 2.0 (not lower): training stops at update 4."""
+    scripted_validation(monkeypatch, [3.0, 2.0, 2.5, 2.0, 1.0, 0.5])
+    trainer = run(data, tmp_path, max_steps=10, eval_every=1, save_every=1, keep_checkpoints=2, patience=2)
+    s = trainer.state
+    assert (s.global_step, s.best_step, s.best_valid_loss, s.evals_since_best) == (4, 2, 2.0, 2)
+    assert trainer.stopped_early() and [p.name for p in checkpoints(tmp_path)] == ["step-3", "step-4"]
+
+
+def test_early_stopping_state_survives_a_resume(data, tmp_path, monkeypatch):
+    """Stopped by max_steps after one evaluation without improvement, the resumed run needs only one more."""
+    scripted_validation(monkeypatch, [2.0, 1.0, 1.5, 9.0])
+    run(data, tmp_path, max_steps=3, eval_every=1, save_every=1, patience=2)  # evaluations at 1, 2, 3, then final
+    scripted_validation(monkeypatch, [1.2, 1.1, 9.0])
+    trainer = run(data, tmp_path, max_steps=10, eval_every=1, save_every=1, patience=2, resume=True)
+    assert (trainer.state.global_step, trainer.state.best_step, trainer.state.best_valid_loss) == (4, 2, 1.0)
+
+
+def test_without_patience_training_runs_to_its_budget(data, tmp_path, monkeypatch):
+    scripted_validation(monkeypatch, [1.0, 2.0, 3.0, 4.0, 5.0])
+    trainer = run(data, tmp_path, max_steps=4, eval_every=1)
+    assert trainer.state.global_step == 4 and not trainer.stopped_early()
+
+
 @pytest.mark.parametrize("bad,match", [(dict(schedule="linear"), "schedule"), (dict(max_steps=0), "at least one"),
-                                       (dict(average_last=9, keep_checkpoints=2), "keep_checkpoints")])
+                                       (dict(average_last=9, keep_checkpoints=2), "keep_checkpoints"),
+                                       (dict(patience=2), "eval_every > 0"),
+                                       (dict(patience=-1, eval_every=5), "patience >= 0")])
 def test_config_errors(bad, match):
     kwargs = {"output_dir": "x", "max_steps": 1, **bad}
     with pytest.raises(ValueError, match=match):
@@ -168,3 +206,36 @@ def test_label_smoothing_set_in_two_places_is_refused(data, tmp_path):
     config = TrainConfig(output_dir=str(tmp_path), max_steps=1, label_smoothing=0.1)
     with pytest.raises(ValueError, match="config's label_smoothing .0.1.; set it there"):
         Trainer(model, tokenizer, dataset, dataset, config)
+
+
+def test_a_model_starts_from_another_runs_weights(data, tmp_path):
+    """initialise_from: every weight the folder holds is copied (tied ones through their one stored copy), the
+    names of those it lacks come back, and a folder of another architecture is refused."""
+    from talk_hf.training.run import initialise_from
+
+    tokenizer, _ = data
+    tiny = dict(d_model=16, encoder_layers=1, decoder_layers=1, encoder_ffn_dim=32, decoder_ffn_dim=32,
+                encoder_attention_heads=2, decoder_attention_heads=2, causal_num_frequencies=4,
+                cross_num_frequencies=4)
+    sentence = build_model("rfa_doc", tokenizer, overrides=dict(tiny, sentential_gate="none"))
+    sentence.save_pretrained(tmp_path / "sentence")
+    gated = build_model("rfa_doc", tokenizer, overrides=dict(tiny, sentential_gate="decay"))
+    assert initialise_from(gated, tmp_path / "sentence") == ["model.decoder.layers.0.mixer.gate.bias",
+                                                              "model.decoder.layers.0.mixer.gate.weight"]
+    ours = gated.state_dict()
+    assert all(torch.equal(value, ours[name]) for name, value in sentence.state_dict().items())
+    assert gated.lm_head.weight.data_ptr() == gated.get_input_embeddings().weight.data_ptr()  # still tied
+    with pytest.raises(ValueError, match="weights the model lacks"):
+        initialise_from(build_model("talk", tokenizer, overrides=TINY), tmp_path / "sentence")
+    with pytest.raises(ValueError, match="no model.*safetensors"):
+        initialise_from(gated, tmp_path)
+
+
+def test_checkpoints_and_validations_leave_the_training_trajectory_unchanged(data, tmp_path):
+    """A run that saves and validates after every update ends with the same weights as one that does neither (the
+    saved RNG states are read, not drawn from): a grid point's final weights do not depend on its checkpoints."""
+    quiet = run(data, tmp_path / "quiet", max_steps=4)
+    busy = run(data, tmp_path / "busy", max_steps=4, save_every=1, eval_every=1, keep_checkpoints=4)
+    assert len(checkpoints(tmp_path / "busy")) == 4
+    for (name, p), q in zip(quiet.model.named_parameters(), busy.model.parameters()):
+        assert torch.equal(p, q), name
