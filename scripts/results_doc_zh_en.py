@@ -1,26 +1,34 @@
 #!/usr/bin/env python
 """The document-level zh->en results (docs/benchmarks.md): RFA-doc with and without the sentential decay gate vs a
 transformers Marian model of the same size, at windows of 1 sentence (sentence level) and 4 sentences (3 sentences of
-context), on the bundled Wikipedia zh-en corpus (data/wiki_zh_en). Same data, same number of updates and tokens per
-update, trained by the same loop. The test documents (zh2en-test) are translated whole, with the paper's sliding
-windows and the model's own translations as the forced target context (window 1: sentence by sentence); the scores
-are sacreBLEU over every sentence of every document and d-BLEU over whole documents.
+context), on the bundled Wikipedia zh-en corpus (data/wiki_zh_en). Same data, same tokens per update, trained by the
+same loop. The test documents (zh2en-test) are translated whole, with the paper's sliding windows and the model's own
+translations as the forced target context (window 1: sentence by sentence); the scores are sacreBLEU over every
+sentence of every document and d-BLEU over whole documents.
 
-    python scripts/results_doc_zh_en.py --output_dir runs/doc_zh_en --max_steps 120
+    python scripts/results_doc_zh_en.py --output_dir runs/doc_zh_en
+
+Two stages, each resumable (run the command again and it continues), as in scripts/results_multi30k.py: tune (every
+row at every point of one grid of learning rates x warm-ups, --grid_steps updates each, chosen on the dev loss;
+grid.md, short_budget.md) and final (one run per row at its setting until the dev loss stops improving for
+--patience validations or --max_steps; results.md, valid_loss.png). With --init_from_sentence_level a row of window
+> 1 starts from the final model of its family's window-1 row (RFA-doc rows from the ungated one: its gate weights
+keep their initialisation), which must have run first.
 
 At window 1 there is no separator inside an example, so the gate never fires: the gated and ungated models are the
 same function and only the ungated one is trained. Writes <output_dir>/data_w<N>/ (preprocessed windows; the
-tokenizer is trained once on the sentence-level train split and shared), <output_dir>/<row>/ runs, results.json
-and results.md, printing the table at the end.
+tokenizer is trained once on the sentence-level train split and shared), <output_dir>/grid/ and final/ runs, and
+the tables.
 """
 
 import argparse
 from pathlib import Path
 
+from talk_hf.training import tuning
 from talk_hf.training.loop import TrainConfig
 from talk_hf.training.prepare import SUMMARY_FILE, prepare_wiki_zh_en
-from talk_hf.training.run import load_prepared, record_result, train_run
-from talk_hf.training.tables import RUN_COLUMNS, markdown_table
+from talk_hf.training.run import load_prepared, train_run
+from talk_hf.training.tables import RUN_COLUMNS
 
 SIZE = dict(d_model=256, encoder_layers=3, decoder_layers=3, encoder_ffn_dim=512, decoder_ffn_dim=512,
             encoder_attention_heads=4, decoder_attention_heads=4, dropout=0.2, attention_dropout=0.1)
@@ -29,30 +37,37 @@ MODELS = {
     "rfa_doc-nogate": ("rfa_doc", dict(SIZE, sentential_gate="none")),
     "marian": ("marian", SIZE),
 }
-ROWS = ["rfa_doc-gate@4", "rfa_doc-nogate@4", "marian@4", "rfa_doc-nogate@1", "marian@1"]
+SENTENCE_LEVEL = {"rfa_doc-gate": "rfa_doc-nogate", "rfa_doc-nogate": "rfa_doc-nogate", "marian": "marian"}
+ROWS = ["rfa_doc-nogate@1", "marian@1", "rfa_doc-gate@4", "rfa_doc-nogate@4", "marian@4"]
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--output_dir", default="runs/doc_zh_en")
     parser.add_argument("--rows", nargs="+", default=ROWS, help="MODEL@WINDOW with MODEL in " + ", ".join(MODELS))
-    parser.add_argument("--max_steps", type=int, default=120)
+    tuning.add_arguments(parser, learning_rates=[1e-3, 2e-3, 4e-3], warmup_steps=[100, 300], grid_steps=300,
+                         max_steps=20000, eval_every=300, patience=3)
+    parser.add_argument("--init_from_sentence_level", action="store_true",
+                        help="rows of window > 1 start from their family's window-1 final model")
     parser.add_argument("--max_tokens", type=int, default=4096)
     parser.add_argument("--vocab_size", type=int, default=10000)
     parser.add_argument("--max_tokens_per_example", type=int, default=1000,
                         help="drop longer training windows (a dropped test window is an error)")
-    parser.add_argument("--warmup_steps", type=int, default=30)
     parser.add_argument("--num_beams", type=int, default=1, help="beam size at test time (default: greedy)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--test_limit", type=int, default=0, help="score only the first N test windows (0: all)")
-    parser.add_argument("--resume", action="store_true",
-                        help="continue each row from its last checkpoint (rows without one start afresh)")
     args = parser.parse_args(argv)
     for row in args.rows:
         name, _, window = row.partition("@")
         if name not in MODELS or not window.isdigit() or int(window) < 1:
             parser.error(f"row {row!r} must be MODEL@WINDOW with MODEL in {list(MODELS)} and WINDOW >= 1")
     return args
+
+
+def ident(row):
+    """"rfa_doc-gate@4" -> {"name": "rfa_doc-gate", "window": 4}"""
+    name, _, window = row.partition("@")
+    return {"name": name, "window": int(window)}
 
 
 def prepare(out, window, vocab_size, max_tokens_per_example):
@@ -74,42 +89,63 @@ def max_new_tokens(data_dir):
     return int(1.25 * max(len(labels) for labels in load_prepared(data_dir, "zh2en-test")["labels"])) + 8
 
 
-COLUMNS = [
+def sentence_level_model(out, row):
+    """The final model of the window-1 row `row` starts from (--init_from_sentence_level)."""
+    folder = out / "final" / tuning.row_folder({"name": SENTENCE_LEVEL[row["name"]], "window": 1}) / "model"
+    if not folder.exists():
+        raise tuning.MissingRunError(f"{row['name']}@{row['window']} starts from {folder}, which does not exist: run "
+                         f"{SENTENCE_LEVEL[row['name']]}@1 to its end first")
+    return folder
+
+
+GRID_COLUMNS = [
     ("model", lambda r: r["name"]),
     ("window", lambda r: str(r["window"])),
+    ("learning rate", lambda r: f"{r['learning_rate']:g}"),
+    ("warm-up", lambda r: str(r["warmup_steps"])),
     *RUN_COLUMNS,
-    ("valid loss", lambda r: f"{r['valid_loss']:.3f}"),
+    ("dev loss", lambda r: f"{r['valid_loss']:.3f}"),
     ("zh2en-test BLEU", lambda r: f"{r['test_bleu']:.2f}"),
     ("zh2en-test d-BLEU", lambda r: f"{r['test_d_bleu']:.2f}" if "test_d_bleu" in r else "-"),
 ]
+COLUMNS = [
+    *GRID_COLUMNS[:4],
+    *RUN_COLUMNS,
+    ("best update", lambda r: str(r["best_step"])),
+    ("stopped by", lambda r: "patience" if r["stopped_early"] else "cap"),
+    *GRID_COLUMNS[-3:],
+]
+
+
+def trainer(args, out):
+    """train(ident, folder, learning_rate, warmup_steps, **loop) of every row."""
+
+    def train(row, folder, learning_rate, warmup_steps, **loop):
+        data_dir = prepare(out, row["window"], args.vocab_size, args.max_tokens_per_example)
+        kind, overrides = MODELS[row["name"]]
+        init = sentence_level_model(out, row) if args.init_from_sentence_level and row["window"] > 1 else None
+        config = TrainConfig(output_dir=str(folder), max_tokens=args.max_tokens, learning_rate=learning_rate,
+                             warmup_steps=warmup_steps, label_smoothing=0.1, bleu_sentences=0,
+                             num_beams=args.num_beams, max_new_tokens=max_new_tokens(data_dir), seed=args.seed, **loop)
+        return train_run(data_dir, kind, config, overrides=overrides, valid_split="dev", test_split="zh2en-test",
+                         document_level=row["window"] > 1, test_limit=args.test_limit, init_from=init)
+
+    return train
 
 
 def main(argv=None):
     args = parse_args(argv)
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    results = []
-    for row in args.rows:
-        name, _, window = row.partition("@")
-        window = int(window)
-        data_dir = prepare(out, window, args.vocab_size, args.max_tokens_per_example)
-        kind, overrides = MODELS[name]
-        run_dir = out / f"{name}-w{window}"
-        config = TrainConfig(
-            output_dir=str(run_dir), max_tokens=args.max_tokens, max_steps=args.max_steps,
-            learning_rate=1e-3, warmup_steps=min(args.warmup_steps, args.max_steps), label_smoothing=0.1,
-            save_every=max(args.max_steps // 6, 1), keep_checkpoints=3, average_last=3, bleu_sentences=0,
-            num_beams=args.num_beams, max_new_tokens=max_new_tokens(data_dir), seed=args.seed,
-            resume=args.resume and any((run_dir / "checkpoints").glob("step-*")),
-        )
-        result = train_run(data_dir, kind, config, overrides=overrides, valid_split="dev", test_split="zh2en-test",
-                           document_level=window > 1, test_limit=args.test_limit)
-        result.update(name=name, window=window)
-        results = record_result(out / "results.json", result, ("name", "window"))
-    table = markdown_table(results, COLUMNS)
-    (out / "results.md").write_text(table + "\n")
-    print(table)
-    return results
+    try:
+        grid = tuning.run_stages(args, out, [ident(row) for row in args.rows], trainer(args, out))
+    except tuning.MissingRunError as err:
+        raise SystemExit(f"error: {err}") from err
+    rows = dict.fromkeys([*ROWS, *args.rows])  # the table's rows, and any other window asked for
+    tables = tuning.write_tables(out, grid, [ident(row) for row in rows], GRID_COLUMNS, COLUMNS)
+    for name, table in tables.items():
+        print(f"{name}:\n{table}\n")
+    return tables
 
 
 if __name__ == "__main__":

@@ -1,26 +1,33 @@
 #!/usr/bin/env python
-"""The language-model results (docs/benchmarks.md): the TaLK causal LM vs a transformers GPT-2 model of about the same
-size on the bundled tiny Shakespeare (data/tinyshakespeare), same BPE blocks, same number of updates and tokens per
-update, trained by the same loop; the score is perplexity on the held-out last 10% of the text.
+"""The language-model results (docs/benchmarks.md): the TaLK causal LM vs a transformers GPT-2 model of the same size,
+on the bundled WikiText-2 (data/wikitext2: its train, valid and test splits) and tiny Shakespeare (data/tinyshakespeare:
+the first 90% of the lines for training, the next 5% for validation, the last 5% for testing); per corpus one BPE
+and the same 128-token blocks for both models, the same tokens per update, trained by the same loop.
 
-    python scripts/results_lm.py --output_dir runs/lm --max_steps 150
+    python scripts/results_lm.py --output_dir runs/lm --corpora wikitext2 tinyshakespeare
 
-Writes <output_dir>/data/ (tokenizer and 128-token blocks), <output_dir>/<model>/ runs, results.json and
-results.md, printing the table at the end.
+Two stages, each resumable (run the command again and it continues), as in scripts/results_multi30k.py:
+- tune: every model trains at every point of one grid of peak learning rates x warm-ups for the same short budget
+  (--grid_steps updates); the point with the lowest validation loss is the model's setting (grid.json, grid.md,
+  short_budget.md);
+- final: one run per model with its setting until the validation loss has not improved for --patience validations
+  or --max_steps; its test perplexity goes to results.md, the validation loss curves to valid_loss.png.
+
+Writes <output_dir>/data_<corpus>/ (tokenizer and blocks), <output_dir>/grid/ and final/ runs, and the tables.
 """
 
 import argparse
 from pathlib import Path
 
-from talk_hf.training.corpora import read_lines
+from talk_hf.training import tuning
+from talk_hf.training.corpora import load_wikitext2, read_lines
 from talk_hf.training.loop import TrainConfig
 from talk_hf.training.prepare import SUMMARY_FILE, prepare_lm_data
-from talk_hf.training.run import record_result, train_run
-from talk_hf.training.tables import RUN_COLUMNS, markdown_table
+from talk_hf.training.run import train_run
+from talk_hf.training.tables import RUN_COLUMNS
 
 ROOT = Path(__file__).resolve().parents[1]
-
-CORPUS = ROOT / "data" / "tinyshakespeare" / "input.txt.gz"
+SHAKESPEARE = ROOT / "data" / "tinyshakespeare" / "input.txt.gz"
 SIZE = dict(d_model=256, decoder_layers=4, dropout=0.1)
 ROWS = {
     # TaLK LM layer: GLU input projection (2 d^2) + output projection (d^2) + offsets, then the FFN
@@ -29,57 +36,85 @@ ROWS = {
     # GPT-2 layer: attention (4 d^2) then the FFN; a 768-wide FFN brings it to the TaLK model's size
     "gpt2": dict(SIZE, decoder_ffn_dim=768, decoder_attention_heads=4, attention_dropout=0.1),
 }
+CORPORA = ("wikitext2", "tinyshakespeare")
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--output_dir", default="runs/lm")
-    parser.add_argument("--corpus", default=str(CORPUS), help="plain-text corpus (default: bundled tiny Shakespeare)")
+    parser.add_argument("--corpora", nargs="+", default=list(CORPORA), choices=CORPORA)
     parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
-    parser.add_argument("--max_steps", type=int, default=150)
-    parser.add_argument("--warmup_steps", type=int, default=40)
+    tuning.add_arguments(parser, learning_rates=[1e-3, 2e-3, 4e-3], warmup_steps=[100, 300], grid_steps=300,
+                         max_steps=8000, eval_every=200, patience=3)
     parser.add_argument("--max_tokens", type=int, default=8192, help="tokens per update (64 blocks of 128)")
     parser.add_argument("--block_size", type=int, default=128)
-    parser.add_argument("--vocab_size", type=int, default=4000)
+    parser.add_argument("--vocab_size", type=int, default=8000)
     parser.add_argument("--seed", type=int, default=1)
     return parser.parse_args(argv)
 
 
+def corpus_texts(corpus):
+    """{"train", "valid", "test": lines} of a bundled corpus."""
+    if corpus == "wikitext2":
+        return {split: load_wikitext2(split) for split in ("train", "valid", "test")}
+    lines = read_lines(SHAKESPEARE)
+    valid, test = round(len(lines) * 0.90), round(len(lines) * 0.95)
+    return {"train": lines[:valid], "valid": lines[valid:test], "test": lines[test:]}
+
+
 def prepare(out, corpus, block_size, vocab_size):
-    """out/data/: blocks of the corpus, its last 10% of lines held out as 'valid' (kept when already prepared)."""
-    folder = out / "data"
+    """out/data_<corpus>/ (kept when already prepared)."""
+    folder = out / f"data_{corpus}"
     if not (folder / SUMMARY_FILE).exists():
-        prepare_lm_data(folder, {"train": read_lines(corpus)}, holdout=0.1, block_size=block_size,
-                        vocab_size=vocab_size)
+        prepare_lm_data(folder, corpus_texts(corpus), block_size=block_size, vocab_size=vocab_size)
     return folder
 
 
-COLUMNS = [
+GRID_COLUMNS = [
+    ("corpus", lambda r: r["corpus"]),
     ("model", lambda r: r["model"]),
+    ("learning rate", lambda r: f"{r['learning_rate']:g}"),
+    ("warm-up", lambda r: str(r["warmup_steps"])),
     *RUN_COLUMNS,
-    ("held-out loss", lambda r: f"{r['valid_loss']:.3f}"),
-    ("held-out perplexity", lambda r: f"{r['valid_ppl']:.2f}"),
+    ("valid loss", lambda r: f"{r['valid_loss']:.3f}"),
+    ("valid perplexity", lambda r: f"{r['valid_ppl']:.2f}"),
 ]
+COLUMNS = [
+    *GRID_COLUMNS[:4],
+    *RUN_COLUMNS,
+    ("best update", lambda r: str(r["best_step"])),
+    ("stopped by", lambda r: "patience" if r["stopped_early"] else "cap"),
+    *GRID_COLUMNS[-2:],
+    ("test perplexity", lambda r: f"{r['test_ppl']:.2f}"),
+]
+
+
+def trainer(args, data):
+    """train(ident, folder, learning_rate, warmup_steps, **loop) of every row; data: {corpus: prepared folder}."""
+
+    def train(ident, folder, learning_rate, warmup_steps, **loop):
+        config = TrainConfig(output_dir=str(folder), max_tokens=args.max_tokens, learning_rate=learning_rate,
+                             warmup_steps=warmup_steps, label_smoothing=0.0, bleu_sentences=0, seed=args.seed, **loop)
+        kind = ident["model"]
+        return train_run(data[ident["corpus"]], kind, config, overrides=ROWS[kind], test_split="test")
+
+    return train
 
 
 def main(argv=None):
     args = parse_args(argv)
     out = Path(args.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    data_dir = prepare(out, args.corpus, args.block_size, args.vocab_size)
-    results = []
-    for kind in args.rows:
-        config = TrainConfig(
-            output_dir=str(out / kind), max_tokens=args.max_tokens, max_steps=args.max_steps, learning_rate=1e-3,
-            warmup_steps=min(args.warmup_steps, args.max_steps), label_smoothing=0.0, save_every=max(args.max_steps // 3, 1),
-            keep_checkpoints=3, bleu_sentences=0, seed=args.seed,
-        )
-        row = train_run(data_dir, kind, config, overrides=ROWS[kind])
-        results = record_result(out / "results.json", row, ("model",))
-    table = markdown_table(results, COLUMNS)
-    (out / "results.md").write_text(table + "\n")
-    print(table)
-    return results
+    data = {corpus: prepare(out, corpus, args.block_size, args.vocab_size) for corpus in args.corpora}
+    idents = [{"corpus": corpus, "model": kind} for corpus in args.corpora for kind in args.rows]
+    try:
+        grid = tuning.run_stages(args, out, idents, trainer(args, data))
+    except tuning.MissingRunError as err:
+        raise SystemExit(f"error: {err}") from err
+    every = [{"corpus": corpus, "model": kind} for corpus in CORPORA for kind in ROWS]
+    tables = tuning.write_tables(out, grid, every, GRID_COLUMNS, COLUMNS)
+    for name, table in tables.items():
+        print(f"{name}:\n{table}\n")
+    return tables
 
 
 if __name__ == "__main__":

@@ -1,20 +1,29 @@
 #!/usr/bin/env python
-"""The Multi30k de->en results table (README, docs/benchmarks.md): TaLK vs DynamicConv vs LightConv vs a transformers
-Marian baseline, same data, same number of updates and tokens per update, near-equal parameter counts, trained by the
-same loop.
+"""The Multi30k de->en results tables (README, docs/benchmarks.md): TaLK vs DynamicConv vs LightConv vs a
+transformers Marian baseline, same data, same tokens per update, near-equal parameter counts, trained by the same loop.
 
-    python scripts/results_multi30k.py --data runs/demo/data --output_dir runs/results --max_steps 500
+    python scripts/results_multi30k.py --data runs/demo/data --output_dir runs/results
 
-Prepare --data with `make demo` (or scripts/preprocess.py). Writes <output_dir>/<model>/ runs, results.json and
-results.md (a markdown table), printing the table at the end.
+Two stages, each resumable (run the command again and it continues):
+- tune: every model trains at every point of one grid of peak learning rates x warm-ups for the same short budget
+  (--grid_steps updates); the point whose final weights have the lowest validation loss is the model's setting.
+  Every run is scored on test2016 too, and recorded in grid.json as it finishes; grid.md lists them all and
+  short_budget.md the chosen point of each model (which model learns fastest at that budget).
+- final: one run per model with its chosen setting, validated every --eval_every updates, until the validation loss
+  has not improved for --patience evaluations or --max_steps (the last 3 checkpoints averaged); results.md, and the
+  validation loss curves of every model in valid_loss.png. --resume continues an interrupted final run.
+
+Prepare --data with `make demo` (or scripts/preprocess.py). Runs go to <output_dir>/grid/<model>/<point>/ and
+<output_dir>/final/<model>/.
 """
 
 import argparse
 from pathlib import Path
 
+from talk_hf.training import tuning
 from talk_hf.training.loop import TrainConfig
-from talk_hf.training.run import record_result, train_run
-from talk_hf.training.tables import RUN_COLUMNS, markdown_table
+from talk_hf.training.run import train_run
+from talk_hf.training.tables import RUN_COLUMNS
 
 SIZE = dict(d_model=256, encoder_layers=3, decoder_layers=3, decoder_attention_heads=4, dropout=0.2,
             attention_dropout=0.1)
@@ -35,40 +44,56 @@ def parse_args(argv=None):
     parser.add_argument("--data", default="runs/demo/data")
     parser.add_argument("--output_dir", default="runs/results")
     parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
-    parser.add_argument("--max_steps", type=int, default=500)
+    tuning.add_arguments(parser, learning_rates=[1e-3, 2e-3, 4e-3], warmup_steps=[100, 300], grid_steps=300,
+                         max_steps=8000, eval_every=200, patience=3)
     parser.add_argument("--max_tokens", type=int, default=4096)
-    parser.add_argument("--learning_rate", type=float, default=1e-3, help="peak learning rate of every row")
-    parser.add_argument("--warmup_steps", type=int, default=200, help="inverse-sqrt warm-up of every row")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--test_limit", type=int, default=0, help="score only the first N test sentences (0: all)")
     return parser.parse_args(argv)
 
 
-COLUMNS = [
+GRID_COLUMNS = [
     ("model", lambda r: r["model"]),
+    ("learning rate", lambda r: f"{r['learning_rate']:g}"),
+    ("warm-up", lambda r: str(r["warmup_steps"])),
     *RUN_COLUMNS,
     ("valid loss", lambda r: f"{r['valid_loss']:.3f}"),
     ("test2016 BLEU", lambda r: f"{r['test_bleu']:.2f}"),
+    ("chrF", lambda r: f"{r['test_chrf']:.2f}"),
 ]
+COLUMNS = [
+    *GRID_COLUMNS[:3],
+    *RUN_COLUMNS,
+    ("best update", lambda r: str(r["best_step"])),
+    ("stopped by", lambda r: "patience" if r["stopped_early"] else "cap"),
+    *GRID_COLUMNS[-3:],
+]
+
+
+def trainer(args):
+    """train(ident, folder, learning_rate, warmup_steps, **loop) of every row: the same loop settings but these."""
+
+    def train(ident, folder, learning_rate, warmup_steps, **loop):
+        kind = ident["model"]
+        config = TrainConfig(output_dir=str(folder), max_tokens=args.max_tokens, learning_rate=learning_rate,
+                             warmup_steps=warmup_steps, label_smoothing=0.1, bleu_sentences=0, num_beams=4,
+                             max_new_tokens=64, seed=args.seed, **loop)
+        return train_run(args.data, kind, config, overrides=ROWS[kind], test_split="test", test_limit=args.test_limit)
+
+    return train
 
 
 def main(argv=None):
     args = parse_args(argv)
     out = Path(args.output_dir)
-    results = []
-    for kind in args.rows:
-        config = TrainConfig(
-            output_dir=str(out / kind), max_tokens=args.max_tokens, max_steps=args.max_steps,
-            learning_rate=args.learning_rate, warmup_steps=args.warmup_steps, label_smoothing=0.1, save_every=100,
-            keep_checkpoints=3, average_last=3,
-            bleu_sentences=0, num_beams=4, max_new_tokens=64, seed=args.seed,
-        )
-        row = train_run(args.data, kind, config, overrides=ROWS[kind], test_split="test", test_limit=args.test_limit)
-        results = record_result(out / "results.json", row, ("model",))
-    table = markdown_table(results, COLUMNS)
-    (out / "results.md").write_text(table + "\n")
-    print(table)
-    return results
+    try:
+        grid = tuning.run_stages(args, out, [{"model": kind} for kind in args.rows], trainer(args))
+    except tuning.MissingRunError as err:
+        raise SystemExit(f"error: {err}") from err
+    tables = tuning.write_tables(out, grid, [{"model": kind} for kind in ROWS], GRID_COLUMNS, COLUMNS)
+    for name, table in tables.items():
+        print(f"{name}:\n{table}\n")
+    return tables
 
 
 if __name__ == "__main__":

@@ -62,6 +62,8 @@ TRAIN_M30K = (f"--data runs/m30k/data --model talk --preset iwslt-de-en --set {T
               "--max_tokens 512 --max_steps {steps} --gradient_accumulation_steps 2 --schedule inverse_sqrt "
               "--warmup_steps 4000 --label_smoothing 0.1 --mixed_precision bf16 --eval_every 1000 --save_every 1 "
               f"--average_last 5 --test_split test {SHORT_TEST}")
+# one learning rate, one warm-up, one update per grid run, 2 test sentences (the results runners' full-size models)
+TINY_GRID = "--grid_learning_rates 1e-3 --grid_warmup_steps 1 --grid_steps 1 --max_tokens 256 --test_limit 2"
 SHELLS = {"bash", "sh", "shell", "console"}
 MAKE_DRY_RUN = "make --dry-run -C {repo}"  # {repo}: the repository (the Makefile's folder)
 
@@ -115,6 +117,10 @@ COVERAGE = {
         # no line of the block makes runs/wiki4/rfa/model: an untrained tiny RFA-doc model for the windows' tokenizer
         # (training one with scripts/train.py costs ~40 s, its validation pass over a whole split)
         before={"--model runs/wiki4/rfa/model": [["python", "tiny_rfa_model.py"]]}),
+    ("docs/training.md", "--output_dir runs/results --stages tune"): Shell(
+        subs=[("--data runs/demo/data", "--data runs/m30k/data"),  # the tiny data of the block above
+              ("--stages tune", f"--stages tune {TINY_GRID}"),
+              ("--rows talk --resume", f"--rows talk --resume {TINY_GRID} --max_steps 2 --eval_every 1")]),
     ("docs/training.md", "prepare_translation_data(\"runs/m30k/data\""): Python(
         subs=[("vocab_size=8000", "vocab_size=200"),
               ('["train", "dev", "zh2en-test"]', '["zh2en-test"]')],  # the wiki splits: as in the shell block
@@ -138,9 +144,10 @@ COVERAGE = {
     # ---- docs/benchmarks.md
     ("docs/benchmarks.md", "scripts/results_multi30k.py --data runs/demo/data"): Shell(
         subs=[("make demo", f"{MAKE_DRY_RUN} demo"),
-              ("--rows dynamic_conv lightconv marian",
-               "--rows dynamic_conv lightconv marian --max_steps 1 --max_tokens 256 --test_limit 2")],
-        before={"results_multi30k.py": [preprocess_multi30k("runs/demo/data")]},  # what `make demo` prepares
+              ("--stages tune", f"--stages tune {TINY_GRID}"),
+              ("--stages final --rows talk marian",
+               f"--stages final --rows talk marian {TINY_GRID} --max_steps 2 --eval_every 1")],
+        before={"--stages tune": [preprocess_multi30k("runs/demo/data")]},  # what `make demo` prepares
         why="make demo: as in README.md"),
     ("docs/benchmarks.md", "benchmarks/benchmark_ops.py --device cpu"): Shell(
         subs=[("--lengths 256 1024 4096", "--lengths 64 --warmup 1 --iters 2 --budget 1")]),
@@ -411,6 +418,8 @@ def test_benchmarks_md_blocks_run(workdir, monkeypatch):
     _, outputs = run_document("docs/benchmarks.md", workdir, env=subprocess_env(), monkeypatch=monkeypatch)
     results, ops = outputs.values()
     assert "scripts/demo.py" in results[0][1]
+    grid = (workdir / "runs" / "results" / "grid.md").read_text()
+    assert all(f"| {row} | 0.001 | 1 |" in grid for row in ("talk", "dynamic_conv", "lightconv", "marian"))
     table = (workdir / "runs" / "results" / "results.md").read_text()
-    assert all(f"| {row} |" in table for row in ("dynamic_conv", "lightconv", "marian"))
+    assert "| talk | 0.001 | 1 |" in table and "| marian | 0.001 | 1 |" in table and "| lightconv |" not in table
     assert "\n| 64 |" in ops[0][1]  # the table's row for the one length

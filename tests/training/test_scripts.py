@@ -164,11 +164,30 @@ def test_results_runner_writes_a_table(run, tmp_path, monkeypatch):
         small[k].update(encoder_heads=2, decoder_heads=2, encoder_max_offsets=[1], decoder_max_offsets=[1])
     small["marian"]["encoder_attention_heads"] = 2
     monkeypatch.setattr(module, "ROWS", small)
-    rows = module.main(["--data", str(root / "data"), "--output_dir", str(tmp_path), "--rows", "talk", "marian",
-                        "--max_steps", "2", "--test_limit", "4", "--max_tokens", "512"])
-    assert [r["model"] for r in rows] == ["talk", "marian"]
-    table = (tmp_path / "results.md").read_text()
-    assert "| talk |" in table and "| marian |" in table
+    args = ["--data", str(root / "data"), "--output_dir", str(tmp_path), "--rows", "talk", "marian",
+            "--grid_learning_rates", "1e-3", "3e-3", "--grid_warmup_steps", "2", "--grid_steps", "2",
+            "--max_steps", "6", "--eval_every", "2", "--patience", "1", "--test_limit", "4", "--max_tokens", "512"]
+    with pytest.raises(SystemExit, match="talk: 0 of the grid's 2 runs"):
+        module.main([*args, "--stages", "final"])
+    tables = module.main(args)
+    grid = json.loads((tmp_path / "grid.json").read_text())
+    assert [(r["model"], r["learning_rate"], r["steps"]) for r in grid] == [
+        ("talk", 1e-3, 2), ("talk", 3e-3, 2), ("marian", 1e-3, 2), ("marian", 3e-3, 2)]
+    final = json.loads((tmp_path / "results.json").read_text())
+    for row in final:  # each final run trains at its model's chosen point, until patience or the cap
+        chosen = min((r for r in grid if r["model"] == row["model"]), key=lambda r: r["valid_loss"])
+        assert row["learning_rate"] == chosen["learning_rate"] and row["warmup_steps"] == 2
+        assert row["steps"] == (row["best_step"] + 2 if row["stopped_early"] else 6)
+        assert 0 <= row["test_chrf"] <= 100 and row["chrf_signature"].startswith("nrefs:1")
+    assert [r["model"] for r in final] == ["talk", "marian"] and (tmp_path / "valid_loss.png").exists()
+    assert set(tables) == {"grid.md", "short_budget.md", "results.md"}
+    assert tables["results.md"] == (tmp_path / "results.md").read_text().strip() and "| marian |" in tables["results.md"]
+    assert len(tables["grid.md"].splitlines()) == 2 + 4 and len(tables["short_budget.md"].splitlines()) == 2 + 2
+
+    trained = []
+    monkeypatch.setattr(module, "train_run", lambda *a, **k: trained.append(a) or {})
+    module.main([*args, "--stages", "tune"])
+    assert trained == []  # every grid point is recorded: nothing is trained again
 
 
 def free_port():
@@ -223,13 +242,23 @@ def test_doc_results_runner_scores_every_test_window(tmp_path, monkeypatch):
                 encoder_attention_heads=2, decoder_attention_heads=2)
     monkeypatch.setattr(module, "MODELS", {name: (kind, {**values, **tiny})
                                            for name, (kind, values) in module.MODELS.items()})
-    rows = module.main(["--output_dir", str(tmp_path), "--rows", "rfa_doc-gate@3", "marian@1", "--max_steps", "2",
-                        "--max_tokens", "1024", "--vocab_size", "300", "--num_beams", "1"])
-    assert [(r["name"], r["window"]) for r in rows] == [("rfa_doc-gate", 3), ("marian", 1)]
+    monkeypatch.setattr(module, "max_new_tokens", lambda data_dir: 6)  # untrained models never stop early
+    args = ["--output_dir", str(tmp_path), "--grid_learning_rates", "1e-3", "--grid_warmup_steps", "1",
+            "--grid_steps", "2", "--max_steps", "2", "--eval_every", "1", "--patience", "2", "--max_tokens", "1024",
+            "--vocab_size", "300", "--num_beams", "1", "--init_from_sentence_level"]
+    with pytest.raises(SystemExit, match="run rfa_doc-nogate@1 to its end first"):
+        module.main([*args, "--rows", "rfa_doc-gate@3"])
+    tables = module.main([*args, "--rows", "rfa_doc-nogate@1", "rfa_doc-gate@3"])
+    rows = json.loads((tmp_path / "results.json").read_text())
+    assert [(r["name"], r["window"]) for r in rows] == [("rfa_doc-nogate", 1), ("rfa_doc-gate", 3)]
     assert all(r["test_sentences"] == 40 and r["steps"] == 2 for r in rows)  # every window scored, none dropped
+    gated = rows[1]  # started from the ungated sentence-level model: only its gates kept their initialisation
+    assert gated["init_from"].endswith("final/rfa_doc-nogate-1/model") and "test_d_bleu" in gated
+    assert gated["not_initialised"] == ["model.decoder.layers.0.mixer.gate.bias",
+                                        "model.decoder.layers.0.mixer.gate.weight"]
     windows = json.loads((tmp_path / "data_w3" / "preprocess.json").read_text())
     assert windows["args"]["tokenizer"].endswith("data_w1/tokenizer")  # one tokenizer for both window sizes
-    assert "| rfa_doc-gate | 3 |" in (tmp_path / "results.md").read_text()
+    assert "| rfa_doc-gate | 3 |" in tables["results.md"] and "| rfa_doc-nogate | 1 |" in tables["short_budget.md"]
     with pytest.raises(SystemExit):
         module.main(["--rows", "transformer@4"])
 
@@ -239,16 +268,29 @@ def test_lm_results_runner_reports_perplexity(tmp_path, monkeypatch):
     tiny = {k: {**v, "d_model": 16, "decoder_layers": 1, "decoder_ffn_dim": 32} for k, v in module.ROWS.items()}
     tiny["talk_lm"]["decoder_max_offsets"] = [3]
     monkeypatch.setattr(module, "ROWS", tiny)
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text("".join(line.replace("\t", " ") for line in FIXTURE.read_text(encoding="utf-8").splitlines(True)),
-                      encoding="utf-8")
-    rows = module.main(["--output_dir", str(tmp_path / "lm"), "--corpus", str(corpus), "--max_steps", "2",
-                        "--max_tokens", "128", "--block_size", "16", "--vocab_size", "200"])
-    assert [r["model"] for r in rows] == ["talk_lm", "gpt2"]
+    lines = [line.replace("\t", " ") for line in FIXTURE.read_text(encoding="utf-8").splitlines()]
+    monkeypatch.setattr(module, "corpus_texts",
+                        lambda corpus: {"train": lines, "valid": lines[:16], "test": lines[16:32]})
+    tables = module.main(["--output_dir", str(tmp_path / "lm"), "--corpora", "tinyshakespeare",
+                          "--grid_learning_rates", "1e-3", "--grid_warmup_steps", "1", "2", "--grid_steps", "2",
+                          "--max_steps", "4", "--eval_every", "2", "--patience", "1",
+                          "--max_tokens", "128", "--block_size", "16", "--vocab_size", "200"])
+    rows = json.loads((tmp_path / "lm" / "results.json").read_text())
+    assert [(r["corpus"], r["model"]) for r in rows] == [("tinyshakespeare", "talk_lm"), ("tinyshakespeare", "gpt2")]
     for r in rows:
-        assert r["steps"] == 2 and 1 < r["valid_ppl"] < 1e6
+        assert r["steps"] in (2, 4) and 1 < r["valid_ppl"] < 1e6 and 1 < r["test_ppl"] < 1e6
         assert r["valid_ppl"] == pytest.approx(math.exp(r["valid_loss"]))
-    assert "| gpt2 |" in (tmp_path / "lm" / "results.md").read_text()
+        assert r["test_ppl"] == pytest.approx(math.exp(r["test_loss"])) and r["test_tokens"] > 0
+    assert "| tinyshakespeare | gpt2 |" in tables["results.md"] and len(tables["grid.md"].splitlines()) == 2 + 4
+    assert (tmp_path / "lm" / "valid_loss.png").exists()
+
+
+def test_lm_corpora_hold_out_validation_and_test_text():
+    module = script("results_lm")
+    shakespeare = module.corpus_texts("tinyshakespeare")
+    assert [len(v) for v in shakespeare.values()] == [36000, 2000, 2000]
+    wikitext = module.corpus_texts("wikitext2")
+    assert [len(v) for v in wikitext.values()] == [36718, 3760, 4358]
 
 
 def small_generation_benchmark(monkeypatch):
@@ -437,3 +479,4 @@ def test_generation_benchmark_translates_the_asked_number_of_sentences(monkeypat
     assert [r["kind"] for r in rows] == ["translation"] * 4  # greedy and beam 4, TaLK and DynamicConv
     assert all("40 sentences" in r["row"] for r in rows)
     assert generated == [[32, 8]] * 8  # each model of each row
+

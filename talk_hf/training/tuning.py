@@ -1,0 +1,199 @@
+"""The protocol of the results tables (scripts/results_*.py): each model's learning rate and warm-up are chosen on
+the validation set from one grid, every point trained for the same short budget and judged by its final weights;
+then one run per model with its chosen settings trains until the validation loss stops improving
+(TrainConfig.patience) or a cap, and its last checkpoints are averaged.
+
+Every grid run is recorded in a JSON list as it finishes, so a search that stops part-way (a machine handed back, a
+session's end) continues where it stopped, and the list holds every run's result, the chosen and the rejected."""
+
+import dataclasses
+import itertools
+import json
+import math
+import shutil
+from pathlib import Path
+
+from .plot import plot_runs
+from .run import record_result
+from .tables import markdown_table
+
+
+@dataclasses.dataclass(frozen=True)
+class Grid:
+    """Peak learning rates x inverse-sqrt warm-ups, every point trained for `max_steps` updates."""
+
+    learning_rates: tuple[float, ...]
+    warmup_steps: tuple[int, ...]
+    max_steps: int
+
+    def __post_init__(self):
+        for name in ("learning_rates", "warmup_steps"):
+            values = tuple(getattr(self, name))
+            if not values or len(set(values)) != len(values) or not all(v > 0 for v in values):
+                raise ValueError(f"the grid's {name} must be distinct values > 0, got {values!r}")
+            object.__setattr__(self, name, values)
+        if self.max_steps < 1:
+            raise ValueError(f"the grid's max_steps must be >= 1, got {self.max_steps}")
+
+    def points(self):
+        """(learning rate, warm-up) pairs, learning rate major."""
+        return list(itertools.product(self.learning_rates, self.warmup_steps))
+
+
+def point_name(learning_rate, warmup_steps):
+    """The run folder of a grid point: lr0.002-wu300."""
+    return f"lr{learning_rate:g}-wu{warmup_steps}"
+
+
+GRID_FIELDS = ("learning_rate", "warmup_steps", "budget")
+
+
+def _matches(row, ident, learning_rate, warmup_steps, budget):
+    return (all(row.get(k) == v for k, v in ident.items())
+            and (row.get("learning_rate"), row.get("warmup_steps"), row.get("budget"))
+            == (learning_rate, warmup_steps, budget))
+
+
+def read_rows(results_path):
+    path = Path(results_path)
+    return json.loads(path.read_text()) if path.exists() else []
+
+
+def grid_rows(results_path, ident, grid):
+    """The recorded runs of `grid` for the row `ident` (e.g. {"model": "talk"}), in grid order (missing points left
+    out)."""
+    rows = read_rows(results_path)
+    found = []
+    for learning_rate, warmup_steps in grid.points():
+        found += [r for r in rows if _matches(r, ident, learning_rate, warmup_steps, grid.max_steps)][:1]
+    return found
+
+
+def grid_search(ident, grid, train, results_path):
+    """Train the row `ident` at every point of `grid` not yet recorded in `results_path` -> (its grid rows, the
+    chosen row).
+
+    train(learning_rate, warmup_steps, max_steps, name) -> the result dict of one run, with "valid_loss"; `name` is
+    the point's folder name. Each result is recorded (with `ident`, the point and "budget") as soon as it exists.
+    The chosen point has the lowest validation loss; a run whose loss is not finite (diverged) is never chosen, and a
+    grid where every run diverged raises ValueError."""
+    key = (*ident, *GRID_FIELDS)
+    for learning_rate, warmup_steps in grid.points():
+        if any(_matches(r, ident, learning_rate, warmup_steps, grid.max_steps) for r in read_rows(results_path)):
+            continue
+        row = train(learning_rate, warmup_steps, grid.max_steps, point_name(learning_rate, warmup_steps))
+        row = {**row, **ident, "learning_rate": learning_rate, "warmup_steps": warmup_steps, "budget": grid.max_steps}
+        record_result(results_path, row, key)
+    rows = grid_rows(results_path, ident, grid)
+    return rows, choose(rows)
+
+
+def choose(rows):
+    """The row with the lowest finite validation loss (ties: the first in grid order)."""
+    finite = [r for r in rows if math.isfinite(r["valid_loss"])]
+    if not finite:
+        raise ValueError(f"every grid run diverged (validation losses {[r['valid_loss'] for r in rows]})")
+    return min(finite, key=lambda r: r["valid_loss"])
+
+
+# -- the two stages of a results runner ------------------------------------------------------------------------------
+
+STAGES = ("tune", "final")
+FINAL_AVERAGE_LAST = 3  # a final run's model: the mean of its last 3 checkpoints (one per validation)
+
+
+class MissingRunError(ValueError):
+    """A stage needs a run that has not been made yet (a final run before its grid, a row before the row it starts
+    from): the runners print it as an error message, without a traceback."""
+
+
+def add_arguments(parser, learning_rates, warmup_steps, grid_steps, max_steps, eval_every, patience):
+    """The options every results runner shares, with that runner's defaults."""
+    parser.add_argument("--stages", nargs="+", default=list(STAGES), choices=STAGES)
+    parser.add_argument("--grid_learning_rates", nargs="+", type=float, default=learning_rates)
+    parser.add_argument("--grid_warmup_steps", nargs="+", type=int, default=warmup_steps)
+    parser.add_argument("--grid_steps", type=int, default=grid_steps,
+                        help="updates of every grid run (the short budget)")
+    parser.add_argument("--max_steps", type=int, default=max_steps, help="the cap of the final runs")
+    parser.add_argument("--eval_every", type=int, default=eval_every, help="validation of the final runs, in updates")
+    parser.add_argument("--patience", type=int, default=patience,
+                        help="a final run stops after this many validations without a new lowest loss")
+    parser.add_argument("--resume", action="store_true", help="continue the final runs from their last checkpoints")
+
+
+def grid_of(args):
+    return Grid(tuple(args.grid_learning_rates), tuple(args.grid_warmup_steps), args.grid_steps)
+
+
+def row_folder(ident):
+    """The run folder name of a row: its identifying values joined, e.g. "talk" or "rfa_doc-gate-4"."""
+    return "-".join(str(v) for v in ident.values())
+
+
+def tune(out, ident, grid, train):
+    """The grid runs of one row not yet in <out>/grid.json -> (its grid rows, the chosen row).
+
+    train(ident, folder, learning_rate, warmup_steps, **loop) -> the row's result dict; `loop`: the TrainConfig
+    fields the protocol sets (here max_steps, and one checkpoint at the end, not averaged: a grid point is judged by
+    the weights its budget ends with). A point interrupted part-way starts afresh in <out>/grid/<row>/<point>/."""
+    folder = out / "grid" / row_folder(ident)
+
+    def point(learning_rate, warmup_steps, max_steps, name):
+        shutil.rmtree(folder / name, ignore_errors=True)
+        return train(ident, folder / name, learning_rate, warmup_steps, max_steps=max_steps, save_every=0,
+                     keep_checkpoints=1, average_last=0)
+
+    return grid_search(ident, grid, point, out / "grid.json")
+
+
+def chosen(out, ident, grid):
+    """The chosen grid row of `ident`; MissingRunError when its grid is not complete in <out>/grid.json."""
+    rows = grid_rows(out / "grid.json", ident, grid)
+    if len(rows) < len(grid.points()):
+        raise MissingRunError(f"{row_folder(ident)}: {len(rows)} of the grid's {len(grid.points())} runs are in "
+                              f"{out / 'grid.json'}; run the tune stage first")
+    return choose(rows)
+
+
+def final(out, ident, grid, train, max_steps, eval_every, patience, resume=False):
+    """One row's run at its chosen setting in <out>/final/<row>/, validated every `eval_every` updates until
+    `patience` validations bring no new lowest loss or `max_steps`, its last FINAL_AVERAGE_LAST checkpoints averaged;
+    recorded in <out>/results.json -> all rows."""
+    setting = chosen(out, ident, grid)
+    folder = out / "final" / row_folder(ident)
+    resume = resume and any((folder / "checkpoints").glob("step-*"))
+    row = train(ident, folder, setting["learning_rate"], setting["warmup_steps"], max_steps=max_steps,
+                eval_every=eval_every, save_every=eval_every, patience=patience, resume=resume,
+                keep_checkpoints=FINAL_AVERAGE_LAST, average_last=FINAL_AVERAGE_LAST)
+    return record_result(out / "results.json", {**row, **ident}, tuple(ident))
+
+
+def run_stages(args, out, idents, train):
+    """The stages args.stages asks for, row by row (a row's final run before the next row's grid, so a row may
+    start from an earlier row's final model); idents: dicts of identifying fields, in order -> the grid."""
+    grid = grid_of(args)
+    for ident in idents:
+        if "tune" in args.stages:
+            tune(out, ident, grid, train)
+        if "final" in args.stages:
+            final(out, ident, grid, train, args.max_steps, args.eval_every, args.patience, args.resume)
+    return grid
+
+
+def write_tables(out, grid, idents, grid_columns, final_columns):
+    """grid.md (every grid run), short_budget.md (the chosen run of each complete grid), results.md (the final runs)
+    and valid_loss.png (their validation losses) for the rows `idents` -> {file name: table}."""
+    tables = {}
+    grids = {row_folder(i): grid_rows(out / "grid.json", i, grid) for i in idents}
+    if any(grids.values()):
+        tables["grid.md"] = markdown_table([r for rows in grids.values() for r in rows], grid_columns)
+        complete = [choose(rows) for rows in grids.values() if len(rows) == len(grid.points())]
+        tables["short_budget.md"] = markdown_table(complete, grid_columns)
+    finals = [r for i in idents for r in read_rows(out / "results.json") if all(r.get(k) == v for k, v in i.items())]
+    if finals:
+        tables["results.md"] = markdown_table(finals, final_columns)
+        names = {row_folder({k: r[k] for k in idents[0]}): r for r in finals}
+        plot_runs({name: out / "final" / name / "metrics.jsonl" for name in names}, out / "valid_loss.png")
+    for name, table in tables.items():
+        (out / name).write_text(table + "\n")
+    return tables

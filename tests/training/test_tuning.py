@@ -1,0 +1,95 @@
+"""The results tables' protocol: a grid of learning rates and warm-ups per model, resumable, chosen on the validation
+loss; the shared results file; chrF; the loss curves of several runs."""
+
+import json
+import math
+import multiprocessing
+
+import pytest
+
+from talk_hf.training.evaluation import corpus_chrf
+from talk_hf.training.plot import plot_runs
+from talk_hf.training.run import record_result
+from talk_hf.training.tuning import Grid, choose, grid_rows, grid_search, point_name
+
+LOSSES = {(1e-3, 100): 3.0, (1e-3, 300): 2.5, (2e-3, 100): 2.2, (2e-3, 300): float("nan")}
+
+
+def fake_train(calls):
+    def train(learning_rate, warmup_steps, max_steps, name):
+        calls.append((learning_rate, warmup_steps, max_steps, name))
+        return {"model": "talk", "valid_loss": LOSSES[learning_rate, warmup_steps], "steps": max_steps}
+
+    return train
+
+
+GRID = Grid((1e-3, 2e-3), (100, 300), 50)
+
+
+def test_grid_search_trains_every_point_once_and_chooses_the_lowest_finite_validation_loss(tmp_path):
+    calls, path = [], tmp_path / "grid.json"
+    rows, chosen = grid_search({"model": "talk"}, GRID, fake_train(calls), path)
+    assert [c[:2] for c in calls] == GRID.points() == [(1e-3, 100), (1e-3, 300), (2e-3, 100), (2e-3, 300)]
+    assert {c[2] for c in calls} == {50} and calls[1][3] == point_name(1e-3, 300) == "lr0.001-wu300"
+    assert (chosen["learning_rate"], chosen["warmup_steps"], chosen["valid_loss"]) == (2e-3, 100, 2.2)
+    assert [r["budget"] for r in rows] == [50] * 4 and all(r["device"] for r in rows)
+    assert math.isnan(json.loads(path.read_text())[-1]["valid_loss"])  # the diverged run is recorded too
+
+    again = []
+    assert grid_search({"model": "talk"}, GRID, fake_train(again), path)[1] == chosen and again == []
+
+
+def test_an_interrupted_grid_continues_with_the_missing_points_only(tmp_path):
+    path = tmp_path / "grid.json"
+    record_result(path, {"model": "talk", "learning_rate": 1e-3, "warmup_steps": 100, "budget": 50, "valid_loss": 1.0},
+                  ("model", "learning_rate", "warmup_steps", "budget"))
+    record_result(path, {"model": "talk", "learning_rate": 2e-3, "warmup_steps": 100, "budget": 99, "valid_loss": 0.1},
+                  ("model", "learning_rate", "warmup_steps", "budget"))  # another budget: not this grid's run
+    calls = []
+    rows, chosen = grid_search({"model": "talk"}, GRID, fake_train(calls), path)
+    assert [c[:2] for c in calls] == [(1e-3, 300), (2e-3, 100), (2e-3, 300)]
+    assert chosen["valid_loss"] == 1.0 and len(rows) == 4
+    assert grid_rows(path, {"model": "marian"}, GRID) == []
+
+
+def test_every_grid_run_diverged_is_an_error():
+    with pytest.raises(ValueError, match="every grid run diverged"):
+        choose([{"valid_loss": float("nan")}, {"valid_loss": float("inf")}])
+
+
+@pytest.mark.parametrize("grid,match", [(((), (100,), 5), "learning_rates"), (((1e-3, 1e-3), (100,), 5), "distinct"),
+                                        (((1e-3,), (0,), 5), "warmup_steps"), (((1e-3,), (100,), 0), "max_steps")])
+def test_grid_errors(grid, match):
+    with pytest.raises(ValueError, match=match):
+        Grid(*grid)
+
+
+def _record(args):
+    path, i = args
+    record_result(path, {"model": f"m{i}", "valid_loss": float(i)}, ("model",))
+
+
+def test_parallel_runners_share_one_results_file(tmp_path):
+    path = tmp_path / "results.json"
+    with multiprocessing.get_context("spawn").Pool(4) as pool:
+        pool.map(_record, [(path, i) for i in range(16)])
+    assert sorted(r["model"] for r in json.loads(path.read_text())) == sorted(f"m{i}" for i in range(16))
+
+
+def test_chrf_scores_text_and_checks_lengths():
+    score, signature = corpus_chrf(["a man rides a bike ."], ["a man rides a bike ."])
+    assert score == pytest.approx(100.0) and signature.startswith("nrefs:1|case:mixed|eff:yes|nc:6|nw:0")
+    assert corpus_chrf(["a dog"], ["a man rides a bike ."])[0] < 50
+    with pytest.raises(ValueError, match="2 hypotheses but 1 references"):
+        corpus_chrf(["a", "b"], ["a"])
+
+
+def test_loss_curves_of_several_runs_in_one_plot(tmp_path):
+    for name, losses in {"a": [3.0, 2.0], "b": [3.5, 2.5, 2.2]}.items():
+        (tmp_path / f"{name}.jsonl").write_text("".join(
+            json.dumps({"step": 10 * (i + 1), "valid_loss": v}) + "\n" for i, v in enumerate(losses)))
+    image = plot_runs({"a": tmp_path / "a.jsonl", "b": tmp_path / "b.jsonl"}, tmp_path / "curves.png")
+    assert image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    (tmp_path / "c.jsonl").write_text(json.dumps({"step": 1, "loss": 3.0}) + "\n")
+    with pytest.raises(ValueError, match="no 'valid_loss' record to plot for 'c'"):
+        plot_runs({"c": tmp_path / "c.jsonl"}, tmp_path / "none.png")
