@@ -33,11 +33,14 @@ decoding step (`cache_implementation="static"` and a `CompileConfig`: CUDA graph
 CPU; the baselines get their static key/value cache). Compilation happens in the untimed warm-up call.
 
     python benchmarks/benchmark_generation.py --device cpu --lm_tokens 1024 4096 --windows 1 4 8 15
-Writes --output (JSON) and prints a markdown table.
+Writes --output (JSON) and prints a markdown table. `--from_results A.json B.json ...` measures nothing: it prints
+the table of rows saved by earlier runs and draws --plot / --speedup_plot from them (e.g. the paper's windows and
+the longer ones in one plot).
 """
 
 import argparse
 import importlib.util
+import json
 import statistics
 import time
 from pathlib import Path
@@ -407,6 +410,15 @@ def plot(rows, path):
     save_figure(fig, path)
 
 
+def saved_rows(paths):
+    """The rows of the --output files `paths`, in order."""
+    rows = []
+    for path in paths:
+        with open(path) as f:
+            rows.extend(json.load(f)["rows"])
+    return rows
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
@@ -432,11 +444,18 @@ def main(argv=None):
     parser.add_argument("--compile", action="store_true", help="also run the greedy rows with compiled decoding")
     parser.add_argument("--output", default=None)
     parser.add_argument("--plot", default=None, help="PNG path for a plot of the rows")
+    parser.add_argument("--from_results", nargs="+", default=None, metavar="JSON",
+                        help="measure nothing: the table and plots of the rows saved in these --output files")
     args = parser.parse_args(argv)
+    if args.from_results and args.output:
+        parser.error("--from_results measures nothing: there is no new --output to write")
     if args.ctranslate2 and importlib.util.find_spec("ctranslate2") is None:
         parser.error("--ctranslate2 needs the ctranslate2 package: pip install ctranslate2")
-    torch.manual_seed(0)
-    rows = run(args)
+    if args.from_results:
+        rows = saved_rows(args.from_results)
+    else:
+        torch.manual_seed(0)
+        rows = run(args)
     print(table(rows))
     if args.plot:
         plot(rows, args.plot)

@@ -317,6 +317,20 @@ def test_generation_benchmark_paper_rows_scale_the_papers_batches(tmp_path, monk
     assert json.loads((tmp_path / "p.json").read_text())["rows"][-1]["window"] == 2
 
 
+def test_generation_benchmark_redraws_saved_results(tmp_path, capsys):
+    """--from_results: the table and the speed-up plot of the paper's windows and the longer ones, from the shipped
+    JSON files, nothing measured."""
+    module = script("benchmark_generation")
+    saved = [ROOT / "benchmarks/results/cpu_rfa_paper_2026-11-25/paper.json",
+             ROOT / "benchmarks/results/cpu_rfa_longer_windows_2026-11-25/longer.json"]
+    rows = module.main(["--from_results", *map(str, saved), "--speedup_plot", str(tmp_path / "s.png")])
+    assert [r["window"] for r in rows] == [1, 1, 4, 4, 15, 15, 30, 30, 60, 60]
+    assert "| paper window 60, batch 3, beam 4 (RFA-doc vs Marian) | 1380 | 126 | 26 | 4.78x |" in capsys.readouterr().out
+    assert (tmp_path / "s.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(SystemExit):
+        module.main(["--from_results", str(saved[0]), "--output", str(tmp_path / "x.json")])
+
+
 def test_decoding_bound_counts_each_models_state_and_measures_the_machine(tmp_path, monkeypatch):
     """benchmarks/decoding_bound.py: the bytes of decoding state per layer, token and sequence (Marian's grow with the
     window, RFA-doc's cross-attention source is the smaller of its two forms) and a bound row per window."""
