@@ -286,7 +286,8 @@ class Trainer:
 
     # -- evaluation -------------------------------------------------------------------------------------------
 
-    def evaluate(self):
+    def evaluate(self, **fields):
+        """Validation loss (and BLEU with bleu_sentences) of the current weights, logged with `fields` -> the record."""
         model = self.accelerator.unwrap_model(self.model)
         loss, _ = validation_loss(model, self.valid_dataset, self.collator, self.config.max_tokens, self.accelerator)
         record = {"step": self.state.global_step, "epoch": self.state.epoch, "valid_loss": loss,
@@ -297,6 +298,7 @@ class Trainer:
             hyps = translate(model, self.tokenizer, sources[:n], num_beams=self.config.num_beams,
                              max_new_tokens=self.config.max_new_tokens)
             record["valid_bleu"] = corpus_bleu(hyps, references[:n])[0]
+        record.update(fields)
         self.log(record)
         return record
 
@@ -365,10 +367,11 @@ class Trainer:
         c, step = self.config, self.state.global_step
         if not (c.save_every and step % c.save_every == 0 and step > 0):
             self.save_checkpoint()
-        if self.config.average_last:
-            averaged = average_checkpoints(checkpoints(self.output_dir)[-self.config.average_last :])
-            self.accelerator.unwrap_model(self.model).load_state_dict(averaged, strict=False)
-        return self.evaluate()
+        if not self.config.average_last:
+            return self.evaluate()
+        last = checkpoints(self.output_dir)[-self.config.average_last :]
+        self.accelerator.unwrap_model(self.model).load_state_dict(average_checkpoints(last), strict=False)
+        return self.evaluate(averaged_checkpoints=len(last))  # not a point of the trajectory: marked as such
 
     def save_model(self, folder=None):
         """The final model with its tokenizer and generation settings, ready for from_pretrained/pipeline."""

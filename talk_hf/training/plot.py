@@ -6,8 +6,18 @@ from pathlib import Path
 
 
 def read_metrics(path):
-    """metrics.jsonl -> list of dicts (training records have "loss", evaluation records "valid_loss")."""
+    """metrics.jsonl -> list of dicts (training records have "loss", evaluation records "valid_loss"; the evaluation
+    of a run's averaged last checkpoints has "averaged_checkpoints" too)."""
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def curve(records, key):
+    """-> ([(step, value)] of the training trajectory, [(step, value)] of averaged checkpoints) for the records
+    holding `key`: the averaged weights' evaluation shares its step with the last checkpoint's but is not a point of
+    the run's path."""
+    points = [r for r in records if key in r]
+    return ([(r["step"], r[key]) for r in points if "averaged_checkpoints" not in r],
+            [(r["step"], r[key]) for r in points if "averaged_checkpoints" in r])
 
 
 def pyplot():
@@ -32,13 +42,15 @@ def plot_metrics(metrics_path, image_path):
     plt = pyplot()
     records = read_metrics(metrics_path)
     train = [(r["step"], r["loss"]) for r in records if "loss" in r]
-    valid = [(r["step"], r["valid_loss"]) for r in records if "valid_loss" in r]
-    bleu = [(r["step"], r["valid_bleu"]) for r in records if "valid_bleu" in r]
+    valid, averaged = curve(records, "valid_loss")
+    bleu = curve(records, "valid_bleu")[0]
     fig, ax = plt.subplots(figsize=(7, 4))
     if train:
         ax.plot(*zip(*train), label="train loss (smoothed labels)")
     if valid:
         ax.plot(*zip(*valid), "o-", label="valid loss")
+    if averaged:
+        ax.plot(*zip(*averaged), "*", markersize=10, label="valid loss, last checkpoints averaged")
     ax.set_xlabel("update")
     ax.set_ylabel("cross-entropy")
     handles = ax.get_legend_handles_labels()
@@ -54,14 +66,18 @@ def plot_metrics(metrics_path, image_path):
 
 
 def plot_runs(runs, image_path, key="valid_loss", ylabel="validation loss"):
-    """One curve per run: `key` (a metrics.jsonl field) against updates; runs: {label: metrics.jsonl path}."""
+    """One curve per run: `key` (a metrics.jsonl field) against updates, and a star for the run's averaged last
+    checkpoints; runs: {label: metrics.jsonl path}."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     for label, metrics_path in runs.items():
-        points = [(r["step"], r[key]) for r in read_metrics(metrics_path) if key in r]
+        points, averaged = curve(read_metrics(metrics_path), key)
         if not points:
             raise ValueError(f"{metrics_path} holds no {key!r} record to plot for {label!r}")
-        ax.plot(*zip(*points), "o-", markersize=3, label=label)
+        (line,) = ax.plot(*zip(*points), "o-", markersize=3, label=label)
+        if averaged:
+            ax.plot(*zip(*averaged), "*", markersize=10, color=line.get_color(),
+                    label=f"{label}, last checkpoints averaged")
     ax.set_xlabel("update")
     ax.set_ylabel(ylabel)
     ax.legend()

@@ -79,6 +79,8 @@ def test_checkpoints_are_kept_and_averaged(data, tmp_path):
     assert torch.equal(model.state_dict()[key], averaged[key])
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert "valid_loss" in records[-1] and math.isfinite(records[-1]["valid_loss"])
+    assert records[-1]["averaged_checkpoints"] == 2  # the averaged weights' evaluation, marked: no trajectory point
+    assert ["averaged_checkpoints" in r for r in records].count(True) == 1
 
 
 def test_save_model_writes_a_loadable_folder(data, tmp_path):

@@ -8,7 +8,7 @@ import multiprocessing
 import pytest
 
 from talk_hf.training.evaluation import corpus_chrf
-from talk_hf.training.plot import plot_runs
+from talk_hf.training.plot import curve, plot_runs, read_metrics
 from talk_hf.training.run import record_result
 from talk_hf.training.tuning import Grid, choose, grid_rows, grid_search, point_name
 
@@ -88,6 +88,9 @@ def test_loss_curves_of_several_runs_in_one_plot(tmp_path):
     for name, losses in {"a": [3.0, 2.0], "b": [3.5, 2.5, 2.2]}.items():
         (tmp_path / f"{name}.jsonl").write_text("".join(
             json.dumps({"step": 10 * (i + 1), "valid_loss": v}) + "\n" for i, v in enumerate(losses)))
+    with open(tmp_path / "b.jsonl", "a") as f:  # b's last checkpoints averaged: same step, not on the curve
+        f.write(json.dumps({"step": 30, "valid_loss": 2.1, "averaged_checkpoints": 2}) + "\n")
+    assert curve(read_metrics(tmp_path / "b.jsonl"), "valid_loss") == ([(10, 3.5), (20, 2.5), (30, 2.2)], [(30, 2.1)])
     image = plot_runs({"a": tmp_path / "a.jsonl", "b": tmp_path / "b.jsonl"}, tmp_path / "curves.png")
     assert image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     (tmp_path / "c.jsonl").write_text(json.dumps({"step": 1, "loss": 3.0}) + "\n")
