@@ -1,8 +1,13 @@
-"""Every document the code and the README cite exists in the repository, and every section of docs/spec.md that a
-docstring cites by number is there."""
+"""Every document the code and the README cite exists in the repository, every section of docs/spec.md that a
+docstring cites by number is there, and the README's results are the shipped runs'."""
 
+import gzip
+import json
 import re
 from pathlib import Path
+
+import pytest
+import sacrebleu
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = [*ROOT.glob("talk_hf/**/*.py"), *ROOT.glob("scripts/*.py"), *ROOT.glob("benchmarks/*.py"),
@@ -34,3 +39,26 @@ def test_cited_spec_sections_exist():
 
 def test_readme_is_a_guide_within_its_size():
     assert len((ROOT / "README.md").read_bytes()) <= 12 * 1024
+
+
+def test_readme_results_are_the_shipped_runs():
+    """Each row of the README's Multi30k table is its model's chosen grid run and final run as the runner recorded
+    them (benchmarks/results/): the learning rate and warm-up, the short-budget loss and BLEU, the updates and how the
+    run stopped, the valid loss, BLEU and chrF; the shipped test hypotheses score that BLEU."""
+    with gzip.open(ROOT / "data/multi30k/test_2016_flickr.en.gz", "rt", encoding="utf-8") as f:
+        references = f.read().splitlines()
+    grid = json.loads((ROOT / "benchmarks/results/cpu_multi30k_grid_2026-11-25/grid.json").read_text())
+    finals = json.loads((ROOT / "benchmarks/results/cpu_multi30k_final_2026-11-26/results.json").read_text())
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    for name, model in [("TaLK (`talk`)", "talk"), ("Transformer (`MarianMTModel`)", "marian")]:
+        final = next(r for r in finals if r["model"] == model)
+        short = min((r for r in grid if r["model"] == model), key=lambda r: r["valid_loss"])
+        assert (short["learning_rate"], short["warmup_steps"]) == (final["learning_rate"], final["warmup_steps"])
+        learning_rate = f"{final['learning_rate']:.0e}".replace("e-0", "e-")  # 2e-3
+        row = (f"| {name} | {learning_rate}, {final['warmup_steps']} | {short['valid_loss']:.3f}, "
+               f"{short['test_bleu']:.2f} | {final['steps']:,} ({'patience' if final['stopped_early'] else 'cap'}) | "
+               f"{final['valid_loss']:.3f} | {final['test_bleu']:.2f} | {final['test_chrf']:.2f} |")
+        assert row in readme, row
+        hypotheses = (ROOT / f"benchmarks/results/cpu_multi30k_final_2026-11-26/{model}.test_hypotheses.txt")
+        assert sacrebleu.corpus_bleu(hypotheses.read_text().splitlines(), [references]).score == \
+            pytest.approx(final["test_bleu"], abs=1e-9)  # the shipped outputs are the scored ones
