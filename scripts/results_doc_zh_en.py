@@ -111,8 +111,7 @@ GRID_COLUMNS = [
 COLUMNS = [
     *GRID_COLUMNS[:4],
     *RUN_COLUMNS,
-    ("best update", lambda r: str(r["best_step"])),
-    ("stopped by", lambda r: "patience" if r["stopped_early"] else "cap"),
+    *tuning.STOP_COLUMNS,
     *GRID_COLUMNS[-3:],
 ]
 
@@ -137,15 +136,9 @@ def main(argv=None):
     args = parse_args(argv)
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    try:
-        grid = tuning.run_stages(args, out, [ident(row) for row in args.rows], trainer(args, out))
-    except tuning.MissingRunError as err:
-        raise SystemExit(f"error: {err}") from err
     rows = dict.fromkeys([*ROWS, *args.rows])  # the table's rows, and any other window asked for
-    tables = tuning.write_tables(out, grid, [ident(row) for row in rows], GRID_COLUMNS, COLUMNS)
-    for name, table in tables.items():
-        print(f"{name}:\n{table}\n")
-    return tables
+    return tuning.run_and_tabulate(args, out, [ident(row) for row in args.rows], trainer(args, out),
+                                   [ident(row) for row in rows], GRID_COLUMNS, COLUMNS)
 
 
 if __name__ == "__main__":

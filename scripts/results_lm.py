@@ -82,8 +82,7 @@ GRID_COLUMNS = [
 COLUMNS = [
     *GRID_COLUMNS[:4],
     *RUN_COLUMNS,
-    ("best update", lambda r: str(r["best_step"])),
-    ("stopped by", lambda r: "patience" if r["stopped_early"] else "cap"),
+    *tuning.STOP_COLUMNS,
     *GRID_COLUMNS[-2:],
     ("test perplexity", lambda r: f"{r['test_ppl']:.2f}"),
 ]
@@ -106,15 +105,8 @@ def main(argv=None):
     out = Path(args.output_dir)
     data = {corpus: prepare(out, corpus, args.block_size, args.vocab_size) for corpus in args.corpora}
     idents = [{"corpus": corpus, "model": kind} for corpus in args.corpora for kind in args.rows]
-    try:
-        grid = tuning.run_stages(args, out, idents, trainer(args, data))
-    except tuning.MissingRunError as err:
-        raise SystemExit(f"error: {err}") from err
     every = [{"corpus": corpus, "model": kind} for corpus in CORPORA for kind in ROWS]
-    tables = tuning.write_tables(out, grid, every, GRID_COLUMNS, COLUMNS)
-    for name, table in tables.items():
-        print(f"{name}:\n{table}\n")
-    return tables
+    return tuning.run_and_tabulate(args, out, idents, trainer(args, data), every, GRID_COLUMNS, COLUMNS)
 
 
 if __name__ == "__main__":

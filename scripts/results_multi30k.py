@@ -64,8 +64,7 @@ GRID_COLUMNS = [
 COLUMNS = [
     *GRID_COLUMNS[:3],
     *RUN_COLUMNS,
-    ("best update", lambda r: str(r["best_step"])),
-    ("stopped by", lambda r: "patience" if r["stopped_early"] else "cap"),
+    *tuning.STOP_COLUMNS,
     *GRID_COLUMNS[-3:],
 ]
 
@@ -86,14 +85,8 @@ def trainer(args):
 def main(argv=None):
     args = parse_args(argv)
     out = Path(args.output_dir)
-    try:
-        grid = tuning.run_stages(args, out, [{"model": kind} for kind in args.rows], trainer(args))
-    except tuning.MissingRunError as err:
-        raise SystemExit(f"error: {err}") from err
-    tables = tuning.write_tables(out, grid, [{"model": kind} for kind in ROWS], GRID_COLUMNS, COLUMNS)
-    for name, table in tables.items():
-        print(f"{name}:\n{table}\n")
-    return tables
+    return tuning.run_and_tabulate(args, out, [{"model": kind} for kind in args.rows], trainer(args),
+                                   [{"model": kind} for kind in ROWS], GRID_COLUMNS, COLUMNS)
 
 
 if __name__ == "__main__":

@@ -3,8 +3,9 @@ the validation set from one grid, every point trained for the same short budget 
 then one run per model with its chosen settings trains until the validation loss stops improving
 (TrainConfig.patience) or a cap, and its last checkpoints are averaged.
 
-Every grid run is recorded in a JSON list as it finishes, so a search that stops part-way (a machine handed back, a
-session's end) continues where it stopped, and the list holds every run's result, the chosen and the rejected."""
+Every grid run is recorded in a JSON list as it finishes, so a search that stops part-way (an interrupted process,
+a machine handed back) continues where it stopped, and the list holds every run's result, the chosen and the
+rejected."""
 
 import dataclasses
 import itertools
@@ -178,6 +179,26 @@ def run_stages(args, out, idents, train):
         if "final" in args.stages:
             final(out, ident, grid, train, args.max_steps, args.eval_every, args.patience, args.resume)
     return grid
+
+
+# the columns every results table of final runs has: where the run was best, and what stopped it
+STOP_COLUMNS = [
+    ("best update", lambda r: str(r["best_step"])),
+    ("stopped by", lambda r: "patience" if r["stopped_early"] else "cap"),
+]
+
+
+def run_and_tabulate(args, out, idents, train, table_idents, grid_columns, final_columns):
+    """A runner's main: run_stages for `idents` (a missing earlier run exits with its message, no traceback), then
+    write_tables for `table_idents` and print them -> {file name: table}."""
+    try:
+        grid = run_stages(args, out, idents, train)
+    except MissingRunError as err:
+        raise SystemExit(f"error: {err}") from err
+    tables = write_tables(out, grid, table_idents, grid_columns, final_columns)
+    for name, table in tables.items():
+        print(f"{name}:\n{table}\n")
+    return tables
 
 
 def write_tables(out, grid, idents, grid_columns, final_columns):
