@@ -13,7 +13,8 @@ row at every point of one grid of learning rates x warm-ups, --grid_steps update
 grid.md, short_budget.md) and final (one run per row at its setting until the dev loss stops improving for
 --patience validations or --max_steps; results.md, valid_loss.png). With --init_from_sentence_level a row of window
 > 1 starts from the final model of its family's window-1 row (RFA-doc rows from the ungated one: its gate weights
-keep their initialisation), which must have run first.
+keep their initialisation), which must have run first. With --setting LEARNING_RATE WARMUP_STEPS there is no grid:
+every row trains at that one setting for the same budget (a fixed-budget comparison, marked fixed_setting).
 
 At window 1 there is no separator inside an example, so the gate never fires: the gated and ungated models are the
 same function and only the ungated one is trained. Writes <output_dir>/data_w<N>/ (preprocessed windows; the

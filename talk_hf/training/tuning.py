@@ -120,10 +120,24 @@ def add_arguments(parser, learning_rates, warmup_steps, grid_steps, max_steps, e
     parser.add_argument("--patience", type=int, default=patience,
                         help="a final run stops after this many validations without a new lowest loss")
     parser.add_argument("--resume", action="store_true", help="continue the final runs from their last checkpoints")
+    parser.add_argument("--setting", nargs=2, type=float, metavar=("LEARNING_RATE", "WARMUP_STEPS"),
+                        help="no grid: every final run at this one setting (a fixed-budget comparison, not a tuned "
+                             "one; recorded as fixed_setting in results.json)")
 
 
 def grid_of(args):
     return Grid(tuple(args.grid_learning_rates), tuple(args.grid_warmup_steps), args.grid_steps)
+
+
+def fixed_setting(args):
+    """--setting as {"learning_rate", "warmup_steps"}, or None (the grid chooses)."""
+    if getattr(args, "setting", None) is None:
+        return None
+    learning_rate, warmup_steps = args.setting
+    if learning_rate <= 0 or warmup_steps < 1 or warmup_steps != int(warmup_steps):
+        raise ValueError(f"--setting needs a learning rate > 0 and a whole number of warm-up steps >= 1, "
+                         f"got {args.setting}")
+    return {"learning_rate": learning_rate, "warmup_steps": int(warmup_steps)}
 
 
 def row_folder(ident):
@@ -156,28 +170,31 @@ def chosen(out, ident, grid):
     return choose(rows)
 
 
-def final(out, ident, grid, train, max_steps, eval_every, patience, resume=False):
-    """One row's run at its chosen setting in <out>/final/<row>/, validated every `eval_every` updates until
-    `patience` validations bring no new lowest loss or `max_steps`, its last FINAL_AVERAGE_LAST checkpoints averaged;
-    recorded in <out>/results.json -> all rows."""
-    setting = chosen(out, ident, grid)
+def final(out, ident, grid, train, max_steps, eval_every, patience, resume=False, setting=None):
+    """One row's run at its chosen setting (or at `setting`, {"learning_rate", "warmup_steps"}, without a grid) in
+    <out>/final/<row>/, validated every `eval_every` updates until `patience` validations bring no new lowest loss or
+    `max_steps`, its last FINAL_AVERAGE_LAST checkpoints averaged; recorded in <out>/results.json -> all rows."""
+    fixed = setting is not None
+    setting = setting if fixed else chosen(out, ident, grid)
     folder = out / "final" / row_folder(ident)
     resume = resume and any((folder / "checkpoints").glob("step-*"))
     row = train(ident, folder, setting["learning_rate"], setting["warmup_steps"], max_steps=max_steps,
                 eval_every=eval_every, save_every=eval_every, patience=patience, resume=resume,
                 keep_checkpoints=FINAL_AVERAGE_LAST, average_last=FINAL_AVERAGE_LAST)
-    return record_result(out / "results.json", {**row, **ident}, tuple(ident))
+    return record_result(out / "results.json", {**row, **ident, "fixed_setting": fixed}, tuple(ident))
 
 
 def run_stages(args, out, idents, train):
     """The stages args.stages asks for, row by row (a row's final run before the next row's grid, so a row may
-    start from an earlier row's final model); idents: dicts of identifying fields, in order -> the grid."""
+    start from an earlier row's final model); idents: dicts of identifying fields, in order -> the grid.
+    With args.setting there is no tune stage: every final run trains at that learning rate and warm-up."""
     grid = grid_of(args)
+    setting = fixed_setting(args)
     for ident in idents:
-        if "tune" in args.stages:
+        if "tune" in args.stages and setting is None:
             tune(out, ident, grid, train)
         if "final" in args.stages:
-            final(out, ident, grid, train, args.max_steps, args.eval_every, args.patience, args.resume)
+            final(out, ident, grid, train, args.max_steps, args.eval_every, args.patience, args.resume, setting)
     return grid
 
 

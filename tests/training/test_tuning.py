@@ -1,6 +1,7 @@
 """The results tables' protocol: a grid of learning rates and warm-ups per model, resumable, chosen on the validation
 loss; the shared results file; chrF; the loss curves of several runs."""
 
+import argparse
 import json
 import math
 import multiprocessing
@@ -10,7 +11,7 @@ import pytest
 from talk_hf.training.evaluation import corpus_chrf
 from talk_hf.training.plot import curve, plot_runs, read_metrics
 from talk_hf.training.run import record_result
-from talk_hf.training.tuning import Grid, choose, grid_rows, grid_search, point_name
+from talk_hf.training.tuning import Grid, add_arguments, choose, grid_rows, grid_search, point_name, run_stages
 
 LOSSES = {(1e-3, 100): 3.0, (1e-3, 300): 2.5, (2e-3, 100): 2.2, (2e-3, 300): float("nan")}
 
@@ -62,6 +63,24 @@ def test_every_grid_run_diverged_is_an_error():
 def test_grid_errors(grid, match):
     with pytest.raises(ValueError, match=match):
         Grid(*grid)
+
+
+def test_a_fixed_setting_trains_the_final_runs_without_a_grid(tmp_path):
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, [1e-3, 2e-3], [100, 300], grid_steps=50, max_steps=7, eval_every=2, patience=3)
+    calls = []
+
+    def train(ident, folder, learning_rate, warmup_steps, **loop):
+        calls.append((ident["model"], learning_rate, warmup_steps, loop["max_steps"], loop.get("save_every")))
+        return {"valid_loss": 1.5, "steps": loop["max_steps"]}
+
+    run_stages(parser.parse_args(["--setting", "2e-3", "300"]), tmp_path, [{"model": "a"}, {"model": "b"}], train)
+    assert calls == [("a", 2e-3, 300, 7, 2), ("b", 2e-3, 300, 7, 2)]  # final runs only: no grid point trained
+    assert not (tmp_path / "grid.json").exists()
+    rows = json.loads((tmp_path / "results.json").read_text())
+    assert [(r["model"], r["fixed_setting"]) for r in rows] == [("a", True), ("b", True)]
+    with pytest.raises(ValueError, match="whole number of warm-up steps"):
+        run_stages(parser.parse_args(["--setting", "2e-3", "0.5"]), tmp_path, [{"model": "a"}], train)
 
 
 def _record(args):
