@@ -4,7 +4,6 @@ scripts/train.py and scripts/demo.py)."""
 import fcntl
 import json
 import math
-import time
 from pathlib import Path
 
 from datasets import load_from_disk
@@ -127,9 +126,9 @@ def train_run(data_dir, kind, train_config, preset=None, config_file=None, overr
     is_seq2seq = model.config.is_encoder_decoder
     valid_texts = (valid["source"], valid["target"]) if is_seq2seq and not document_level else None
     trainer = Trainer(model, tokenizer, train, valid, train_config, valid_texts=valid_texts)
-    start = time.monotonic()
     final = trainer.train()
-    results = {"model": kind, "parameters": count_parameters(model), "train_minutes": (time.monotonic() - start) / 60,
+    # the training time of the whole run, every process of a resumed one included (the state is checkpointed)
+    results = {"model": kind, "parameters": count_parameters(model), "train_minutes": trainer.state.elapsed_seconds / 60,
                "steps": trainer.state.global_step, "valid_loss": final["valid_loss"],
                "num_processes": trainer.accelerator.num_processes, "learning_rate": train_config.learning_rate,
                "warmup_steps": train_config.warmup_steps, "max_tokens": train_config.max_tokens}

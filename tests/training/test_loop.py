@@ -53,8 +53,9 @@ def test_resume_continues_exactly(data, tmp_path):
     """Stop after 3 updates, resume to 7: same losses and weights as 7 updates in one go (dropout on, epochs
     crossed, gradient accumulation on)."""
     straight = run(data, tmp_path / "a", max_steps=7, gradient_accumulation_steps=2)
-    run(data, tmp_path / "b", max_steps=3, gradient_accumulation_steps=2)
+    first = run(data, tmp_path / "b", max_steps=3, gradient_accumulation_steps=2)
     resumed = run(data, tmp_path / "b", max_steps=7, gradient_accumulation_steps=2, resume=True)
+    assert resumed.state.elapsed_seconds > first.state.elapsed_seconds > 0  # the time of both parts
     assert straight.state.epoch >= 1, "the run should cross an epoch boundary"
     a, b = losses(tmp_path / "a"), losses(tmp_path / "b")
     assert set(a) == set(range(1, 8)) and all(a[s] == b[s] for s in a), (a, b)
