@@ -7,6 +7,7 @@ Every grid run is recorded in a JSON list as it finishes, so a search that stops
 a machine handed back) continues where it stopped, and the list holds every run's result, the chosen and the
 rejected."""
 
+import argparse
 import dataclasses
 import itertools
 import json
@@ -120,24 +121,27 @@ def add_arguments(parser, learning_rates, warmup_steps, grid_steps, max_steps, e
     parser.add_argument("--patience", type=int, default=patience,
                         help="a final run stops after this many validations without a new lowest loss")
     parser.add_argument("--resume", action="store_true", help="continue the final runs from their last checkpoints")
-    parser.add_argument("--setting", nargs=2, type=float, metavar=("LEARNING_RATE", "WARMUP_STEPS"),
+    parser.add_argument("--setting", nargs=2, action=FixedSetting, metavar=("LEARNING_RATE", "WARMUP_STEPS"),
                         help="no grid: every final run at this one setting (a fixed-budget comparison, not a tuned "
                              "one; recorded as fixed_setting in results.json)")
 
 
+class FixedSetting(argparse.Action):
+    """--setting LEARNING_RATE WARMUP_STEPS -> {"learning_rate": float > 0, "warmup_steps": int >= 1}."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        try:
+            setting = {"learning_rate": float(values[0]), "warmup_steps": int(values[1])}
+        except ValueError:
+            setting = None
+        if setting is None or setting["learning_rate"] <= 0 or setting["warmup_steps"] < 1:
+            parser.error(f"{option_string} needs a learning rate > 0 and a whole number of warm-up steps >= 1, "
+                         f"got {' '.join(values)}")
+        setattr(namespace, self.dest, setting)
+
+
 def grid_of(args):
     return Grid(tuple(args.grid_learning_rates), tuple(args.grid_warmup_steps), args.grid_steps)
-
-
-def fixed_setting(args):
-    """--setting as {"learning_rate", "warmup_steps"}, or None (the grid chooses)."""
-    if getattr(args, "setting", None) is None:
-        return None
-    learning_rate, warmup_steps = args.setting
-    if learning_rate <= 0 or warmup_steps < 1 or warmup_steps != int(warmup_steps):
-        raise ValueError(f"--setting needs a learning rate > 0 and a whole number of warm-up steps >= 1, "
-                         f"got {args.setting}")
-    return {"learning_rate": learning_rate, "warmup_steps": int(warmup_steps)}
 
 
 def row_folder(ident):
@@ -188,8 +192,9 @@ def run_stages(args, out, idents, train):
     """The stages args.stages asks for, row by row (a row's final run before the next row's grid, so a row may
     start from an earlier row's final model); idents: dicts of identifying fields, in order -> the grid.
     With args.setting there is no tune stage: every final run trains at that learning rate and warm-up."""
-    grid = grid_of(args)
-    setting = fixed_setting(args)
+    grid, setting = grid_of(args), args.setting
+    if setting is not None and "final" not in args.stages:
+        raise ValueError("--setting trains final runs only (there is no grid to tune): add --stages final")
     for ident in idents:
         if "tune" in args.stages and setting is None:
             tune(out, ident, grid, train)

@@ -79,8 +79,13 @@ def test_a_fixed_setting_trains_the_final_runs_without_a_grid(tmp_path):
     assert not (tmp_path / "grid.json").exists()
     rows = json.loads((tmp_path / "results.json").read_text())
     assert [(r["model"], r["fixed_setting"]) for r in rows] == [("a", True), ("b", True)]
-    with pytest.raises(ValueError, match="whole number of warm-up steps"):
-        run_stages(parser.parse_args(["--setting", "2e-3", "0.5"]), tmp_path, [{"model": "a"}], train)
+    for bad in (["2e-3", "0.5"], ["0", "300"], ["x", "300"]):
+        with pytest.raises(SystemExit):  # argparse's error: the message names --setting
+            parser.parse_args(["--setting", *bad])
+    with pytest.raises(ValueError, match="--setting trains final runs only"):
+        run_stages(parser.parse_args(["--setting", "2e-3", "300", "--stages", "tune"]), tmp_path, [{"model": "a"}],
+                   train)
+    assert len(calls) == 2
 
 
 def _record(args):
