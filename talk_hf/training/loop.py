@@ -1,7 +1,8 @@
 """An Accelerate training loop for talk_hf models and the transformers baselines.
 
 Token-budget batches (`max_tokens`), gradient accumulation, fp16/bf16, multi-GPU through `accelerate launch`,
-Adam with inverse-sqrt or cosine-with-warmup schedules, label smoothing, periodic validation loss and BLEU, early
+Adam with inverse-sqrt or cosine-with-warmup schedules, label smoothing, periodic validation loss and BLEU (and, for
+encoder-decoders, the loss the right sources save over swapped ones, which shows an encoder that stopped reading), early
 stopping when the validation loss stops improving, a JSONL metrics log and a plot, checkpoints that resume exactly
 (same next batch, same loss), and averaging of the last checkpoints.
 """
@@ -203,6 +204,33 @@ def validation_loss(model, dataset, collator, max_tokens, accelerator=None):
     return total / max(tokens, 1), tokens
 
 
+@torch.no_grad()
+def source_gain(model, dataset, collator, max_tokens, accelerator=None):
+    """What the source is worth to an encoder-decoder: its validation loss with every source swapped for another
+    row's (each batch's sources rolled by one row) minus its loss with the right sources, token-weighted, over the
+    batches of two rows or more -> (nats per target token, target tokens counted).
+
+    A model that translates has a gain of several nats; a model whose encoder output no longer depends on its input
+    (a collapsed encoder) has a gain of about 0, while its validation loss can go on falling as a language model
+    of the targets.
+    """
+    if is_causal_lm(model):
+        raise ValueError("source_gain needs an encoder-decoder: a causal LM has no source")
+    model.eval()
+    batches = TokenBatchSampler(dataset["num_tokens"], max_tokens, shuffle=False).batches(0)
+    gain, tokens = 0.0, 0
+    device = accelerator.device if accelerator is not None else next(model.parameters()).device
+    for batch in _loader(dataset, batches, collator):
+        if len(batch["input_ids"]) < 2:  # a lone row has no other source to take
+            continue
+        batch = {k: v.to(device) for k, v in batch.items()}
+        swapped = dict(batch, input_ids=batch["input_ids"].roll(1, 0), attention_mask=batch["attention_mask"].roll(1, 0))
+        gain += (token_loss(model, swapped, reduction="sum") - token_loss(model, batch, reduction="sum")).item()
+        tokens += int((batch["labels"] != -100).sum())
+    model.train()
+    return gain / max(tokens, 1), tokens
+
+
 def checkpoints(output_dir):
     """Saved checkpoints, oldest first."""
     folder = Path(output_dir) / "checkpoints"
@@ -287,7 +315,8 @@ class Trainer:
     # -- evaluation -------------------------------------------------------------------------------------------
 
     def evaluate(self, **fields):
-        """Validation loss (and BLEU with bleu_sentences) of the current weights, logged with `fields` -> the record."""
+        """Validation loss (and BLEU with bleu_sentences, and the source gain of an encoder-decoder) of the current
+        weights, logged with `fields` -> the record."""
         model = self.accelerator.unwrap_model(self.model)
         loss, _ = validation_loss(model, self.valid_dataset, self.collator, self.config.max_tokens, self.accelerator)
         record = {"step": self.state.global_step, "epoch": self.state.epoch, "valid_loss": loss,
@@ -298,6 +327,9 @@ class Trainer:
             hyps = translate(model, self.tokenizer, sources[:n], num_beams=self.config.num_beams,
                              max_new_tokens=self.config.max_new_tokens)
             record["valid_bleu"] = corpus_bleu(hyps, references[:n])[0]
+        if not is_causal_lm(model):
+            record["valid_source_gain"], _ = source_gain(model, self.valid_dataset, self.collator,
+                                                         self.config.max_tokens, self.accelerator)
         record.update(fields)
         self.log(record)
         return record

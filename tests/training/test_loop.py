@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 from types import SimpleNamespace
 
+import datasets
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -20,6 +21,7 @@ from talk_hf.training.loop import (
     checkpoints,
     inverse_sqrt_schedule,
     make_scheduler,
+    source_gain,
 )
 from talk_hf.training.models import build_model, count_parameters
 
@@ -95,6 +97,37 @@ def test_checkpoints_are_kept_and_averaged(data, tmp_path):
     assert "valid_loss" in records[-1] and math.isfinite(records[-1]["valid_loss"])
     assert records[-1]["averaged_checkpoints"] == 2  # the averaged weights' evaluation, marked: no trajectory point
     assert ["averaged_checkpoints" in r for r in records].count(True) == 1
+
+
+def copy_task(eos, rows, seed=0):
+    """Sources of 6 random tokens and </s>; each target is its source."""
+    generator = torch.Generator().manual_seed(seed)
+    sequences = [torch.randint(10, 40, (6,), generator=generator).tolist() + [eos] for _ in range(rows)]
+    return datasets.Dataset.from_list([{"input_ids": s, "labels": s, "num_tokens": len(s)} for s in sequences])
+
+
+def test_source_gain_tells_a_model_that_reads_its_source_from_one_that_does_not(data, tmp_path):
+    """On a copy task the logged gain grows from about 0 to over a nat; with the encoder's last LayerNorm weight
+    zeroed (post-norm: the encoder outputs its bias at every position, whatever the input) the gain is 0, while
+    the validation loss alone says nothing of it."""
+    tokenizer, _ = data
+    task = copy_task(tokenizer.eos_token_id, 256)
+    torch.manual_seed(0)
+    model = build_model("talk", tokenizer, overrides=dict(TINY, dropout=0.0, offset_dropout=0.0))
+    config = TrainConfig(output_dir=str(tmp_path), max_tokens=256, learning_rate=3e-3, warmup_steps=10,
+                         schedule="cosine", bleu_sentences=0, max_steps=200, eval_every=50)
+    trainer = Trainer(model, tokenizer, task, task.select(range(32)), config)
+    trainer.train()
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    gains = [r["valid_source_gain"] for r in records if "valid_source_gain" in r]
+    assert len(gains) == 5 and gains[0] < 0.5 < 1.0 < gains[3], gains
+    model, collator = trainer.accelerator.unwrap_model(trainer.model), trainer.collator
+    assert source_gain(model, task.select(range(32)), collator, 256)[0] == pytest.approx(gains[-1])
+    with torch.no_grad():
+        model.model.encoder.layers[-1].final_layer_norm.weight.zero_()
+    gain, tokens = source_gain(model, task.select(range(32)), collator, 256)
+    assert abs(gain) < 1e-5 and tokens == 32 * 7
+    assert source_gain(model, task.select([0]), collator, 256) == (0.0, 0)  # a lone row has no other source
 
 
 def test_save_model_writes_a_loadable_folder(data, tmp_path):
