@@ -6,6 +6,7 @@
     python scripts/evaluate_model.py --model M --data D --split test --document_level               # whole documents
     python scripts/evaluate_model.py --model M --source articles.txt --reference summaries.txt --metric rouge
     python scripts/evaluate_model.py --model LM --data D --split test --metric perplexity
+    python scripts/evaluate_model.py --model M --data D --split valid --metric loss     # does it read its source?
 """
 
 import argparse
@@ -17,7 +18,7 @@ from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokeni
 import talk_hf  # noqa: F401
 from talk_hf.training.corpora import read_lines, write_lines
 from talk_hf.training.evaluation import perplexity, rouge, translate
-from talk_hf.training.loop import make_collator, validation_loss
+from talk_hf.training.loop import make_collator, source_gain, validation_loss
 from talk_hf.training.run import evaluate_translation, load_prepared
 
 
@@ -28,7 +29,10 @@ def parse_args(argv=None):
     parser.add_argument("--split", default="test")
     parser.add_argument("--source", help="raw source file, one segment per line (.gz fine)")
     parser.add_argument("--reference", help="raw reference file aligned with --source")
-    parser.add_argument("--metric", choices=["bleu", "rouge", "perplexity"], default="bleu")
+    parser.add_argument("--metric", choices=["bleu", "rouge", "perplexity", "loss"], default="bleu",
+                        help="loss: a translation model's loss on a prepared split and its source gain (the loss "
+                             "with every source swapped for another sentence's minus that loss; about 0 for an "
+                             "encoder that no longer reads its input)")
     parser.add_argument("--document_level", action="store_true",
                         help="the split holds document windows: translate its documents whole, score every sentence")
     parser.add_argument("--document_decoding", choices=["sliding", "streaming", "windows"], default="sliding",
@@ -37,7 +41,7 @@ def parse_args(argv=None):
     parser.add_argument("--num_beams", type=int, help="default: the model's generation_config (4 if unset)")
     parser.add_argument("--length_penalty", type=float, help="default: the model's generation_config")
     parser.add_argument("--max_new_tokens", type=int, help="default: the model's generation_config (128 if unset)")
-    parser.add_argument("--max_tokens", type=int, default=8192, help="token budget per batch (perplexity)")
+    parser.add_argument("--max_tokens", type=int, default=8192, help="token budget per batch (perplexity, loss)")
     parser.add_argument("--limit", type=int, default=0, help="score only the first N segments (0: all)")
     parser.add_argument("--trust_remote_code", action="store_true")
     parser.add_argument("--output", help="write the results as JSON here")
@@ -70,11 +74,16 @@ def main(argv=None):
     auto = AutoModelForCausalLM if args.metric == "perplexity" else AutoModelForSeq2SeqLM
     model = auto.from_pretrained(args.model, **kw).eval()
     generation = generation_settings(model.generation_config, args)
+    if args.metric in ("perplexity", "loss") and args.data is None:
+        raise SystemExit(f"{args.metric} needs --data with a prepared split")
     if args.metric == "perplexity":
-        if args.data is None:
-            raise SystemExit("perplexity needs --data with a prepared LM split")
         loss, tokens = validation_loss(model, load_prepared(args.data, args.split), make_collator(model), args.max_tokens)
         results = {"loss": loss, "perplexity": perplexity(loss), "tokens": tokens}
+    elif args.metric == "loss":
+        dataset, collator = load_prepared(args.data, args.split), make_collator(model)
+        loss, tokens = validation_loss(model, dataset, collator, args.max_tokens)
+        gain, gain_tokens = source_gain(model, dataset, collator, args.max_tokens)
+        results = {"loss": loss, "tokens": tokens, "source_gain": gain, "source_gain_tokens": gain_tokens}
     elif args.metric == "rouge":
         summaries = translate(model, tokenizer, read_lines(args.source), **generation)
         results = rouge(summaries, read_lines(args.reference))

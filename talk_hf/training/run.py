@@ -132,6 +132,8 @@ def train_run(data_dir, kind, train_config, preset=None, config_file=None, overr
                "steps": trainer.state.global_step, "valid_loss": final["valid_loss"],
                "num_processes": trainer.accelerator.num_processes, "learning_rate": train_config.learning_rate,
                "warmup_steps": train_config.warmup_steps, "max_tokens": train_config.max_tokens}
+    if is_seq2seq:
+        results["valid_source_gain"] = final["valid_source_gain"]
     if init_from is not None:
         results.update({"init_from": str(init_from), "not_initialised": kept_initialisation})
     if train_config.patience:

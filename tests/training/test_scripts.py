@@ -75,6 +75,18 @@ def test_train_writes_a_complete_run(run):
     assert json.loads((model_dir / "eval_results.json").read_text())["steps"] == 3
 
 
+def test_evaluate_model_loss_reproduces_the_runs_last_validation(run):
+    """--metric loss on the saved model gives the run's last validation loss and source gain (both logged and
+    reported in eval_results.json)."""
+    root, results = run
+    last = [json.loads(line) for line in (root / "talk" / "metrics.jsonl").read_text().splitlines()][-1]
+    scored = script("evaluate_model").main(["--model", str(root / "talk" / "model"), "--data", str(root / "data"),
+                                            "--split", "valid", "--metric", "loss", "--max_tokens", "512"])
+    assert scored["loss"] == pytest.approx(last["valid_loss"], rel=1e-5) and scored["tokens"] > 0
+    assert scored["source_gain"] == pytest.approx(last["valid_source_gain"], rel=1e-4, abs=1e-6)
+    assert scored["source_gain_tokens"] > 0 and results["valid_source_gain"] == last["valid_source_gain"]
+
+
 def test_reported_bleu_is_what_the_saved_model_gives(run, tmp_path):
     """The BLEU a run reports (validation and test) and its test translations are reproduced by
     scripts/evaluate_model.py on the saved model in a fresh process with no generation flags (it takes the model's saved
