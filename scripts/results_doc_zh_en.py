@@ -106,6 +106,8 @@ GRID_COLUMNS = [
     ("warm-up", lambda r: str(r["warmup_steps"])),
     *RUN_COLUMNS,
     ("dev loss", lambda r: f"{r['valid_loss']:.3f}"),
+    # the dev loss the right sources save over swapped ones: about 0 for an encoder that stopped reading its input
+    ("dev source gain", lambda r: f"{r['valid_source_gain']:.2f}" if "valid_source_gain" in r else "-"),
     ("zh2en-test BLEU", lambda r: f"{r['test_bleu']:.2f}"),
     ("zh2en-test d-BLEU", lambda r: f"{r['test_d_bleu']:.2f}" if "test_d_bleu" in r else "-"),
 ]
@@ -113,7 +115,7 @@ COLUMNS = [
     *GRID_COLUMNS[:4],
     *RUN_COLUMNS,
     *tuning.STOP_COLUMNS,
-    *GRID_COLUMNS[-3:],
+    *GRID_COLUMNS[-4:],
 ]
 
 

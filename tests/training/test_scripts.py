@@ -271,6 +271,7 @@ def test_doc_results_runner_scores_every_test_window(tmp_path, monkeypatch):
     windows = json.loads((tmp_path / "data_w3" / "preprocess.json").read_text())
     assert windows["args"]["tokenizer"].endswith("data_w1/tokenizer")  # one tokenizer for both window sizes
     assert "| rfa_doc-gate | 3 |" in tables["results.md"] and "| rfa_doc-nogate | 1 |" in tables["short_budget.md"]
+    assert "dev source gain" in tables["results.md"] and all(math.isfinite(r["valid_source_gain"]) for r in rows)
     with pytest.raises(SystemExit):
         module.main(["--rows", "transformer@4"])
 
