@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokeni
 import talk_hf  # noqa: F401
 from talk_hf.training.corpora import read_lines, write_lines
 from talk_hf.training.evaluation import perplexity, rouge, translate
-from talk_hf.training.loop import make_collator, source_gain, validation_loss
+from talk_hf.training.loop import make_collator, summed_losses, validation_loss
 from talk_hf.training.run import evaluate_translation, load_prepared
 
 
@@ -80,10 +80,10 @@ def main(argv=None):
         loss, tokens = validation_loss(model, load_prepared(args.data, args.split), make_collator(model), args.max_tokens)
         results = {"loss": loss, "perplexity": perplexity(loss), "tokens": tokens}
     elif args.metric == "loss":
-        dataset, collator = load_prepared(args.data, args.split), make_collator(model)
-        loss, tokens = validation_loss(model, dataset, collator, args.max_tokens)
-        gain, gain_tokens = source_gain(model, dataset, collator, args.max_tokens)
-        results = {"loss": loss, "tokens": tokens, "source_gain": gain, "source_gain_tokens": gain_tokens}
+        sums = summed_losses(model, load_prepared(args.data, args.split), make_collator(model), args.max_tokens,
+                             swap_sources=True)
+        results = {"loss": sums.loss, "tokens": sums.tokens, "source_gain": sums.source_gain,
+                   "source_gain_tokens": sums.gain_tokens}
     elif args.metric == "rouge":
         summaries = translate(model, tokenizer, read_lines(args.source), **generation)
         results = rouge(summaries, read_lines(args.reference))

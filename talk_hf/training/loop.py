@@ -1,9 +1,9 @@
 """An Accelerate training loop for talk_hf models and the transformers baselines.
 
 Token-budget batches (`max_tokens`), gradient accumulation, fp16/bf16, multi-GPU through `accelerate launch`,
-Adam with inverse-sqrt or cosine-with-warmup schedules, label smoothing, periodic validation loss and BLEU (and, for
-encoder-decoders, the loss the right sources save over swapped ones, which shows an encoder that stopped reading), early
-stopping when the validation loss stops improving, a JSONL metrics log and a plot, checkpoints that resume exactly
+Adam with inverse-sqrt or cosine-with-warmup schedules, label smoothing, periodic validation loss and BLEU (and,
+for encoder-decoders, the loss the right sources save over swapped ones: it shows an encoder that stopped reading),
+early stopping when the validation loss stops improving, a JSONL metrics log and a plot, checkpoints that resume exactly
 (same next batch, same loss), and averaging of the last checkpoints.
 """
 
@@ -188,23 +188,60 @@ def _loader(dataset, batches, collator):
                       generator=torch.Generator())
 
 
+@dataclasses.dataclass
+class LossSums:
+    """The sums of one validation pass (`summed_losses`): cross-entropy over every target token, and the source
+    gain's, over the batches where it was measured."""
+
+    total: float = 0.0
+    tokens: int = 0
+    gain_total: float = 0.0  # loss with swapped sources minus loss with the right ones, summed
+    gain_tokens: int = 0
+
+    @property
+    def loss(self):
+        return self.total / max(self.tokens, 1)
+
+    @property
+    def source_gain(self):
+        return self.gain_total / max(self.gain_tokens, 1)
+
+
+def _rolled_sources(batch):
+    """The batch with each row's source taken from the row before it (the first from the last)."""
+    return dict(batch, input_ids=batch["input_ids"].roll(1, 0), attention_mask=batch["attention_mask"].roll(1, 0))
+
+
 @torch.no_grad()
-def validation_loss(model, dataset, collator, max_tokens, accelerator=None):
-    """Token-weighted mean cross-entropy (no smoothing) over a dataset -> (loss, tokens)."""
+def summed_losses(model, dataset, collator, max_tokens, accelerator=None, swap_sources=False):
+    """One pass over a dataset in token-budget batches -> LossSums: the cross-entropy (no smoothing) of every target
+    token and, with swap_sources (an encoder-decoder), the source gain's sums: on each batch of two rows or more,
+    the loss with every source swapped for another row's minus the loss with the right ones."""
+    if swap_sources and is_causal_lm(model):
+        raise ValueError("the source gain needs an encoder-decoder: a causal LM has no source")
     model.eval()
     batches = TokenBatchSampler(dataset["num_tokens"], max_tokens, shuffle=False).batches(0)
-    total, tokens = 0.0, 0
+    sums = LossSums()
     device = accelerator.device if accelerator is not None else next(model.parameters()).device
     for batch in _loader(dataset, batches, collator):
         batch = {k: v.to(device) for k, v in batch.items()}
-        total += token_loss(model, batch, reduction="sum").item()
+        right = token_loss(model, batch, reduction="sum").item()
         labels = batch["labels"][:, 1:] if is_causal_lm(model) else batch["labels"]
-        tokens += int((labels != -100).sum())
+        tokens = int((labels != -100).sum())
+        sums.total, sums.tokens = sums.total + right, sums.tokens + tokens
+        if swap_sources and len(labels) > 1:  # a lone row has no other source to take
+            sums.gain_total += token_loss(model, _rolled_sources(batch), reduction="sum").item() - right
+            sums.gain_tokens += tokens
     model.train()
-    return total / max(tokens, 1), tokens
+    return sums
 
 
-@torch.no_grad()
+def validation_loss(model, dataset, collator, max_tokens, accelerator=None):
+    """Token-weighted mean cross-entropy (no smoothing) over a dataset -> (loss, tokens)."""
+    sums = summed_losses(model, dataset, collator, max_tokens, accelerator)
+    return sums.loss, sums.tokens
+
+
 def source_gain(model, dataset, collator, max_tokens, accelerator=None):
     """What the source is worth to an encoder-decoder: its validation loss with every source swapped for another
     row's (each batch's sources rolled by one row) minus its loss with the right sources, token-weighted, over the
@@ -214,21 +251,8 @@ def source_gain(model, dataset, collator, max_tokens, accelerator=None):
     (a collapsed encoder) has a gain of about 0, while its validation loss can go on falling as a language model
     of the targets.
     """
-    if is_causal_lm(model):
-        raise ValueError("source_gain needs an encoder-decoder: a causal LM has no source")
-    model.eval()
-    batches = TokenBatchSampler(dataset["num_tokens"], max_tokens, shuffle=False).batches(0)
-    gain, tokens = 0.0, 0
-    device = accelerator.device if accelerator is not None else next(model.parameters()).device
-    for batch in _loader(dataset, batches, collator):
-        if len(batch["input_ids"]) < 2:  # a lone row has no other source to take
-            continue
-        batch = {k: v.to(device) for k, v in batch.items()}
-        swapped = dict(batch, input_ids=batch["input_ids"].roll(1, 0), attention_mask=batch["attention_mask"].roll(1, 0))
-        gain += (token_loss(model, swapped, reduction="sum") - token_loss(model, batch, reduction="sum")).item()
-        tokens += int((batch["labels"] != -100).sum())
-    model.train()
-    return gain / max(tokens, 1), tokens
+    sums = summed_losses(model, dataset, collator, max_tokens, accelerator, swap_sources=True)
+    return sums.source_gain, sums.gain_tokens
 
 
 def checkpoints(output_dir):
@@ -318,18 +342,19 @@ class Trainer:
         """Validation loss (and BLEU with bleu_sentences, and the source gain of an encoder-decoder) of the current
         weights, logged with `fields` -> the record."""
         model = self.accelerator.unwrap_model(self.model)
-        loss, _ = validation_loss(model, self.valid_dataset, self.collator, self.config.max_tokens, self.accelerator)
-        record = {"step": self.state.global_step, "epoch": self.state.epoch, "valid_loss": loss,
-                  "valid_ppl": math.exp(min(loss, 50))}
-        if self.valid_texts is not None and self.config.bleu_sentences and not is_causal_lm(model):
+        seq2seq = not is_causal_lm(model)
+        sums = summed_losses(model, self.valid_dataset, self.collator, self.config.max_tokens, self.accelerator,
+                             swap_sources=seq2seq)
+        record = {"step": self.state.global_step, "epoch": self.state.epoch, "valid_loss": sums.loss,
+                  "valid_ppl": math.exp(min(sums.loss, 50))}
+        if seq2seq:
+            record["valid_source_gain"] = sums.source_gain
+        if self.valid_texts is not None and self.config.bleu_sentences and seq2seq:
             sources, references = self.valid_texts
             n = self.config.bleu_sentences
             hyps = translate(model, self.tokenizer, sources[:n], num_beams=self.config.num_beams,
                              max_new_tokens=self.config.max_new_tokens)
             record["valid_bleu"] = corpus_bleu(hyps, references[:n])[0]
-        if not is_causal_lm(model):
-            record["valid_source_gain"], _ = source_gain(model, self.valid_dataset, self.collator,
-                                                         self.config.max_tokens, self.accelerator)
         record.update(fields)
         self.log(record)
         return record
