@@ -57,7 +57,8 @@ def _check_feature_args(x, projection, tau):
 
 def rfa_feature_map(x, projection, tau=None):
     """Random features of queries or keys; the compiled kernel when built for x's device and no gradient is needed
-    (decoding, inference), else `rfa_feature_map_ref` (same function).
+    (decoding, inference), else `_rfa_feature_map_heads` (the same function as `rfa_feature_map_ref`, differentiable,
+    laid out head-major in memory).
 
     x: (B, T, H, d); projection: (H, D, d); tau: (H,) temperatures or None (= 1)
     -> (B, T, H, 2D) in fp32 (fp64 for fp64 x), sin/cos pairs interleaved.
@@ -66,7 +67,7 @@ def rfa_feature_map(x, projection, tau=None):
     if not needs_grad(x, projection, tau) and use_kernels(x):
         acc = _acc_dtype(x)
         return _kernels.rfa_feature_map(*_cast(acc, x, projection, tau))
-    return _rfa_feature_map_ref(x, projection, tau)
+    return _rfa_feature_map_heads(x, projection, tau)
 
 
 def rfa_feature_map_ref(x, projection, tau=None):
@@ -85,6 +86,35 @@ def _rfa_feature_map_ref(x, projection, tau):
     x_hat = x / (x.norm(dim=-1, keepdim=True) + NORM_EPS)
     u = torch.einsum("bthd,hfd->bthf", x_hat, w)
     return FEATURE_SCALE * torch.stack([torch.sin(u), torch.cos(u)], dim=-1).flatten(-2)
+
+
+class _ScaledSinCos(torch.autograd.Function):
+    """u (..., D) -> FEATURE_SCALE * [sin u, cos u] as (..., D, 2). The backward reads the saved output (its sin and
+    cos columns are the derivatives of each other), so nothing is recomputed and u is not kept."""
+
+    @staticmethod
+    def forward(ctx, u):
+        out = torch.stack([torch.sin(u), torch.cos(u)], dim=-1).mul_(FEATURE_SCALE)
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        (out,) = ctx.saved_tensors
+        return grad[..., 0] * out[..., 1] - grad[..., 1] * out[..., 0]
+
+
+def _rfa_feature_map_heads(x, projection, tau):
+    """`rfa_feature_map_ref`'s function for training: a (B, T, H, 2D) view of (B, H, T, 2D) memory, so that the
+    per-head matrix products of the attention read it without a transposing copy (docs/kernels.md)."""
+    acc = _acc_dtype(x)
+    x = x.to(acc)
+    w = projection.to(acc)
+    if tau is not None:
+        w = w / tau.to(acc).view(-1, 1, 1)
+    x_hat = x / (x.norm(dim=-1, keepdim=True) + NORM_EPS)
+    u = torch.einsum("bthd,hfd->bhtf", x_hat, w).contiguous()  # (B, H, T, D)
+    return _ScaledSinCos.apply(u).flatten(-2).transpose(1, 2)
 
 
 def rfa_key_norm_rescale(k, tau=None, attention_mask=None):
@@ -281,9 +311,16 @@ def rfa_cross_state(k, v, attention_mask=None):
     return _cross_state(k, v, attention_mask)
 
 
-def _cross_state(k, v, attention_mask):
+def _cross_state(k, v, attention_mask, key_scale=None):
+    """sum_s w_s phi(k_s) [v_s, 1]^T with w the mask times key_scale: (B, H, F, d + 1). The weights multiply the
+    d + 1 value columns instead of the F key features (the same sum, F / (d + 1) times fewer products), and the keys
+    enter the matrix product as a transposed view."""
     acc = _acc_dtype(k, v)
-    return torch.einsum("bshf,bshe->bhfe", _masked_keys(k.to(acc), attention_mask), _with_ones(v, acc))
+    values = _with_ones(v, acc)
+    weights = _key_weights(k, attention_mask, key_scale, acc)
+    if weights is not None:
+        values = values * weights
+    return k.to(acc).transpose(1, 2).transpose(-1, -2) @ values.transpose(1, 2)
 
 
 def _check_source_args(k, v, attention_mask):
@@ -293,10 +330,6 @@ def _check_source_args(k, v, attention_mask):
         raise ValueError(f"v must be (B, S, H, d) matching k {tuple(k.shape[:3])}, got {tuple(v.shape)}")
     if attention_mask is not None and attention_mask.shape != k.shape[:2]:
         raise ValueError(f"attention_mask must be (B, S) = {tuple(k.shape[:2])}, got {tuple(attention_mask.shape)}")
-
-
-def _masked_keys(k, attention_mask):  # (B, S, H, F), zero at padded tokens
-    return k if attention_mask is None else k * attention_mask.to(k.dtype).view(*k.shape[:2], 1, 1)
 
 
 def rfa_step_(q, k, v, state, decay=None, eps=DEFAULT_EPS):
@@ -334,9 +367,9 @@ def rfa_cross_source(k, v, attention_mask=None, key_scale=None):
     _check_source_args(k, v, attention_mask)
     S, F, E = k.shape[1], k.shape[-1], v.shape[-1] + 1
     acc = _acc_dtype(k, v)
-    weights = _key_weights(k, attention_mask, key_scale, acc)
     if S * (F + E) >= F * E:
-        return _cross_state(k if weights is None else k.to(acc) * weights, v, None)
+        return _cross_state(k, v, attention_mask, key_scale)
+    weights = _key_weights(k, attention_mask, key_scale, acc)
     if needs_grad(k, key_scale):  # differentiable ops (out= has no autograd)
         keys = (k.to(acc) if weights is None else k.to(acc) * weights).transpose(1, 2).contiguous()
     else:  # one pass: scaled, masked and laid out at once

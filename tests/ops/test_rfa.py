@@ -119,6 +119,27 @@ def test_feature_map_uses_the_kernel_without_gradients_and_pytorch_ops_with_them
     assert tau.grad is not None and tau.grad.abs().sum() > 0
 
 
+def test_feature_map_with_gradients_equals_the_reference_and_is_laid_out_by_head():
+    """The differentiable form (its backward reads the saved sin/cos output instead of recomputing them) gives the
+    reference's values and gradients for x, the projection and tau (fp64 gradcheck), odd sizes; its (B, T, H, 2D)
+    result is a view of (B, H, T, 2D) memory, which the attention's per-head products read without a copy."""
+    g = torch.Generator().manual_seed(23)
+    B, T, H, d, D = 3, 5, 2, 7, 3
+    x = torch.randn(B, T, H, d, generator=g, dtype=torch.float64, requires_grad=True)
+    proj = ops.rfa_random_projection(H, D, d, generator=g, dtype=torch.float64).requires_grad_()
+    tau = (torch.rand(H, generator=g, dtype=torch.float64) + 0.5).requires_grad_()
+    out = ops.rfa_feature_map(x, proj, tau)
+    expected = ops.rfa_feature_map_ref(x, proj, tau)
+    torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-14)
+    assert out.shape == (B, T, H, 2 * D) and out.transpose(1, 2).is_contiguous()
+    grad = torch.randn(out.shape, generator=g, dtype=torch.float64)
+    got = torch.autograd.grad(out, (x, proj, tau), grad)
+    want = torch.autograd.grad(expected, (x, proj, tau), grad)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    assert torch.autograd.gradcheck(ops.rfa_feature_map, (x, proj, tau))
+
+
 def test_feature_map_opcheck_and_kernel_checks():
     g = torch.Generator().manual_seed(6)
     x, proj, tau = torch.randn(2, 3, 2, 8, generator=g), torch.randn(2, 4, 8, generator=g), torch.rand(2, generator=g)
@@ -471,7 +492,7 @@ def test_batch_equals_rows_one_at_a_time(causal):
 def test_cross_source_takes_the_smaller_form(S, form):
     """F = 16, d + 1 = 4: the state holds 64 numbers per (batch, head), the keys and values 20 per token, so a source
     of 3 tokens is kept as keys and values and one of 4 as the state; either gives the quadratic form's result (with
-    a padded row), and gradients flow through the keys-and-values form."""
+    a padded row), and gradients flow through both forms (to the key scale too)."""
     g = torch.Generator().manual_seed(18)
     B, T, H, F, d = 2, 5, 2, 16, 3
     q, k = features(B, T, H, F, g), features(B, S, H, F, g)
@@ -489,9 +510,9 @@ def test_cross_source_takes_the_smaller_form(S, form):
     scale = torch.rand(B, S, H, 1, generator=g, dtype=torch.float64) + 0.5  # key_scale: the norm rescaling
     scaled = ops.rfa_cross_source(k, v, mask, key_scale=scale)
     assert_close(ops.rfa_cross(q, scaled), ops.rfa_cross_ref(q, k * scale, v, mask))
-    if form == "keys":
-        check = lambda q, k, v: ops.rfa_cross(q, ops.rfa_cross_source(k, v, mask, key_scale=scale))  # noqa: E731
-        assert torch.autograd.gradcheck(check, (q.requires_grad_(), k.requires_grad_(), v.requires_grad_()))
+    check = lambda q, k, v, scale: ops.rfa_cross(q, ops.rfa_cross_source(k, v, mask, key_scale=scale))  # noqa: E731
+    inputs = (q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), scale.requires_grad_())
+    assert torch.autograd.gradcheck(check, inputs)
 
 
 def test_cross_attention_matches_quadratic_form_and_ignores_padding():
