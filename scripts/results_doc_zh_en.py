@@ -86,7 +86,9 @@ def prepare(out, window, vocab_size, max_tokens_per_example):
 
 
 def max_new_tokens(data_dir):
-    """Room for the longest test reference (window) and then some: a shorter limit would truncate hypotheses."""
+    """Room for the longest test reference of the sentence-level data (data_w1) and then some: a shorter limit would
+    truncate hypotheses. Documents are translated a sentence at a time (the limit applies to each new sentence, the
+    forced prefix not counted), so it is the same for every window."""
     return int(1.25 * max(len(labels) for labels in load_prepared(data_dir, "zh2en-test")["labels"])) + 8
 
 
@@ -124,11 +126,12 @@ def trainer(args, out):
 
     def train(row, folder, learning_rate, warmup_steps, **loop):
         data_dir = prepare(out, row["window"], args.vocab_size, args.max_tokens_per_example)
+        sentences = prepare(out, 1, args.vocab_size, args.max_tokens_per_example)
         kind, overrides = MODELS[row["name"]]
         init = sentence_level_model(out, row) if args.init_from_sentence_level and row["window"] > 1 else None
         config = TrainConfig(output_dir=str(folder), max_tokens=args.max_tokens, learning_rate=learning_rate,
                              warmup_steps=warmup_steps, label_smoothing=0.1, bleu_sentences=0,
-                             num_beams=args.num_beams, max_new_tokens=max_new_tokens(data_dir), seed=args.seed, **loop)
+                             num_beams=args.num_beams, max_new_tokens=max_new_tokens(sentences), seed=args.seed, **loop)
         return train_run(data_dir, kind, config, overrides=overrides, valid_split="dev", test_split="zh2en-test",
                          document_level=row["window"] > 1, test_limit=args.test_limit, init_from=init)
 

@@ -254,7 +254,8 @@ def test_doc_results_runner_scores_every_test_window(tmp_path, monkeypatch):
                 encoder_attention_heads=2, decoder_attention_heads=2)
     monkeypatch.setattr(module, "MODELS", {name: (kind, {**values, **tiny})
                                            for name, (kind, values) in module.MODELS.items()})
-    monkeypatch.setattr(module, "max_new_tokens", lambda data_dir: 6)  # untrained models never stop early
+    limits = []  # the data each row's limit on new tokens comes from; 6: untrained models never stop early
+    monkeypatch.setattr(module, "max_new_tokens", lambda data_dir: limits.append(Path(data_dir).name) or 6)
     args = ["--output_dir", str(tmp_path), "--grid_learning_rates", "1e-3", "--grid_warmup_steps", "1",
             "--grid_steps", "2", "--max_steps", "2", "--eval_every", "1", "--patience", "2", "--max_tokens", "1024",
             "--vocab_size", "300", "--num_beams", "1", "--init_from_sentence_level"]
@@ -272,6 +273,7 @@ def test_doc_results_runner_scores_every_test_window(tmp_path, monkeypatch):
     assert windows["args"]["tokenizer"].endswith("data_w1/tokenizer")  # one tokenizer for both window sizes
     assert "| rfa_doc-gate | 3 |" in tables["results.md"] and "| rfa_doc-nogate | 1 |" in tables["short_budget.md"]
     assert "dev source gain" in tables["results.md"] and all(math.isfinite(r["valid_source_gain"]) for r in rows)
+    assert set(limits) == {"data_w1"}  # a sentence at a time: the window-3 row's limit is a sentence's too
     with pytest.raises(SystemExit):
         module.main(["--rows", "transformer@4"])
 
