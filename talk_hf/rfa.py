@@ -77,14 +77,18 @@ def rfa_feature_map_ref(x, projection, tau=None):
     return _rfa_feature_map_ref(x, projection, tau)
 
 
-def _rfa_feature_map_ref(x, projection, tau):
+def _feature_inputs(x, projection, tau):
+    """(x / (|x| + 1e-3), projection / tau), both in the accumulation dtype: the two factors of u."""
     acc = _acc_dtype(x)
     x = x.to(acc)
     w = projection.to(acc)
     if tau is not None:
         w = w / tau.to(acc).view(-1, 1, 1)
-    x_hat = x / (x.norm(dim=-1, keepdim=True) + NORM_EPS)
-    u = torch.einsum("bthd,hfd->bthf", x_hat, w)
+    return x / (x.norm(dim=-1, keepdim=True) + NORM_EPS), w
+
+
+def _rfa_feature_map_ref(x, projection, tau):
+    u = torch.einsum("bthd,hfd->bthf", *_feature_inputs(x, projection, tau))
     return FEATURE_SCALE * torch.stack([torch.sin(u), torch.cos(u)], dim=-1).flatten(-2)
 
 
@@ -107,13 +111,7 @@ class _ScaledSinCos(torch.autograd.Function):
 def _rfa_feature_map_heads(x, projection, tau):
     """`rfa_feature_map_ref`'s function for training: a (B, T, H, 2D) view of (B, H, T, 2D) memory, so that the
     per-head matrix products of the attention read it without a transposing copy (docs/kernels.md)."""
-    acc = _acc_dtype(x)
-    x = x.to(acc)
-    w = projection.to(acc)
-    if tau is not None:
-        w = w / tau.to(acc).view(-1, 1, 1)
-    x_hat = x / (x.norm(dim=-1, keepdim=True) + NORM_EPS)
-    u = torch.einsum("bthd,hfd->bhtf", x_hat, w).contiguous()  # (B, H, T, D)
+    u = torch.einsum("bthd,hfd->bhtf", *_feature_inputs(x, projection, tau)).contiguous()  # (B, H, T, D)
     return _ScaledSinCos.apply(u).flatten(-2).transpose(1, 2)
 
 
@@ -320,7 +318,7 @@ def _cross_state(k, v, attention_mask, key_scale=None):
     weights = _key_weights(k, attention_mask, key_scale, acc)
     if weights is not None:
         values = values * weights
-    return k.to(acc).transpose(1, 2).transpose(-1, -2) @ values.transpose(1, 2)
+    return k.to(acc).permute(0, 2, 3, 1) @ values.transpose(1, 2)  # (B, H, F, S) @ (B, H, S, d + 1)
 
 
 def _check_source_args(k, v, attention_mask):
