@@ -28,6 +28,7 @@ from .modeling_dynamic_conv import (  # noqa: E402
 from .modeling_rfa_doc import RfaDocForConditionalGeneration, RfaDocModel  # noqa: E402
 from .modeling_talk import TalkForCausalLM, TalkForConditionalGeneration, TalkLMModel, TalkModel  # noqa: E402
 from .document_translation import (  # noqa: E402
+    ContextShortenedWarning,
     translate_document,
     translate_document_streaming,
     translate_documents,
@@ -69,6 +70,7 @@ for _config, _model, _head in [
     _head.register_for_auto_class("AutoModelForCausalLM")
 
 __all__ = [
+    "ContextShortenedWarning",
     "DocumentTranslationPipeline",
     "DynamicConvConfig",
     "DynamicConvForCausalLM",

@@ -15,7 +15,14 @@ source replaced by the source window of sentence i. (RFA-doc's decay gate weighs
 separator.)
 
 A document is a list of sentences, or a string with one sentence per line (blank lines skipped).
+
+Models with a fixed number of positions (transformers' Marian and BART: `max_position_embeddings`) cannot take a
+window whose source, or whose forced prefix plus `max_new_tokens`, passes that number. Such a window drops its oldest
+context sentences, on both sides, until it fits, and `translate_documents` warns (`ContextShortenedWarning`) with
+how many windows it shortened. The talk_hf models take any length.
 """
+
+import warnings
 
 import torch
 
@@ -35,6 +42,15 @@ def document_sentences(document):
     return list(document)
 
 
+class ContextShortenedWarning(UserWarning):
+    """Some windows dropped context sentences to fit the model's positions. shortened: how many; windows: of how
+    many translated."""
+
+    def __init__(self, message, shortened, windows):
+        super().__init__(message)
+        self.shortened, self.windows = shortened, windows
+
+
 def translate_documents(model, tokenizer, documents, window=4, batch_size=32, sep_token=SEP_TOKEN,
                         **generate_kwargs):
     """Translate documents with sliding windows -> one list of translations (str) per document, one per sentence.
@@ -45,21 +61,30 @@ def translate_documents(model, tokenizer, documents, window=4, batch_size=32, se
     have the same length go together, so the decoder inputs are never padded and a document's translation does not
     depend on the others in the batch, for any model.
     generate_kwargs: passed to `model.generate` (num_beams, length_penalty, do_sample, ...); max_new_tokens limits
-    each new sentence (the forced prefix is not counted).
+    each new sentence (the forced prefix is not counted). A window that would pass a model's positions is shortened
+    (module docstring).
     """
     _check_generation(window, batch_size, generate_kwargs)
     docs = [document_sentences(d) for d in documents]
     separator = _separator_id(tokenizer, sep_token) if window > 1 else None
     stops = _stop_ids(model, separator)
+    fit = _WindowFit(model, tokenizer, sep_token, generate_kwargs)
     done = [[] for _ in docs]  # the token ids kept for each translated sentence
+    shortened = 0
     for i in range(max(map(len, docs), default=0)):
-        first = _window_start(i, window)
         rows = [d for d in range(len(docs)) if i < len(docs[d])]
-        sources = [join_sentences(docs[d][first : i + 1], sep_token) for d in rows]
-        prefixes = [_forced_prefix(done[d][first:i], separator) for d in rows]
+        firsts = [fit.start(docs[d], done[d], i, _window_start(i, window), separator, d) for d in rows]
+        shortened += sum(first > _window_start(i, window) for first in firsts)
+        sources = [join_sentences(docs[d][first : i + 1], sep_token) for d, first in zip(rows, firsts)]
+        prefixes = [_forced_prefix(done[d][first:i], separator) for d, first in zip(rows, firsts)]
         for d, ids in zip(rows, _generate_windows(model, tokenizer, sources, prefixes, stops, batch_size,
                                                   generate_kwargs)):
             done[d].append(ids)
+    if shortened:
+        windows = sum(map(len, docs))
+        warnings.warn(ContextShortenedWarning(
+            f"{shortened} of {windows} windows dropped context sentences to fit the model's positions "
+            f"(encoder {fit.encoder_positions}, decoder {fit.decoder_positions})", shortened, windows), stacklevel=2)
     return [[tokenizer.decode(ids, skip_special_tokens=True).strip() for ids in doc] for doc in done]
 
 
@@ -83,6 +108,54 @@ def _check_generation(window, batch_size, generate_kwargs):
 def _window_start(i, window):
     """The first sentence of sentence i's window (a window never reaches before the document's start)."""
     return max(0, i - window + 1)
+
+
+class _WindowFit:
+    """Where a window must start for its source and decoder input to fit the model's positions (None: any length).
+
+    The decoder input is the start token, the forced prefix and the new sentence: max_new_tokens tokens, or up to
+    generate()'s max_length in all when max_new_tokens is unset."""
+
+    def __init__(self, model, tokenizer, sep_token, generate_kwargs):
+        self.encoder_positions, self.decoder_positions = _position_limits(model.config)
+        self.tokenizer, self.sep_token = tokenizer, sep_token
+        config = model.generation_config
+        self.new_tokens = generate_kwargs.get("max_new_tokens", config.max_new_tokens)
+        self.max_length = generate_kwargs.get("max_length", config.max_length)
+        if self.decoder_positions is not None and self._decoder_length(0) > self.decoder_positions:
+            raise ValueError(
+                f"a sentence may take {self._decoder_length(0)} decoder positions (its start token and "
+                f"max_new_tokens={self.new_tokens}, max_length={self.max_length}) but the model has "
+                f"{self.decoder_positions}: lower max_new_tokens")
+
+    def _decoder_length(self, prefix):
+        if self.new_tokens is None:
+            return max(self.max_length, 1 + prefix + 1)
+        return 1 + prefix + self.new_tokens
+
+    def _source_length(self, sentences):
+        return len(self.tokenizer(join_sentences(sentences, self.sep_token))["input_ids"])
+
+    def start(self, sentences, kept, i, first, separator, document):
+        """The first sentence of sentence i's window: `first`, or later until the window fits."""
+        if self.encoder_positions is None and self.decoder_positions is None:
+            return first
+        for start in range(first, i + 1):
+            source_fits = (self.encoder_positions is None
+                           or self._source_length(sentences[start : i + 1]) <= self.encoder_positions)
+            prefix = len(_forced_prefix(kept[start:i], separator))
+            if source_fits and (self.decoder_positions is None
+                                or self._decoder_length(prefix) <= self.decoder_positions):
+                return start
+        raise ValueError(f"sentence {i} of document {document} alone has {self._source_length(sentences[i : i + 1])} "
+                         f"tokens, more than the model's {self.encoder_positions} encoder positions")
+
+
+def _position_limits(config):
+    """(encoder, decoder) positions a model can take: fairseq-style max_source/target_positions, else
+    max_position_embeddings (Marian, BART), else None (no limit: the talk_hf models' sinusoids)."""
+    shared = getattr(config, "max_position_embeddings", None)
+    return (getattr(config, "max_source_positions", shared), getattr(config, "max_target_positions", shared))
 
 
 def _decoder_start(model):

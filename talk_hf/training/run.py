@@ -4,12 +4,13 @@ scripts/train.py and scripts/demo.py)."""
 import fcntl
 import json
 import math
+import warnings
 from pathlib import Path
 
 from datasets import load_from_disk
 from transformers import AutoTokenizer
 
-from ..document_translation import translate_document_streaming, translate_documents
+from ..document_translation import ContextShortenedWarning, translate_document_streaming, translate_documents
 from ..environment import device_description
 from ..metrics.document_bleu.document_bleu import document_scores
 from ..tokenization import split_sentences
@@ -58,6 +59,7 @@ def _evaluate_documents(model, tokenizer, dataset, decoding, generation):
     if decoding not in DOCUMENT_DECODINGS:
         raise ValueError(f"document_decoding must be one of {DOCUMENT_DECODINGS}, got {decoding!r}")
     sources, references, window = split_documents(dataset)
+    shortened = 0
     if decoding == "windows":
         texts = translate(model, tokenizer, dataset["source"], skip_special_tokens=False, **generation)
         hyps = group_documents(last_sentences(texts), dataset["doc_id"])
@@ -67,11 +69,23 @@ def _evaluate_documents(model, tokenizer, dataset, decoding, generation):
         greedy = {k: v for k, v in generation.items() if k != "num_beams"}
         hyps = [translate_document_streaming(model, tokenizer, doc, window=window, **greedy) for doc in sources]
     else:
-        hyps = translate_documents(model, tokenizer, sources, window=window, **generation)
+        hyps, shortened = _translate_counting_shortened(model, tokenizer, sources, window, generation)
     scores = document_scores(hyps, references)
     return {"bleu": scores["bleu"], "d_bleu": scores["d_bleu"], "signature": scores["signature"],
             "sentences": scores["sentences"], "documents": scores["documents"], "window": window,
-            "document_decoding": decoding, "hypotheses": [s for doc in hyps for s in doc]}
+            "document_decoding": decoding, "context_shortened": shortened,
+            "hypotheses": [s for doc in hyps for s in doc]}
+
+
+def _translate_counting_shortened(model, tokenizer, sources, window, generation):
+    """`translate_documents` -> (translations, how many windows dropped context to fit the model's positions); its
+    warnings are passed on."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        hyps = translate_documents(model, tokenizer, sources, window=window, **generation)
+    for w in caught:
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return hyps, sum(w.message.shortened for w in caught if issubclass(w.category, ContextShortenedWarning))
 
 
 def split_documents(dataset):
@@ -152,7 +166,8 @@ def train_run(data_dir, kind, train_config, preset=None, config_file=None, overr
             results.update({"test_chrf": scored["chrf"], "chrf_signature": scored["chrf_signature"]})
         if document_level:
             results.update({"test_d_bleu": scored["d_bleu"], "test_documents": scored["documents"],
-                            "document_decoding": scored["document_decoding"], "window": scored["window"]})
+                            "document_decoding": scored["document_decoding"], "window": scored["window"],
+                            "test_context_shortened": scored["context_shortened"]})
         if trainer.accelerator.is_main_process:
             write_lines(output_dir / "test_hypotheses.txt", scored["hypotheses"])
     elif not is_seq2seq:

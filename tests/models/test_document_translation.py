@@ -1,10 +1,12 @@
 """Document translation: sliding windows with the forced target context (any encoder-decoder, a transformers
 baseline included) and streaming with the decoder state carried across sentences (talk_hf models)."""
 
+import warnings
+
 import pytest
 import torch
 
-from talk_hf import translate_document, translate_document_streaming, translate_documents
+from talk_hf import ContextShortenedWarning, translate_document, translate_document_streaming, translate_documents
 from talk_hf.tokenization import SEP_ID, SEP_TOKEN, join_sentences, train_joint_bpe
 from talk_hf.training.models import build_model
 from tests.models.tiny import cache_of
@@ -28,20 +30,27 @@ def tokenizer():
     return train_joint_bpe(SENTENCES * 3, vocab_size=80, min_frequency=1)
 
 
-def model_for(kind, tokenizer, seed=0):
+def model_for(kind, tokenizer, seed=0, **overrides):
     torch.manual_seed(seed)
-    return build_model(kind, tokenizer, overrides=dict(TINY, **FAMILY[kind])).eval()
+    return build_model(kind, tokenizer, overrides=dict(TINY, **FAMILY[kind], **overrides)).eval()
 
 
-def by_hand(model, tokenizer, sentences, window, **generate_kwargs):
+def by_hand(model, tokenizer, sentences, window, positions=None, shortened=None, **generate_kwargs):
     """The sliding-window definition, one window at a time: source window joined by <sep>; decoder forced with
     the start token and the ids kept for the previous window sentences, each followed by <sep>; keep what comes
-    before the first </s>, <sep> or pad."""
+    before the first </s>, <sep> or pad. With `positions`, a window drops its oldest sentences until its source
+    and its start token, prefix and max_new_tokens each fit (counted in the list `shortened`)."""
     start, stops = model.config.decoder_start_token_id, {SEP_ID, tokenizer.eos_token_id, tokenizer.pad_token_id}
     kept = []
     for i in range(len(sentences)):
-        source = tokenizer(join_sentences(sentences[max(0, i - window + 1) : i + 1]), return_tensors="pt")
-        prefix = [t for ids in kept[max(0, i - window + 1) :] for t in ids + [SEP_ID]]
+        for first in range(max(0, i - window + 1), i + 1):
+            source = tokenizer(join_sentences(sentences[first : i + 1]), return_tensors="pt")
+            prefix = [t for ids in kept[first:] for t in ids + [SEP_ID]]
+            if positions is None or (source["input_ids"].shape[1] <= positions
+                                     and 1 + len(prefix) + generate_kwargs["max_new_tokens"] <= positions):
+                break
+        if first > max(0, i - window + 1):
+            shortened.append(i)
         out = model.generate(**source, decoder_input_ids=torch.tensor([[start] + prefix]), **generate_kwargs)
         assert out[0, : len(prefix) + 1].tolist() == [start] + prefix  # the prefix is forced
         new = out[0, len(prefix) + 1 :].tolist()
@@ -56,6 +65,36 @@ def test_sliding_windows_equal_the_windows_translated_by_hand(kind, tokenizer):
     assert got == [by_hand(model, tokenizer, doc, 3, **GREEDY) for doc in DOCUMENTS]
     assert [len(t) for t in got] == [len(d) for d in DOCUMENTS]
     assert any(t for doc in got for t in doc)  # the tiny models do generate words
+
+
+def test_a_window_past_the_models_positions_drops_its_oldest_context(tokenizer):
+    """Marian's decoder has max_position_embeddings positions: a forced prefix of earlier translations plus
+    max_new_tokens may pass them, and the window then loses context sentences instead of indexing past its
+    position table."""
+    model = model_for("marian", tokenizer, seed=4, max_position_embeddings=18)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = translate_documents(model, tokenizer, DOCUMENTS, window=3, **GREEDY)
+    shortened = []
+    assert got == [by_hand(model, tokenizer, doc, 3, positions=18, shortened=shortened, **GREEDY)
+                   for doc in DOCUMENTS]
+    assert 0 < len(shortened) < sum(map(len, DOCUMENTS))  # some windows lost context, not all
+    [warning] = [w.message for w in caught if issubclass(w.category, ContextShortenedWarning)]
+    assert (warning.shortened, warning.windows) == (len(shortened), sum(map(len, DOCUMENTS)))
+    assert f"{len(shortened)} of {sum(map(len, DOCUMENTS))} windows" in str(warning)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # enough positions: nothing shortened, no warning
+        assert translate_documents(model_for("marian", tokenizer, seed=4), tokenizer, DOCUMENTS, window=3,
+                                   **GREEDY) == [by_hand(model_for("marian", tokenizer, seed=4), tokenizer, doc, 3,
+                                                         **GREEDY) for doc in DOCUMENTS]
+
+
+def test_what_cannot_fit_the_models_positions_is_refused(tokenizer):
+    model = model_for("marian", tokenizer, max_position_embeddings=18)
+    with pytest.raises(ValueError, match="18 decoder positions|but the model has 18"):
+        translate_documents(model, tokenizer, DOCUMENTS, window=2, max_new_tokens=18)
+    with pytest.raises(ValueError, match="sentence 1 of document 0 alone has .* 18 encoder positions"):
+        translate_documents(model, tokenizer, [[SENTENCES[0], " ".join(SENTENCES)]], window=2, max_new_tokens=4)
 
 
 @pytest.mark.parametrize("kind", ["rfa_doc", "marian"])

@@ -6,7 +6,7 @@ import evaluate
 import pytest
 import torch
 
-from talk_hf import translate_document_streaming, translate_documents
+from talk_hf import ContextShortenedWarning, translate_document_streaming, translate_documents
 from talk_hf.metrics import DOCUMENT_BLEU
 from talk_hf.tokenization import train_joint_bpe
 from talk_hf.training.corpora import document_windows
@@ -44,7 +44,21 @@ def test_sliding_evaluation_translates_whole_documents(setup):
     expected = evaluate.load(DOCUMENT_BLEU).compute(predictions=hyps, references=[TARGETS[:3], TARGETS[3:]])
     assert (result["bleu"], result["d_bleu"], result["sentences"], result["documents"]) == (
         expected["bleu"], expected["d_bleu"], 5, 2)
-    assert result["window"] == 2 and result["document_decoding"] == "sliding"
+    assert result["window"] == 2 and result["document_decoding"] == "sliding" and result["context_shortened"] == 0
+
+
+def test_sliding_evaluation_counts_the_windows_shortened_to_fit_positions(setup):
+    _, tokenizer, windows = setup
+    torch.manual_seed(0)
+    marian = build_model("marian", tokenizer, overrides=dict(
+        d_model=16, encoder_layers=1, decoder_layers=1, encoder_ffn_dim=24, decoder_ffn_dim=24,
+        encoder_attention_heads=2, decoder_attention_heads=2, dropout=0.0, max_position_embeddings=12)).eval()
+    with pytest.warns(ContextShortenedWarning) as caught:
+        result = evaluate_translation(marian, tokenizer, windows, document_level=True, **GREEDY)
+    assert result["context_shortened"] == caught[0].message.shortened > 0
+    with pytest.warns(ContextShortenedWarning):
+        hyps = translate_documents(marian, tokenizer, [SOURCES[:3], SOURCES[3:]], window=2, **GREEDY)
+    assert result["hypotheses"] == hyps[0] + hyps[1]
 
 
 def test_streaming_and_independent_window_evaluation(setup):
