@@ -267,6 +267,7 @@ def test_doc_results_runner_scores_every_test_window(tmp_path, monkeypatch):
     assert all(r["test_sentences"] == 40 and r["steps"] == 2 for r in rows)  # every window scored, none dropped
     gated = rows[1]  # started from the ungated sentence-level model: only its gates kept their initialisation
     assert gated["init_from"].endswith("final/rfa_doc-nogate-1/model") and "test_d_bleu" in gated
+    assert gated["test_context_shortened"] == 0 and "test windows shortened" in tables["results.md"]
     assert gated["not_initialised"] == ["model.decoder.layers.0.mixer.gate.bias",
                                         "model.decoder.layers.0.mixer.gate.weight"]
     windows = json.loads((tmp_path / "data_w3" / "preprocess.json").read_text())
