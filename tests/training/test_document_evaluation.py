@@ -47,6 +47,25 @@ def test_sliding_evaluation_translates_whole_documents(setup):
     assert result["window"] == 2 and result["document_decoding"] == "sliding" and result["context_shortened"] == 0
 
 
+@pytest.mark.parametrize("decoding", ["sliding", "streaming"])
+def test_document_evaluation_decodes_in_eval_mode(setup, decoding):
+    """The training loop hands its model over in training mode (dropout on, RFA's random features redrawn every
+    forward); its test scores must be those of the model as saved and loaded."""
+    _, tokenizer, windows = setup
+    torch.manual_seed(0)
+    model = build_model("rfa_doc", tokenizer, overrides=dict(
+        d_model=16, encoder_layers=1, decoder_layers=1, encoder_ffn_dim=24, decoder_ffn_dim=24,
+        encoder_attention_heads=2, decoder_attention_heads=2, causal_num_frequencies=8, cross_num_frequencies=8,
+        dropout=0.5)).eval()
+    expected = evaluate_translation(model, tokenizer, windows, document_level=True, document_decoding=decoding,
+                                    **GREEDY)
+    for seed in range(3):  # every draw of dropout and features gives the eval-mode translations
+        torch.manual_seed(seed)
+        got = evaluate_translation(model.train(), tokenizer, windows, document_level=True,
+                                   document_decoding=decoding, **GREEDY)
+        assert got["hypotheses"] == expected["hypotheses"]
+
+
 def test_sliding_evaluation_counts_the_windows_shortened_to_fit_positions(setup):
     _, tokenizer, windows = setup
     torch.manual_seed(0)
