@@ -118,6 +118,7 @@ COLUMNS = [
     *RUN_COLUMNS,
     *tuning.STOP_COLUMNS,
     *GRID_COLUMNS[-4:],
+    ("zh2en-test chrF", lambda r: f"{r['test_chrf']:.2f}" if "test_chrf" in r else "-"),
     # windows that dropped context sentences to fit the model's positions (Marian's 1,024; RFA-doc has no limit)
     ("test windows shortened", lambda r: str(r["test_context_shortened"]) if "test_context_shortened" in r else "-"),
 ]

@@ -38,7 +38,7 @@ def evaluate_translation(model, tokenizer, dataset, num_beams=4, length_penalty=
     window ending with it). Its documents are translated whole, by `document_decoding`: "sliding" (the paper's
     sliding windows with the forced target context, window = the split's), "streaming" (the decoder state carried
     across each document; greedy) or "windows" (each window translated on its own, its last sentence kept). Every
-    sentence is scored once; `d_bleu` scores whole documents (metrics/document_bleu). The model is put in eval
+    sentence is scored once (`bleu`, `chrf`); `d_bleu` scores whole documents (metrics/document_bleu). The model is put in eval
     mode (no dropout; RFA-doc's fixed random features)."""
     model.eval()
     if limit:
@@ -73,7 +73,9 @@ def _evaluate_documents(model, tokenizer, dataset, decoding, generation):
     else:
         hyps, shortened = _translate_counting_shortened(model, tokenizer, sources, window, generation)
     scores = document_scores(hyps, references)
+    chrf, chrf_signature = corpus_chrf([s for doc in hyps for s in doc], [s for doc in references for s in doc])
     return {"bleu": scores["bleu"], "d_bleu": scores["d_bleu"], "signature": scores["signature"],
+            "chrf": chrf, "chrf_signature": chrf_signature,
             "sentences": scores["sentences"], "documents": scores["documents"], "window": window,
             "document_decoding": decoding, "context_shortened": shortened,
             "hypotheses": [s for doc in hyps for s in doc]}

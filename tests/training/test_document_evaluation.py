@@ -4,6 +4,7 @@ sentence, with the document_bleu `evaluate` metric shipped in the package."""
 import datasets
 import evaluate
 import pytest
+import sacrebleu
 import torch
 
 from talk_hf import ContextShortenedWarning, translate_document_streaming, translate_documents
@@ -44,6 +45,8 @@ def test_sliding_evaluation_translates_whole_documents(setup):
     expected = evaluate.load(DOCUMENT_BLEU).compute(predictions=hyps, references=[TARGETS[:3], TARGETS[3:]])
     assert (result["bleu"], result["d_bleu"], result["sentences"], result["documents"]) == (
         expected["bleu"], expected["d_bleu"], 5, 2)
+    assert result["chrf"] == sacrebleu.corpus_chrf(hyps[0] + hyps[1], [TARGETS]).score  # every sentence, in order
+    assert result["chrf_signature"].startswith("nrefs:1")
     assert result["window"] == 2 and result["document_decoding"] == "sliding" and result["context_shortened"] == 0
 
 

@@ -268,6 +268,7 @@ def test_doc_results_runner_scores_every_test_window(tmp_path, monkeypatch):
     gated = rows[1]  # started from the ungated sentence-level model: only its gates kept their initialisation
     assert gated["init_from"].endswith("final/rfa_doc-nogate-1/model") and "test_d_bleu" in gated
     assert gated["test_context_shortened"] == 0 and "test windows shortened" in tables["results.md"]
+    assert all(0 <= r["test_chrf"] <= 100 for r in rows) and "zh2en-test chrF" in tables["results.md"]
     assert gated["not_initialised"] == ["model.decoder.layers.0.mixer.gate.bias",
                                         "model.decoder.layers.0.mixer.gate.weight"]
     windows = json.loads((tmp_path / "data_w3" / "preprocess.json").read_text())
