@@ -155,6 +155,12 @@ COVERAGE = {
     ("docs/benchmarks.md", "--rows marian@1 --stages final --setting 5e-4 1000"): Exempt(
         "the same runner at another setting (hours); evaluate_model.py --metric loss is run small by "
         "tests/training/test_scripts.py"),
+    ("docs/benchmarks.md", "--rows marian@4 --stages final --setting 5e-4 100"): Exempt(
+        "the same runner's window-4 rows, from the window-1 models (hours); --init_from_sentence_level is run small "
+        "by tests/training/test_scripts.py"),
+    ("docs/benchmarks.md", "--document_decoding streaming --num_beams 1 --max_new_tokens 350"): Exempt(
+        "translates the whole test set with a trained document model (25 minutes); both decodings are run small "
+        "through evaluate_translation by tests/training/test_document_evaluation.py"),
     ("docs/benchmarks.md", "benchmark_generation.py --from_results"): Shell(
         subs=[("benchmarks/results/cpu_rfa_paper_2026-11-25/speedup_windows_1-60.png", "runs/speedup.png")]),
     ("docs/benchmarks.md", "benchmarks/benchmark_ops.py --device cpu"): Shell(
