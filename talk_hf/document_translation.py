@@ -19,7 +19,8 @@ A document is a list of sentences, or a string with one sentence per line (blank
 Models with a fixed number of positions (transformers' Marian and BART: `max_position_embeddings`) cannot take a
 window whose source, or whose forced prefix plus `max_new_tokens`, passes that number. Such a window drops its oldest
 context sentences, on both sides, until it fits, and `translate_documents` warns (`ContextShortenedWarning`) with
-how many windows it shortened. The talk_hf models take any length.
+how many windows it shortened (`translate_documents_counted` returns the number too). The talk_hf models take any
+length.
 """
 
 import warnings
@@ -64,6 +65,14 @@ def translate_documents(model, tokenizer, documents, window=4, batch_size=32, se
     each new sentence (the forced prefix is not counted). A window that would pass a model's positions is shortened
     (module docstring).
     """
+    return translate_documents_counted(model, tokenizer, documents, window, batch_size, sep_token,
+                                       **generate_kwargs)[0]
+
+
+def translate_documents_counted(model, tokenizer, documents, window=4, batch_size=32, sep_token=SEP_TOKEN,
+                                **generate_kwargs):
+    """`translate_documents` -> (its translations, how many windows dropped context sentences to fit the model's
+    positions); warns as it does."""
     _check_generation(window, batch_size, generate_kwargs)
     docs = [document_sentences(d) for d in documents]
     separator = _separator_id(tokenizer, sep_token) if window > 1 else None
@@ -72,11 +81,12 @@ def translate_documents(model, tokenizer, documents, window=4, batch_size=32, se
     done = [[] for _ in docs]  # the token ids kept for each translated sentence
     shortened = 0
     for i in range(max(map(len, docs), default=0)):
+        first = _window_start(i, window)
         rows = [d for d in range(len(docs)) if i < len(docs[d])]
-        firsts = [fit.start(docs[d], done[d], i, _window_start(i, window), separator, d) for d in rows]
-        shortened += sum(first > _window_start(i, window) for first in firsts)
-        sources = [join_sentences(docs[d][first : i + 1], sep_token) for d, first in zip(rows, firsts)]
-        prefixes = [_forced_prefix(done[d][first:i], separator) for d, first in zip(rows, firsts)]
+        starts = [fit.start(docs[d], done[d], i, first, separator, d) for d in rows]
+        shortened += sum(start > first for start in starts)
+        sources = [join_sentences(docs[d][start : i + 1], sep_token) for d, start in zip(rows, starts)]
+        prefixes = [_forced_prefix(done[d][start:i], separator) for d, start in zip(rows, starts)]
         for d, ids in zip(rows, _generate_windows(model, tokenizer, sources, prefixes, stops, batch_size,
                                                   generate_kwargs)):
             done[d].append(ids)
@@ -84,8 +94,8 @@ def translate_documents(model, tokenizer, documents, window=4, batch_size=32, se
         windows = sum(map(len, docs))
         warnings.warn(ContextShortenedWarning(
             f"{shortened} of {windows} windows dropped context sentences to fit the model's positions "
-            f"(encoder {fit.encoder_positions}, decoder {fit.decoder_positions})", shortened, windows), stacklevel=2)
-    return [[tokenizer.decode(ids, skip_special_tokens=True).strip() for ids in doc] for doc in done]
+            f"(encoder {fit.encoder_positions}, decoder {fit.decoder_positions})", shortened, windows), stacklevel=3)
+    return [[tokenizer.decode(ids, skip_special_tokens=True).strip() for ids in doc] for doc in done], shortened
 
 
 def translate_document(model, tokenizer, document, window=4, **kwargs):

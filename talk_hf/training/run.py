@@ -4,13 +4,12 @@ scripts/train.py and scripts/demo.py)."""
 import fcntl
 import json
 import math
-import warnings
 from pathlib import Path
 
 from datasets import load_from_disk
 from transformers import AutoTokenizer
 
-from ..document_translation import ContextShortenedWarning, translate_document_streaming, translate_documents
+from ..document_translation import translate_document_streaming, translate_documents_counted
 from ..environment import device_description
 from ..metrics.document_bleu.document_bleu import document_scores
 from ..tokenization import split_sentences
@@ -71,25 +70,15 @@ def _evaluate_documents(model, tokenizer, dataset, decoding, generation):
         greedy = {k: v for k, v in generation.items() if k != "num_beams"}
         hyps = [translate_document_streaming(model, tokenizer, doc, window=window, **greedy) for doc in sources]
     else:
-        hyps, shortened = _translate_counting_shortened(model, tokenizer, sources, window, generation)
+        hyps, shortened = translate_documents_counted(model, tokenizer, sources, window=window, **generation)
     scores = document_scores(hyps, references)
-    chrf, chrf_signature = corpus_chrf([s for doc in hyps for s in doc], [s for doc in references for s in doc])
+    flat = [s for doc in hyps for s in doc]
+    chrf, chrf_signature = corpus_chrf(flat, [s for doc in references for s in doc])
     return {"bleu": scores["bleu"], "d_bleu": scores["d_bleu"], "signature": scores["signature"],
             "chrf": chrf, "chrf_signature": chrf_signature,
             "sentences": scores["sentences"], "documents": scores["documents"], "window": window,
             "document_decoding": decoding, "context_shortened": shortened,
-            "hypotheses": [s for doc in hyps for s in doc]}
-
-
-def _translate_counting_shortened(model, tokenizer, sources, window, generation):
-    """`translate_documents` -> (translations, how many windows dropped context to fit the model's positions); its
-    warnings are passed on."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        hyps = translate_documents(model, tokenizer, sources, window=window, **generation)
-    for w in caught:
-        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-    return hyps, sum(w.message.shortened for w in caught if issubclass(w.category, ContextShortenedWarning))
+            "hypotheses": flat}
 
 
 def split_documents(dataset):

@@ -17,18 +17,21 @@ from talk_hf.training.run import evaluate_translation, split_documents
 SOURCES = ["ein hund läuft .", "er bellt .", "die katze rennt weg .", "ein mann sieht den hund .", "er ruft ihn ."]
 TARGETS = ["a dog runs .", "it barks .", "the cat runs away .", "a man sees the dog .", "he calls it ."]
 GREEDY = dict(num_beams=1, length_penalty=1.0, max_new_tokens=5)
+TINY = dict(d_model=16, encoder_layers=1, decoder_layers=1, encoder_ffn_dim=24, decoder_ffn_dim=24,
+            encoder_attention_heads=2, decoder_attention_heads=2)
+RFA = dict(TINY, causal_num_frequencies=8, cross_num_frequencies=8)
+
+
+def tiny_model(kind, tokenizer, **overrides):
+    torch.manual_seed(0)
+    return build_model(kind, tokenizer, overrides=dict(RFA if kind == "rfa_doc" else TINY, **overrides)).eval()
 
 
 @pytest.fixture(scope="module")
 def setup():
     sentences = datasets.Dataset.from_dict({"doc_id": ["a"] * 3 + ["b"] * 2, "source": SOURCES, "target": TARGETS})
     tokenizer = train_joint_bpe(SOURCES + TARGETS, vocab_size=80, min_frequency=1)
-    torch.manual_seed(0)
-    model = build_model("rfa_doc", tokenizer, overrides=dict(
-        d_model=16, encoder_layers=1, decoder_layers=1, encoder_ffn_dim=24, decoder_ffn_dim=24,
-        encoder_attention_heads=2, decoder_attention_heads=2, causal_num_frequencies=8, cross_num_frequencies=8,
-        dropout=0.0)).eval()
-    return model, tokenizer, document_windows(sentences, window=2)
+    return tiny_model("rfa_doc", tokenizer, dropout=0.0), tokenizer, document_windows(sentences, window=2)
 
 
 def test_a_split_of_windows_gives_back_its_documents(setup):
@@ -55,11 +58,7 @@ def test_document_evaluation_decodes_in_eval_mode(setup, decoding):
     """The training loop hands its model over in training mode (dropout on, RFA's random features redrawn every
     forward); its test scores must be those of the model as saved and loaded."""
     _, tokenizer, windows = setup
-    torch.manual_seed(0)
-    model = build_model("rfa_doc", tokenizer, overrides=dict(
-        d_model=16, encoder_layers=1, decoder_layers=1, encoder_ffn_dim=24, decoder_ffn_dim=24,
-        encoder_attention_heads=2, decoder_attention_heads=2, causal_num_frequencies=8, cross_num_frequencies=8,
-        dropout=0.5)).eval()
+    model = tiny_model("rfa_doc", tokenizer, dropout=0.5)
     expected = evaluate_translation(model, tokenizer, windows, document_level=True, document_decoding=decoding,
                                     **GREEDY)
     for seed in range(3):  # every draw of dropout and features gives the eval-mode translations
@@ -71,10 +70,7 @@ def test_document_evaluation_decodes_in_eval_mode(setup, decoding):
 
 def test_sliding_evaluation_counts_the_windows_shortened_to_fit_positions(setup):
     _, tokenizer, windows = setup
-    torch.manual_seed(0)
-    marian = build_model("marian", tokenizer, overrides=dict(
-        d_model=16, encoder_layers=1, decoder_layers=1, encoder_ffn_dim=24, decoder_ffn_dim=24,
-        encoder_attention_heads=2, decoder_attention_heads=2, dropout=0.0, max_position_embeddings=12)).eval()
+    marian = tiny_model("marian", tokenizer, dropout=0.0, max_position_embeddings=12)
     with pytest.warns(ContextShortenedWarning) as caught:
         result = evaluate_translation(marian, tokenizer, windows, document_level=True, **GREEDY)
     assert result["context_shortened"] == caught[0].message.shortened > 0
