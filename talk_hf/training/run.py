@@ -37,8 +37,8 @@ def evaluate_translation(model, tokenizer, dataset, num_beams=4, length_penalty=
     window ending with it). Its documents are translated whole, by `document_decoding`: "sliding" (the paper's
     sliding windows with the forced target context, window = the split's), "streaming" (the decoder state carried
     across each document; greedy) or "windows" (each window translated on its own, its last sentence kept). Every
-    sentence is scored once (`bleu`, `chrf`); `d_bleu` scores whole documents (metrics/document_bleu). The model is put in eval
-    mode (no dropout; RFA-doc's fixed random features)."""
+    sentence is scored once (`bleu`, `chrf`); `d_bleu` scores whole documents (metrics/document_bleu). The model
+    is put in eval mode (no dropout; RFA-doc's fixed random features)."""
     model.eval()
     if limit:
         dataset = dataset.select(range(min(limit, len(dataset)))) if hasattr(dataset, "select") else {
