@@ -200,6 +200,28 @@ def test_batch_rearrangements_move_every_tensor():
     assert torch.equal(layer.conv_state(), state[[0, 2]]) and torch.equal(cross.keys, keys[[0, 2]])
 
 
+@pytest.mark.parametrize("name", ["talk", "dynamic_conv", "rfa_doc"])
+def test_beam_reordering_alternates_two_buffers_per_state(name):
+    """reorder_cache gathers each fixed-size state into the buffer the previous reorder let go: two buffers per
+    state for the whole beam search, none allocated per step; the token counters move with the states."""
+    model = make(name)
+    with torch.no_grad():
+        cache = cache_of(model(**inputs_for(name), use_cache=True))
+    layer = cache.self_attention_cache.layers[0]
+    states = lambda: [t for t in (*layer.conv_states.values(), *layer.recurrent_states.values()) if t is not None]  # noqa: E731
+    first, tokens = states(), layer.real_tokens.clone()
+    expected = [t.clone() for t in first]
+    for step, beam_idx in enumerate([torch.tensor([1, 1, 0]), torch.tensor([2, 0, 0])] * 2):  # batch 3
+        layer.reorder_cache(beam_idx)
+        expected, tokens = [t[beam_idx] for t in expected], tokens[beam_idx]
+        assert all(torch.equal(t, e) for t, e in zip(states(), expected, strict=True))
+        assert torch.equal(layer.real_tokens, tokens)
+        if step % 2 == 1:  # every second reorder writes into the buffers the states started in
+            assert [t.data_ptr() for t in states()] == [t.data_ptr() for t in first]
+        else:
+            assert all(t.data_ptr() != f.data_ptr() for t, f in zip(states(), first, strict=True))
+
+
 @pytest.mark.parametrize("name", ["talk", "rfa_doc"])
 def test_beam_search_reorders_the_decoder_state_not_the_cross_attention_side(name, monkeypatch):
     """Beams move among the hypotheses of one source, whose cross-attention rows are equal: only the decoder's own
