@@ -23,6 +23,7 @@ how many windows it shortened (`translate_documents_counted` returns the number 
 length.
 """
 
+import sys
 import warnings
 
 import torch
@@ -74,6 +75,7 @@ def translate_documents_counted(model, tokenizer, documents, window=4, batch_siz
     """`translate_documents` -> (its translations, how many windows dropped context sentences to fit the model's
     positions); warns as it does."""
     _check_generation(window, batch_size, generate_kwargs)
+    _warn_if_training(model)
     docs = [document_sentences(d) for d in documents]
     separator = _separator_id(tokenizer, sep_token) if window > 1 else None
     stops = _stop_ids(model, separator)
@@ -94,7 +96,8 @@ def translate_documents_counted(model, tokenizer, documents, window=4, batch_siz
         windows = sum(map(len, docs))
         warnings.warn(ContextShortenedWarning(
             f"{shortened} of {windows} windows dropped context sentences to fit the model's positions "
-            f"(encoder {fit.encoder_positions}, decoder {fit.decoder_positions})", shortened, windows), stacklevel=3)
+            f"(encoder {fit.encoder_positions}, decoder {fit.decoder_positions})", shortened, windows),
+            stacklevel=_caller_level())
     return [[tokenizer.decode(ids, skip_special_tokens=True).strip() for ids in doc] for doc in done], shortened
 
 
@@ -113,6 +116,25 @@ def _check_generation(window, batch_size, generate_kwargs):
     for name in ("decoder_input_ids", "input_ids", "attention_mask", "eos_token_id"):
         if name in generate_kwargs:
             raise ValueError(f"{name} is set by document translation itself; do not pass it")
+
+
+def _warn_if_training(model):
+    """Translating in training mode is rarely meant (a model just handed back by `Trainer.train()` is in it), and
+    `generate()` does not switch modes: warn, since dropout is active (and an RFA-doc model that resamples its random
+    features draws new ones at every forward), so the translations are not the trained model's."""
+    if model.training:
+        warnings.warn(f"{type(model).__name__} is in training mode: dropout is active (and an RFA-doc model that "
+                      "resamples its random features draws new ones at every forward), so these are not the trained "
+                      "model's translations; call model.eval() first", stacklevel=_caller_level())
+
+
+def _caller_level():
+    """The `stacklevel` of the first frame outside this module, for a warning issued by the function that calls
+    this one: warnings point at the user's call, however many of this module's functions lie between."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename == __file__:
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _window_start(i, window):
@@ -236,6 +258,7 @@ def translate_document_streaming(model, tokenizer, document, window=4, sep_token
     encoder-decoder (its decoder state has a fixed size); generate_kwargs as in `translate_documents`.
     """
     _check_generation(window, 1, generate_kwargs)
+    _warn_if_training(model)
     if generate_kwargs.get("num_beams", 1) != 1:
         raise ValueError("streaming carries one decoder state from sentence to sentence: num_beams must be 1")
     if not (isinstance(model, RecurrentPreTrainedModel) and model.config.is_encoder_decoder):

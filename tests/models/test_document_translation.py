@@ -79,7 +79,9 @@ def test_a_window_past_the_models_positions_drops_its_oldest_context(tokenizer):
     assert got == [by_hand(model, tokenizer, doc, 3, positions=18, shortened=shortened, **GREEDY)
                    for doc in DOCUMENTS]
     assert 0 < len(shortened) < sum(map(len, DOCUMENTS))  # some windows lost context, not all
-    [warning] = [w.message for w in caught if issubclass(w.category, ContextShortenedWarning)]
+    [record] = [w for w in caught if issubclass(w.category, ContextShortenedWarning)]
+    warning = record.message
+    assert record.filename == __file__  # attributed to the caller
     assert (warning.shortened, warning.windows) == (len(shortened), sum(map(len, DOCUMENTS)))
     assert f"{len(shortened)} of {sum(map(len, DOCUMENTS))} windows" in str(warning)
     with warnings.catch_warnings():
@@ -153,6 +155,21 @@ def test_streaming_carries_the_state_sliding_windows_do_not(tokenizer):
     sliding = translate_document(model, tokenizer, SENTENCES, window=1, **GREEDY)
     streaming = translate_document_streaming(model, tokenizer, SENTENCES, window=1, max_new_tokens=6)
     assert sliding[0] == streaming[0] and sliding != streaming
+
+
+def test_a_model_in_training_mode_is_warned_about(tokenizer):
+    """generate() does not switch modes, and a model straight from Trainer.train() is in training mode: both
+    decodings warn, naming the fix, and stay silent in eval mode."""
+    model = model_for("rfa_doc", tokenizer).train()
+    with pytest.warns(UserWarning, match=r"training mode.*call model\.eval\(\)") as caught:
+        translate_document(model, tokenizer, SENTENCES[:2], window=2, **GREEDY)
+    assert caught[0].filename == __file__  # attributed to the caller
+    with pytest.warns(UserWarning, match="RfaDocForConditionalGeneration is in training mode"):
+        translate_document_streaming(model, tokenizer, SENTENCES[:2], window=2, max_new_tokens=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        translate_document(model.eval(), tokenizer, SENTENCES[:2], window=2, **GREEDY)
+        translate_document_streaming(model, tokenizer, SENTENCES[:2], window=2, max_new_tokens=3)
 
 
 def test_bad_arguments_are_refused_by_name(tokenizer):
