@@ -43,17 +43,16 @@ def _contiguous(tensor):
     return _fixed(tensor.contiguous())
 
 
+def _same_layout(a, b):
+    """Whether `a` can be overwritten with a tensor like `b`: the same shape, dtype and device."""
+    return (a.shape, a.dtype, a.device) == (b.shape, b.dtype, b.device)
+
+
 def _write(current, new):
     """Write `new` into the cache slot holding `current`: in place when the layout matches and no gradient flows
     (the address stays), else a new owned buffer. -> the tensor the slot holds afterwards."""
-    in_place = (
-        current is not None
-        and not new.requires_grad
-        and not current.requires_grad
-        and current.shape == new.shape
-        and current.dtype == new.dtype
-        and current.device == new.device
-    )
+    in_place = (current is not None and not new.requires_grad and not current.requires_grad
+                and _same_layout(current, new))
     if in_place:
         return current.copy_(new)
     return _owned_copy(new)
@@ -92,6 +91,7 @@ class RecurrentLayer(LinearAttentionAndFullAttentionLayer):
         super().__init__(number_of_states=number_of_states)
         self.cumulative_length = None
         self.real_tokens = None
+        self._spares = {}  # beam search: per state slot, the buffer the next reorder gathers into
 
     # -- the fixed-size states
 
@@ -187,19 +187,20 @@ class RecurrentLayer(LinearAttentionAndFullAttentionLayer):
         MB costs more than the gather itself on the CPU, where its pages are mapped on first write (a (256, 8, 64,
         65) fp32 RFA state, one thread: 26 ms into a new tensor, 6 ms into a spare). The keys, values and counters
         (the cache may share keys with its caller) are gathered into new tensors."""
-        spares = self.__dict__.setdefault("_spares", {})
+
+        def select(t):
+            return t.index_select(0, beam_idx.to(t.device))
 
         def gather(state, slot):
-            index = beam_idx.to(state.device)
-            if state.requires_grad:
-                return state.index_select(0, index)
-            spare = spares.get(slot)
-            if spare is None or (spare.shape, spare.dtype, spare.device) != (state.shape, state.dtype, state.device):
+            if state.requires_grad:  # out= has no autograd
+                return select(state)
+            spare = self._spares.get(slot)
+            if spare is None or not _same_layout(spare, state):
                 spare = torch.empty_like(state)
-            spares[slot] = state
-            return torch.index_select(state, 0, index, out=spare)
+            self._spares[slot] = state
+            return torch.index_select(state, 0, beam_idx.to(state.device), out=spare)
 
-        self._map_batch(lambda t: t.index_select(0, beam_idx.to(t.device)), state_fn=gather)
+        self._map_batch(select, state_fn=gather)
 
     def batch_repeat_interleave(self, repeats):
         self._map_batch(lambda t: t.repeat_interleave(repeats, dim=0))

@@ -208,7 +208,10 @@ def test_beam_reordering_alternates_two_buffers_per_state(name):
     with torch.no_grad():
         cache = cache_of(model(**inputs_for(name), use_cache=True))
     layer = cache.self_attention_cache.layers[0]
-    states = lambda: [t for t in (*layer.conv_states.values(), *layer.recurrent_states.values()) if t is not None]  # noqa: E731
+
+    def states():
+        return [t for t in (*layer.conv_states.values(), *layer.recurrent_states.values()) if t is not None]
+
     first, tokens = states(), layer.real_tokens.clone()
     expected = [t.clone() for t in first]
     for step, beam_idx in enumerate([torch.tensor([1, 1, 0]), torch.tensor([2, 0, 0])] * 2):  # batch 3
