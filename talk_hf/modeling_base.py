@@ -33,6 +33,7 @@ from transformers.modeling_outputs import (
 from transformers.cache_utils import EncoderDecoderCache
 from transformers.utils import can_return_tuple, logging
 
+from .backend import needs_grad
 from .recurrent_cache import decoder_cache, recurrent_layers
 from .versions import CACHE_NAME, cache_output, takes_cache
 
@@ -200,8 +201,12 @@ class DecoderLayer(GradientCheckpointingLayer):
         x = residual(hidden_states, self.mixer_layer_norm, mix, *args)
         if self.cross_attention is not None:
 
-            def cross(h):
-                return self.cross_attention(h, encoder_hidden_states, encoder_attention_mask, cross_cache)
+            def cross(h):  # rows that share a source attend to it as one row of queries (see shared_sources)
+                out = self.cross_attention(
+                    h.reshape(encoder_hidden_states.shape[0], -1, h.shape[-1]), encoder_hidden_states,
+                    encoder_attention_mask, cross_cache,
+                )
+                return out.reshape(h.shape)
 
             x = residual(x, self.cross_attention_layer_norm, cross, *args)
         return residual(x, self.final_layer_norm, self.ffn, *args)
@@ -209,6 +214,59 @@ class DecoderLayer(GradientCheckpointingLayer):
 
 # ---------------------------------------------------------------------------------------------------------------
 # Stacks
+
+
+def shared_sources(cross_caches, encoder_hidden_states, encoder_attention_mask):
+    """The distinct sources of a decoding batch: generate() repeats each source once per beam (and per returned
+    sequence), and the cross-attention of those rows is one source's, so it is prepared once per source and each
+    step reads it once for all of that source's rows, as a row of k queries (beam 4: a quarter of the source
+    states read per step). Found when the cross-attention side of the cache is first filled, from rows that are equal
+    (`rows_per_source`), and kept in each layer's cache (`RecurrentLayer.rows_per_source`); without a cache, or when
+    the encoder states need gradients, every row keeps its own.
+
+    cross_caches: the layers' cross-attention RecurrentLayers (Nones without a cache); encoder_hidden_states:
+    (B, S, C); encoder_attention_mask: (B, S) or None -> the states (B / k, S, C) and mask (B / k, S) of every k-th
+    row, k consecutive rows sharing each.
+    """
+    if cross_caches[0] is None:
+        return encoder_hidden_states, encoder_attention_mask
+    if not cross_caches[0].has_source():
+        rows = 1 if needs_grad(encoder_hidden_states) else rows_per_source(encoder_hidden_states, encoder_attention_mask)
+        for layer_cache in cross_caches:
+            layer_cache.rows_per_source = rows
+    rows = cross_caches[0].rows_per_source
+    if rows == 1:
+        return encoder_hidden_states, encoder_attention_mask
+    if encoder_hidden_states.shape[0] % rows:
+        raise ValueError(
+            f"the cache holds sources shared by {rows} rows each, but the encoder states have "
+            f"{encoder_hidden_states.shape[0]} rows: reset the cache's cross-attention side for a new batch"
+        )
+    mask = None if encoder_attention_mask is None else encoder_attention_mask[::rows]
+    return encoder_hidden_states[::rows], mask
+
+
+def rows_per_source(encoder_hidden_states, encoder_attention_mask=None):
+    """The largest k such that the rows come in consecutive groups of k equal rows (equal states and mask), as
+    generate() lays out the beams of each source; 1 when they do not.
+
+    encoder_hidden_states: (B, S, C); encoder_attention_mask: (B, S) or None -> k, a divisor of B.
+    """
+    batch = encoder_hidden_states.shape[0]
+    rows = [encoder_hidden_states] if encoder_attention_mask is None else [encoder_hidden_states, encoder_attention_mask]
+    run = 1  # rows equal to row 0: every group of equal rows that starts there lies within it
+    while run < batch and all(torch.equal(t[run], t[0]) for t in rows):
+        run += 1
+    for k in range(run, 1, -1):
+        if run % k == 0 and batch % k == 0 and all(_equal_in_groups(t, k) for t in rows):
+            return k
+    return 1
+
+
+def _equal_in_groups(t, k):
+    """Whether each group of k consecutive rows of t (B, ...) holds k equal rows."""
+    groups = t.reshape(t.shape[0] // k, k, -1)
+    return bool((groups == groups[:, :1]).all())
 
 
 class TokenEmbedding(nn.Module):
@@ -326,6 +384,11 @@ class DecoderStack(nn.Module):
         _check_padding_mask(name, attention_mask, ref.shape[0], length, at_least=True)
         if seq2seq:
             _check_padding_mask("attention_mask", encoder_attention_mask, *encoder_hidden_states.shape[:2])
+            if encoder_hidden_states.shape[0] != ref.shape[0]:
+                raise ValueError(
+                    f"the encoder states have {encoder_hidden_states.shape[0]} rows and the decoder inputs "
+                    f"{ref.shape[0]}: each decoder row needs its own source row"
+                )
         checkpointing = self.training and any(layer.gradient_checkpointing for layer in self.layers)
         if use_cache and checkpointing and torch.is_grad_enabled():
             # the backward pass recomputes each layer, which would read the state its first pass wrote
@@ -333,6 +396,10 @@ class DecoderStack(nn.Module):
             use_cache = False
         cache = decoder_cache(cache, seq2seq) if use_cache else None
         states, cross_states = self._layer_caches(cache)
+        if seq2seq:
+            encoder_hidden_states, encoder_attention_mask = shared_sources(
+                cross_states, encoder_hidden_states, encoder_attention_mask
+            )
         mask = attention_mask[:, -length:] if attention_mask is not None else None
         if position_ids is None:
             if cache is not None:  # the cache counts each row's real tokens: only the new tokens' mask is read
@@ -607,9 +674,8 @@ class RecurrentSeq2SeqLM(RecurrentLMHead):
 
     def _reorder_cache(self, cache, beam_idx):
         """Beam search reorders the decoder's own state only. Beams move among the hypotheses of one source, and
-        generate() repeats each source's encoder output once per beam, so the rows of the cross-attention side that
-        beam_idx exchanges are equal: copying them at every step (RFA-doc's random-feature keys are tens of MB a
-        layer) would change nothing."""
+        generate() repeats each source's encoder output once per beam, so the cross-attention side holds one row per
+        source (`shared_sources`) that all its beams read, whichever hypotheses they hold."""
         (cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache).reorder_cache(beam_idx)
         return cache
 

@@ -73,7 +73,10 @@ class RecurrentLayer(LinearAttentionAndFullAttentionLayer):
     As a layer of the cross-attention side of an `EncoderDecoderCache`, the source prepared once per source:
 
         keys, values:        encoder keys and values (B, H, S, C/H), or RFA's key features and values for short sources;
-        recurrent_states[0]: RFA's source state (B, H, F, d + 1) for long sources.
+        recurrent_states[0]: RFA's source state (B, H, F, d + 1) for long sources;
+        rows_per_source:     how many consecutive decoder rows share each source row (beam search's hypotheses of
+                             one source: generate() repeats every source once per beam), so B is the number of
+                             distinct sources; 1 when every row has its own.
 
     It extends the library's layer with what these decoders need and the library's lacks: whole-state writes (the
     library's `update_conv_state` appends new inputs to a window, while the talk_hf step ops return the next state
@@ -92,6 +95,7 @@ class RecurrentLayer(LinearAttentionAndFullAttentionLayer):
         self.cumulative_length = None
         self.real_tokens = None
         self._spares = {}  # beam search: per state slot, the buffer the next reorder gathers into
+        self.rows_per_source = 1
 
     # -- the fixed-size states
 
@@ -127,6 +131,10 @@ class RecurrentLayer(LinearAttentionAndFullAttentionLayer):
         self.is_initialized = True
         self.device, self.dtype = key_states.device, key_states.dtype
         return self.keys, self.values
+
+    def has_source(self):
+        """Whether this (cross-attention side) layer holds a source."""
+        return self.keys is not None or self.recurrent_state() is not None
 
     # -- the token counters
 
@@ -173,6 +181,7 @@ class RecurrentLayer(LinearAttentionAndFullAttentionLayer):
             self.has_previous_state[i] = False
         self.keys = self.values = None
         self.is_initialized = False
+        self.rows_per_source = 1
         if self.real_tokens is not None:
             self.cumulative_length.zero_()
             self.real_tokens.zero_()
@@ -211,7 +220,10 @@ class RecurrentLayer(LinearAttentionAndFullAttentionLayer):
     def _map_batch(self, fn, state_fn=None):
         """Apply a batch rearrangement to every tensor this layer holds: fn(tensor) -> the rearranged tensor;
         state_fn(state, slot), if given, rearranges the fixed-size states instead (slot: ("conv_states", i) or
-        ("recurrent_states", i))."""
+        ("recurrent_states", i)). A source shared by several rows is first repeated for each of them, so that `fn`
+        sees one row per decoder row."""
+        if self.rows_per_source > 1:
+            self._unshare_source()
         for name in ("conv_states", "recurrent_states"):
             states = getattr(self, name)
             for i, t in states.items():
@@ -221,6 +233,16 @@ class RecurrentLayer(LinearAttentionAndFullAttentionLayer):
             self.keys, self.values = _fixed(fn(self.keys)), _fixed(fn(self.values))
         if self.real_tokens is not None:
             self.real_tokens = _fixed(fn(self.real_tokens))
+
+
+    def _unshare_source(self):
+        """One source row per decoder row (the rows that shared a source repeated)."""
+        rows, self.rows_per_source = self.rows_per_source, 1
+        if self.keys is not None:
+            self.keys, self.values = (_fixed(t.repeat_interleave(rows, dim=0)) for t in (self.keys, self.values))
+        for i, t in self.recurrent_states.items():
+            if t is not None:
+                self.recurrent_states[i] = _fixed(t.repeat_interleave(rows, dim=0))
 
 
 # The layer type's auto-registration fills DynamicCache's mapping only (RecurrentLayer is not a StaticLayer);

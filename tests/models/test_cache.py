@@ -8,6 +8,8 @@ import torch
 from transformers import DynamicCache, EncoderDecoderCache, StaticCache
 from transformers.cache_utils import DynamicLayer, LinearAttentionLayer
 
+from talk_hf import modeling_base
+from talk_hf.modeling_base import rows_per_source
 from talk_hf.recurrent_cache import LAYER_TYPE, RecurrentLayer
 from tests.models.test_modeling_common import inputs_for
 from talk_hf.versions import CACHE_NAME
@@ -239,3 +241,78 @@ def test_beam_search_reorders_the_decoder_state_not_the_cross_attention_side(nam
     assert reordered and all(any(r is layer for layer in cache.self_attention_cache.layers) for r in reordered)
     assert torch.equal(out.sequences, model.generate(input_ids=src, attention_mask=mask, num_beams=3, max_new_tokens=5,
                                                      min_new_tokens=5, use_cache=False))
+
+
+def test_rows_per_source_finds_the_groups_generate_lays_out():
+    """Consecutive groups of equal rows (equal states and mask) -> the group size; anything else -> 1."""
+    states, mask = torch.randn(3, 5, 4), torch.ones(3, 5, dtype=torch.long)
+    mask[1, 3:] = 0
+    beams = states.repeat_interleave(4, 0), mask.repeat_interleave(4, 0)
+    assert rows_per_source(*beams) == 4
+    assert rows_per_source(beams[0]) == 4
+    assert rows_per_source(states, mask) == 1
+    same_first_two = torch.cat([states[:1], states[:1], states[2:]]).repeat_interleave(2, 0)
+    assert rows_per_source(same_first_two) == 2  # rows 0-3 are equal, but the groups are pairs
+    assert rows_per_source(states[:1].expand(6, -1, -1)) == 6  # one source throughout
+    differ_in_mask = beams[1].clone()
+    differ_in_mask[5, 2] = 0  # row 5 (source 1, beam 1)
+    assert rows_per_source(beams[0], differ_in_mask) == 1
+    assert rows_per_source(states.repeat_interleave(3, 0)[:-1]) == 1  # groups of 3 that do not fill the batch
+
+
+@pytest.mark.parametrize("name", ["talk", "dynamic_conv", "rfa_doc"])
+def test_beam_search_prepares_each_source_once_for_all_its_beams(name, monkeypatch):
+    """generate() repeats each source once per beam; the cross-attention side keeps one row per source and its
+    beams read it together: the same beams and scores as giving every beam its own copy."""
+    model = make(name)
+    src, mask = source_batch()
+    kwargs = dict(input_ids=src, attention_mask=mask, num_beams=4, max_new_tokens=6, min_new_tokens=6,
+                  return_dict_in_generate=True, output_scores=True)
+    shared = model.generate(**kwargs)
+    cross = cache_of(shared).cross_attention_cache.layers
+    held = [t for t in (cross[0].keys, cross[0].recurrent_state()) if t is not None]
+    assert held and all(t.shape[0] == src.shape[0] for t in held)
+    assert all(layer.rows_per_source == 4 for layer in cross)
+    monkeypatch.setattr(modeling_base, "rows_per_source", lambda *args: 1)
+    own = model.generate(**kwargs)
+    assert cache_of(own).cross_attention_cache.layers[0].rows_per_source == 1
+    assert torch.equal(shared.sequences, own.sequences)
+    torch.testing.assert_close(shared.sequences_scores, own.sequences_scores, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["talk", "rfa_doc"])
+def test_rearranging_a_cache_with_shared_sources_gives_each_row_its_source(name):
+    """A batch rearrangement of the whole cache (EncoderDecoderCache.reorder_cache, batch_select_indices) first
+    repeats each shared source for its rows: the next step is that of a cache that never shared."""
+    model = make(name)
+    src, mask = source_batch()
+    tokens = target_batch(batch=2 * src.shape[0])[:, :4]
+    step = tokens[:, 3:]
+    with torch.no_grad():  # each source's encoder states repeated for two rows, as generate() does for two beams
+        encoder = model.get_encoder()(input_ids=src, attention_mask=mask)
+        encoder.last_hidden_state, mask = (t.repeat_interleave(2, 0) for t in (encoder.last_hidden_state, mask))
+        caches = []
+        for share in (True, False):
+            layers = modeling_base.rows_per_source if share else (lambda *args: 1)
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(modeling_base, "rows_per_source", layers)
+                out = model(encoder_outputs=encoder, attention_mask=mask, decoder_input_ids=tokens[:, :3],
+                            use_cache=True)
+            caches.append(cache_of(out))
+        assert caches[0].cross_attention_cache.layers[0].rows_per_source == 2
+        order = torch.tensor([5, 0, 3, 3, 1, 2])
+        for cache in caches:
+            cache.reorder_cache(order)
+            cache.batch_select_indices(torch.tensor([0, 2, 3]))
+        assert caches[0].cross_attention_cache.layers[0].rows_per_source == 1
+        rows = order[[0, 2, 3]]
+        logits = [model(encoder_outputs=(encoder.last_hidden_state[rows],), attention_mask=mask[rows],
+                        decoder_input_ids=step[rows], cache=cache, use_cache=True).logits for cache in caches]
+    torch.testing.assert_close(logits[0], logits[1], rtol=1e-5, atol=1e-5)
+
+
+def test_encoder_and_decoder_rows_must_match():
+    model = make("rfa_doc")
+    src, mask = source_batch()
+    with pytest.raises(ValueError, match="encoder states have 3 rows and the decoder inputs 2"):
+        model(input_ids=src, attention_mask=mask, decoder_input_ids=target_batch()[:2])
