@@ -1,6 +1,8 @@
 """The protocol of the results tables (scripts/results_*.py): each model's learning rate and warm-up are chosen on
-the validation set from one grid, every point trained for the same short budget and judged by its final weights;
-then one run per model with its chosen settings trains until the validation loss stops improving
+the validation set from one grid, every point trained for the same short budget and judged by its final weights.
+When a model's best point lies at the grid's largest (smallest) learning rate, its grid gains the rate one doubling
+(halving) further at every warm-up, and so on up to `Grid.extensions` times, so that no model is held at an edge of
+the grid (warm-ups are not extended). Then one run per model with its chosen settings trains until the validation loss stops improving
 (TrainConfig.patience) or a cap, and its last checkpoints are averaged.
 
 Every grid run is recorded in a JSON list as it finishes, so a search that stops part-way (an interrupted process,
@@ -22,11 +24,13 @@ from .tables import markdown_table
 
 @dataclasses.dataclass(frozen=True)
 class Grid:
-    """Peak learning rates x inverse-sqrt warm-ups, every point trained for `max_steps` updates."""
+    """Peak learning rates x inverse-sqrt warm-ups, every point trained for `max_steps` updates; the learning rates
+    are extended past an edge holding the best point up to `extensions` times (`extended`)."""
 
     learning_rates: tuple[float, ...]
     warmup_steps: tuple[int, ...]
     max_steps: int
+    extensions: int = 0
 
     def __post_init__(self):
         for name in ("learning_rates", "warmup_steps"):
@@ -36,10 +40,22 @@ class Grid:
             object.__setattr__(self, name, values)
         if self.max_steps < 1:
             raise ValueError(f"the grid's max_steps must be >= 1, got {self.max_steps}")
+        if self.extensions < 0:
+            raise ValueError(f"the grid's extensions must be >= 0, got {self.extensions}")
 
     def points(self):
         """(learning rate, warm-up) pairs, learning rate major."""
         return list(itertools.product(self.learning_rates, self.warmup_steps))
+
+    def extended(self, best):
+        """This grid with the learning rate one doubling past its largest rate when `best` (the best point's row)
+        has it, or one halving below its smallest; None when `best` lies inside, the grid has a single rate, or no
+        extension is left."""
+        rates = sorted(self.learning_rates)
+        if self.extensions == 0 or len(rates) < 2 or rates[0] < best["learning_rate"] < rates[-1]:
+            return None
+        rate = 2 * rates[-1] if best["learning_rate"] == rates[-1] else rates[0] / 2
+        return dataclasses.replace(self, learning_rates=tuple(sorted((*rates, rate))), extensions=self.extensions - 1)
 
 
 def point_name(learning_rate, warmup_steps):
@@ -71,22 +87,41 @@ def grid_rows(results_path, ident, grid):
     return found
 
 
+def row_grid(results_path, ident, grid):
+    """The grid of the row `ident` as far as its recorded runs decide it: `grid`, extended (`Grid.extended`) while
+    all its points are recorded and the best of them lies at an edge -> (that grid, whether all its points are
+    recorded)."""
+    while True:
+        rows = grid_rows(results_path, ident, grid)
+        if len(rows) < len(grid.points()):
+            return grid, False
+        wider = grid.extended(choose(rows))
+        if wider is None:
+            return grid, True
+        grid = wider
+
+
 def grid_search(ident, grid, train, results_path):
-    """Train the row `ident` at every point of `grid` not yet recorded in `results_path` -> (its grid rows, the
-    chosen row).
+    """Train the row `ident` at every point of its grid (`row_grid`: `grid`, extended past an edge holding the best
+    point) not yet recorded in `results_path` -> (its grid rows, the chosen row).
 
     train(learning_rate, warmup_steps, max_steps, name) -> the result dict of one run, with "valid_loss"; `name` is
     the point's folder name. Each result is recorded (with `ident`, the point and "budget") as soon as it exists.
     The chosen point has the lowest validation loss; a run whose loss is not finite (diverged) is never chosen, and a
     grid where every run diverged raises ValueError."""
     key = (*ident, *GRID_FIELDS)
-    for learning_rate, warmup_steps in grid.points():
-        if any(_matches(r, ident, learning_rate, warmup_steps, grid.max_steps) for r in read_rows(results_path)):
-            continue
-        row = train(learning_rate, warmup_steps, grid.max_steps, point_name(learning_rate, warmup_steps))
-        row = {**row, **ident, "learning_rate": learning_rate, "warmup_steps": warmup_steps, "budget": grid.max_steps}
-        record_result(results_path, row, key)
-    rows = grid_rows(results_path, ident, grid)
+    while True:
+        current, complete = row_grid(results_path, ident, grid)
+        if complete:
+            break
+        for learning_rate, warmup_steps in current.points():
+            if any(_matches(r, ident, learning_rate, warmup_steps, grid.max_steps) for r in read_rows(results_path)):
+                continue
+            row = train(learning_rate, warmup_steps, grid.max_steps, point_name(learning_rate, warmup_steps))
+            row = {**row, **ident, "learning_rate": learning_rate, "warmup_steps": warmup_steps,
+                   "budget": grid.max_steps}
+            record_result(results_path, row, key)
+    rows = grid_rows(results_path, ident, current)
     return rows, choose(rows)
 
 
@@ -109,11 +144,14 @@ class MissingRunError(ValueError):
     from): the runners print it as an error message, without a traceback."""
 
 
-def add_arguments(parser, learning_rates, warmup_steps, grid_steps, max_steps, eval_every, patience):
+def add_arguments(parser, learning_rates, warmup_steps, grid_steps, max_steps, eval_every, patience, extensions=2):
     """The options every results runner shares, with that runner's defaults."""
     parser.add_argument("--stages", nargs="+", default=list(STAGES), choices=STAGES)
     parser.add_argument("--grid_learning_rates", nargs="+", type=float, default=learning_rates)
     parser.add_argument("--grid_warmup_steps", nargs="+", type=int, default=warmup_steps)
+    parser.add_argument("--grid_extensions", type=int, default=extensions,
+                        help="how many times a model's learning rates may be extended (doubled past the largest, "
+                             "halved below the smallest) while its best grid point lies at that edge")
     parser.add_argument("--grid_steps", type=int, default=grid_steps,
                         help="updates of every grid run (the short budget)")
     parser.add_argument("--max_steps", type=int, default=max_steps, help="the cap of the final runs")
@@ -141,7 +179,8 @@ class FixedSetting(argparse.Action):
 
 
 def grid_of(args):
-    return Grid(tuple(args.grid_learning_rates), tuple(args.grid_warmup_steps), args.grid_steps)
+    return Grid(tuple(args.grid_learning_rates), tuple(args.grid_warmup_steps), args.grid_steps,
+                args.grid_extensions)
 
 
 def row_folder(ident):
@@ -166,10 +205,12 @@ def tune(out, ident, grid, train):
 
 
 def chosen(out, ident, grid):
-    """The chosen grid row of `ident`; MissingRunError when its grid is not complete in <out>/grid.json."""
-    rows = grid_rows(out / "grid.json", ident, grid)
-    if len(rows) < len(grid.points()):
-        raise MissingRunError(f"{row_folder(ident)}: {len(rows)} of the grid's {len(grid.points())} runs are in "
+    """The chosen grid row of `ident`; MissingRunError when its grid (extended as `row_grid` decides) is not complete
+    in <out>/grid.json."""
+    current, complete = row_grid(out / "grid.json", ident, grid)
+    rows = grid_rows(out / "grid.json", ident, current)
+    if not complete:
+        raise MissingRunError(f"{row_folder(ident)}: {len(rows)} of the grid's {len(current.points())} runs are in "
                               f"{out / 'grid.json'}; run the tune stage first")
     return choose(rows)
 
@@ -227,10 +268,13 @@ def write_tables(out, grid, idents, grid_columns, final_columns):
     """grid.md (every grid run), short_budget.md (the chosen run of each complete grid), results.md (the final runs)
     and valid_loss.png (their validation losses) for the rows `idents` -> {file name: table}."""
     tables = {}
-    grids = {row_folder(i): grid_rows(out / "grid.json", i, grid) for i in idents}
-    if any(grids.values()):
-        tables["grid.md"] = markdown_table([r for rows in grids.values() for r in rows], grid_columns)
-        complete = [choose(rows) for rows in grids.values() if len(rows) == len(grid.points())]
+    grids = {}  # row folder -> (its grid rows, whether its grid is complete)
+    for ident in idents:
+        current, complete = row_grid(out / "grid.json", ident, grid)
+        grids[row_folder(ident)] = grid_rows(out / "grid.json", ident, current), complete
+    if any(rows for rows, _ in grids.values()):
+        tables["grid.md"] = markdown_table([r for rows, _ in grids.values() for r in rows], grid_columns)
+        complete = [choose(rows) for rows, done in grids.values() if done]
         tables["short_budget.md"] = markdown_table(complete, grid_columns)
     finals = [r for i in idents for r in read_rows(out / "results.json") if all(r.get(k) == v for k, v in i.items())]
     if finals:

@@ -178,7 +178,7 @@ def test_results_runner_writes_a_table(run, tmp_path, monkeypatch):
     monkeypatch.setattr(module, "ROWS", small)
     args = ["--data", str(root / "data"), "--output_dir", str(tmp_path), "--rows", "talk", "marian",
             "--grid_learning_rates", "1e-3", "3e-3", "--grid_warmup_steps", "2", "--grid_steps", "2",
-            "--max_steps", "6", "--eval_every", "2", "--patience", "1", "--test_limit", "4", "--max_tokens", "512"]
+            "--grid_extensions", "0", "--max_steps", "6", "--eval_every", "2", "--patience", "1", "--test_limit", "4", "--max_tokens", "512"]
     with pytest.raises(SystemExit, match="talk: 0 of the grid's 2 runs"):
         module.main([*args, "--stages", "final"])
     tables = module.main(args)

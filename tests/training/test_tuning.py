@@ -11,7 +11,16 @@ import pytest
 from talk_hf.training.evaluation import corpus_chrf
 from talk_hf.training.plot import curve, plot_runs, read_metrics
 from talk_hf.training.run import record_result
-from talk_hf.training.tuning import Grid, add_arguments, choose, grid_rows, grid_search, point_name, run_stages
+from talk_hf.training.tuning import (
+    Grid,
+    MissingRunError,
+    add_arguments,
+    choose,
+    grid_rows,
+    grid_search,
+    point_name,
+    run_stages,
+)
 
 LOSSES = {(1e-3, 100): 3.0, (1e-3, 300): 2.5, (2e-3, 100): 2.2, (2e-3, 300): float("nan")}
 
@@ -86,6 +95,64 @@ def test_a_fixed_setting_trains_the_final_runs_without_a_grid(tmp_path):
         run_stages(parser.parse_args(["--setting", "2e-3", "300", "--stages", "tune"]), tmp_path, [{"model": "a"}],
                    train)
     assert len(calls) == 2
+
+
+def loss_valley(best_rate, diverge_above=None):
+    """Validation losses lowest at `best_rate` (warm-up 100), rising a step per doubling away from it; NaN above
+    `diverge_above`."""
+    def train(learning_rate, warmup_steps, max_steps, name):
+        if diverge_above is not None and learning_rate > diverge_above:
+            return {"valid_loss": float("nan")}
+        return {"valid_loss": abs(math.log2(learning_rate / best_rate)) + warmup_steps / 1000}
+
+    return train
+
+
+@pytest.mark.parametrize("best_rate,extensions,trained_rates,chosen_rate", [
+    (8e-3, 2, [1e-3, 2e-3, 4e-3, 8e-3], 8e-3),  # the best lies past the edge: two doublings reach it
+    (2e-3, 2, [1e-3, 2e-3, 4e-3], 2e-3),  # one doubling past the edge is worse: the best is inside now
+    (3e-2, 2, [1e-3, 2e-3, 4e-3, 8e-3], 8e-3),  # both extensions used: the best stays at the last edge
+    (1.25e-4, 1, [5e-4, 1e-3, 2e-3], 5e-4),  # below the smallest rate: halved
+    (8e-3, 0, [1e-3, 2e-3], 2e-3),  # no extensions: the grid as given
+])
+def test_a_best_point_at_the_edge_extends_the_learning_rates(tmp_path, best_rate, extensions, trained_rates,
+                                                             chosen_rate):
+    grid = Grid((1e-3, 2e-3), (100, 300), 50, extensions)
+    rows, chosen = grid_search({"model": "talk"}, grid, loss_valley(best_rate), tmp_path / "grid.json")
+    assert sorted({r["learning_rate"] for r in rows}) == trained_rates
+    assert len(rows) == 2 * len(trained_rates)  # every warm-up at every rate
+    assert (chosen["learning_rate"], chosen["warmup_steps"]) == (chosen_rate, 100)
+
+
+def test_a_diverged_extension_ends_the_search(tmp_path):
+    grid = Grid((1e-3, 2e-3), (100, 300), 50, extensions=3)
+    rows, chosen = grid_search({"model": "talk"}, grid, loss_valley(1e-1, diverge_above=2e-3), tmp_path / "grid.json")
+    assert sorted({r["learning_rate"] for r in rows}) == [1e-3, 2e-3, 4e-3]
+    assert chosen["learning_rate"] == 2e-3
+
+
+def test_the_final_stage_waits_for_the_extended_grid(tmp_path):
+    """A recorded grid whose best point lies at an edge is not complete until its extension is: the final stage
+    refuses to start, and the tune stage trains the missing rate only."""
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, [1e-3, 2e-3], [100, 300], grid_steps=50, max_steps=7, eval_every=2, patience=3)
+    args = parser.parse_args(["--grid_extensions", "1"])
+    calls = []
+
+    def train(ident, folder, learning_rate, warmup_steps, **loop):
+        calls.append((learning_rate, warmup_steps, loop["max_steps"]))
+        loss = loss_valley(4e-3)(learning_rate, warmup_steps, loop["max_steps"], None)["valid_loss"]
+        return {"valid_loss": loss, "steps": loop["max_steps"]}
+
+    key = ("model", "learning_rate", "warmup_steps", "budget")
+    for rate, warmup in Grid((1e-3, 2e-3), (100, 300), 50).points():  # the grid as it was first run
+        record_result(tmp_path / "grid.json", {"model": "a", "learning_rate": rate, "warmup_steps": warmup,
+                                               "budget": 50, "valid_loss": 1 / rate + warmup}, key)
+    with pytest.raises(MissingRunError, match="a: 4 of the grid's 6 runs"):
+        run_stages(parser.parse_args(["--grid_extensions", "1", "--stages", "final"]), tmp_path, [{"model": "a"}],
+                   train)
+    run_stages(args, tmp_path, [{"model": "a"}], train)
+    assert calls == [(4e-3, 100, 50), (4e-3, 300, 50), (4e-3, 100, 7)]  # the extension, then the final run
 
 
 def _record(args):
