@@ -162,7 +162,7 @@ COVERAGE = {
         "translates the whole test set with a trained document model (25 minutes); both decodings are run small "
         "through evaluate_translation by tests/training/test_document_evaluation.py"),
     ("docs/benchmarks.md", "benchmark_generation.py --from_results"): Shell(
-        subs=[("benchmarks/results/cpu_rfa_paper_2026-11-25/speedup_windows_1-60.png", "runs/speedup.png")]),
+        subs=[("benchmarks/results/cpu_rfa_paper_2026-11-26/speedup_windows_1-60.png", "runs/speedup.png")]),
     ("docs/benchmarks.md", "benchmarks/benchmark_ops.py --device cpu"): Shell(
         subs=[("--lengths 256 1024 4096", "--lengths 64 --warmup 1 --iters 2 --budget 1")]),
 }
@@ -432,7 +432,7 @@ def test_benchmarks_md_blocks_run(workdir, monkeypatch):
     _, outputs = run_document("docs/benchmarks.md", workdir, env=subprocess_env(), monkeypatch=monkeypatch)
     results, ops, redrawn = outputs.values()
     assert "scripts/demo.py" in results[0][1]
-    assert "| paper window 60, batch 3, beam 1 (RFA-doc vs Marian) | 1380 | 291 | 166 | 1.75x |" in redrawn[0][1]
+    assert "| paper window 60, batch 3, beam 1 (RFA-doc vs Marian) | 1380 | 107 | 86 | 1.24x |" in redrawn[0][1]
     assert (workdir / "runs" / "speedup.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     grid = (workdir / "runs" / "results" / "grid.md").read_text()
     assert all(f"| {row} | 0.001 | 1 |" in grid for row in ("talk", "dynamic_conv", "lightconv", "marian"))
