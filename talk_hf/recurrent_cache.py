@@ -234,7 +234,6 @@ class RecurrentLayer(LinearAttentionAndFullAttentionLayer):
         if self.real_tokens is not None:
             self.real_tokens = _fixed(fn(self.real_tokens))
 
-
     def _unshare_source(self):
         """One source row per decoder row (the rows that shared a source repeated)."""
         rows, self.rows_per_source = self.rows_per_source, 1

@@ -2,8 +2,8 @@
 the validation set from one grid, every point trained for the same short budget and judged by its final weights.
 When a model's best point lies at the grid's largest (smallest) learning rate, its grid gains the rate one doubling
 (halving) further at every warm-up, and so on up to `Grid.extensions` times, so that no model is held at an edge of
-the grid (warm-ups are not extended). Then one run per model with its chosen settings trains until the validation loss stops improving
-(TrainConfig.patience) or a cap, and its last checkpoints are averaged.
+the grid (warm-ups are not extended). Then one run per model with its chosen settings trains until the validation
+loss stops improving (TrainConfig.patience) or a cap, and its last checkpoints are averaged.
 
 Every grid run is recorded in a JSON list as it finishes, so a search that stops part-way (an interrupted process,
 a machine handed back) continues where it stopped, and the list holds every run's result, the chosen and the
@@ -89,15 +89,13 @@ def grid_rows(results_path, ident, grid):
 
 def row_grid(results_path, ident, grid):
     """The grid of the row `ident` as far as its recorded runs decide it: `grid`, extended (`Grid.extended`) while
-    all its points are recorded and the best of them lies at an edge -> (that grid, whether all its points are
-    recorded)."""
+    all its points are recorded and the best of them lies at an edge -> (that grid, its recorded rows in grid order);
+    the grid is complete when every point has its row."""
     while True:
         rows = grid_rows(results_path, ident, grid)
-        if len(rows) < len(grid.points()):
-            return grid, False
-        wider = grid.extended(choose(rows))
+        wider = grid.extended(choose(rows)) if len(rows) == len(grid.points()) else None
         if wider is None:
-            return grid, True
+            return grid, rows
         grid = wider
 
 
@@ -111,18 +109,17 @@ def grid_search(ident, grid, train, results_path):
     grid where every run diverged raises ValueError."""
     key = (*ident, *GRID_FIELDS)
     while True:
-        current, complete = row_grid(results_path, ident, grid)
-        if complete:
-            break
+        current, rows = row_grid(results_path, ident, grid)
+        if len(rows) == len(current.points()):
+            return rows, choose(rows)
+        recorded = {(r["learning_rate"], r["warmup_steps"]) for r in rows}
         for learning_rate, warmup_steps in current.points():
-            if any(_matches(r, ident, learning_rate, warmup_steps, grid.max_steps) for r in read_rows(results_path)):
+            if (learning_rate, warmup_steps) in recorded:
                 continue
             row = train(learning_rate, warmup_steps, grid.max_steps, point_name(learning_rate, warmup_steps))
             row = {**row, **ident, "learning_rate": learning_rate, "warmup_steps": warmup_steps,
                    "budget": grid.max_steps}
             record_result(results_path, row, key)
-    rows = grid_rows(results_path, ident, current)
-    return rows, choose(rows)
 
 
 def choose(rows):
@@ -207,9 +204,8 @@ def tune(out, ident, grid, train):
 def chosen(out, ident, grid):
     """The chosen grid row of `ident`; MissingRunError when its grid (extended as `row_grid` decides) is not complete
     in <out>/grid.json."""
-    current, complete = row_grid(out / "grid.json", ident, grid)
-    rows = grid_rows(out / "grid.json", ident, current)
-    if not complete:
+    current, rows = row_grid(out / "grid.json", ident, grid)
+    if len(rows) < len(current.points()):
         raise MissingRunError(f"{row_folder(ident)}: {len(rows)} of the grid's {len(current.points())} runs are in "
                               f"{out / 'grid.json'}; run the tune stage first")
     return choose(rows)
@@ -270,8 +266,8 @@ def write_tables(out, grid, idents, grid_columns, final_columns):
     tables = {}
     grids = {}  # row folder -> (its grid rows, whether its grid is complete)
     for ident in idents:
-        current, complete = row_grid(out / "grid.json", ident, grid)
-        grids[row_folder(ident)] = grid_rows(out / "grid.json", ident, current), complete
+        current, rows = row_grid(out / "grid.json", ident, grid)
+        grids[row_folder(ident)] = rows, len(rows) == len(current.points())
     if any(rows for rows, _ in grids.values()):
         tables["grid.md"] = markdown_table([r for rows, _ in grids.values() for r in rows], grid_columns)
         complete = [choose(rows) for rows, done in grids.values() if done]

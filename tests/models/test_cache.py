@@ -316,3 +316,17 @@ def test_encoder_and_decoder_rows_must_match():
     src, mask = source_batch()
     with pytest.raises(ValueError, match="encoder states have 3 rows and the decoder inputs 2"):
         model(input_ids=src, attention_mask=mask, decoder_input_ids=target_batch()[:2])
+
+
+def test_a_cache_of_shared_sources_refuses_a_batch_they_do_not_divide():
+    """A cache whose sources are shared by groups of rows, used for a batch of another size without a reset: an
+    error naming the reset, not a reshape failure deep inside a layer."""
+    model = make("rfa_doc")
+    src, mask = source_batch()
+    out = model.generate(input_ids=src, attention_mask=mask, num_beams=4, max_new_tokens=3, min_new_tokens=3,
+                         return_dict_in_generate=True)
+    cache = cache_of(out)
+    src, mask, tokens = src[:1].expand(5, -1), mask[:1].expand(5, -1), target_batch()[:1, :1].expand(5, -1)
+    encoder = model.get_encoder()(input_ids=src, attention_mask=mask)
+    with pytest.raises(ValueError, match="shared by 4 rows each, but the encoder states have 5 rows"):
+        model(encoder_outputs=encoder, attention_mask=mask, decoder_input_ids=tokens, cache=cache, use_cache=True)
