@@ -488,13 +488,15 @@ def test_batch_equals_rows_one_at_a_time(causal):
         torch.testing.assert_close(batched[b : b + 1], row, rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.parametrize("T", [1, 5])
 @pytest.mark.parametrize("S,form", [(3, "keys"), (4, "state")])
-def test_cross_source_takes_the_smaller_form(S, form):
+def test_cross_source_takes_the_smaller_form(S, form, T):
     """F = 16, d + 1 = 4: the state holds 64 numbers per (batch, head), the keys and values 20 per token, so a source
     of 3 tokens is kept as keys and values and one of 4 as the state; either gives the quadratic form's result (with
-    a padded row), and gradients flow through both forms (to the key scale too)."""
+    a padded row), for one query per row (decoding) and several, and gradients flow through both forms (to the key
+    scale too)."""
     g = torch.Generator().manual_seed(18)
-    B, T, H, F, d = 2, 5, 2, 16, 3
+    B, H, F, d = 2, 2, 16, 3
     q, k = features(B, T, H, F, g), features(B, S, H, F, g)
     v = torch.randn(B, S, H, d, generator=g, dtype=torch.float64)
     mask = torch.ones(B, S, dtype=torch.long)
