@@ -47,6 +47,10 @@ class Grid:
         """(learning rate, warm-up) pairs, learning rate major."""
         return list(itertools.product(self.learning_rates, self.warmup_steps))
 
+    def complete(self, rows):
+        """Whether `rows`, this grid's recorded rows (`grid_rows`), hold every point."""
+        return len(rows) == len(self.points())
+
     def extended(self, best):
         """This grid with the learning rate one doubling past its largest rate when `best` (the best point's row)
         has it, or one halving below its smallest; None when `best` lies inside, the grid has a single rate, or no
@@ -90,10 +94,10 @@ def grid_rows(results_path, ident, grid):
 def row_grid(results_path, ident, grid):
     """The grid of the row `ident` as far as its recorded runs decide it: `grid`, extended (`Grid.extended`) while
     all its points are recorded and the best of them lies at an edge -> (that grid, its recorded rows in grid order);
-    the grid is complete when every point has its row."""
+    complete (`Grid.complete`) when every point has its row."""
     while True:
         rows = grid_rows(results_path, ident, grid)
-        wider = grid.extended(choose(rows)) if len(rows) == len(grid.points()) else None
+        wider = grid.extended(choose(rows)) if grid.complete(rows) else None
         if wider is None:
             return grid, rows
         grid = wider
@@ -110,7 +114,7 @@ def grid_search(ident, grid, train, results_path):
     key = (*ident, *GRID_FIELDS)
     while True:
         current, rows = row_grid(results_path, ident, grid)
-        if len(rows) == len(current.points()):
+        if current.complete(rows):
             return rows, choose(rows)
         recorded = {(r["learning_rate"], r["warmup_steps"]) for r in rows}
         for learning_rate, warmup_steps in current.points():
@@ -205,7 +209,7 @@ def chosen(out, ident, grid):
     """The chosen grid row of `ident`; MissingRunError when its grid (extended as `row_grid` decides) is not complete
     in <out>/grid.json."""
     current, rows = row_grid(out / "grid.json", ident, grid)
-    if len(rows) < len(current.points()):
+    if not current.complete(rows):
         raise MissingRunError(f"{row_folder(ident)}: {len(rows)} of the grid's {len(current.points())} runs are in "
                               f"{out / 'grid.json'}; run the tune stage first")
     return choose(rows)
@@ -267,7 +271,7 @@ def write_tables(out, grid, idents, grid_columns, final_columns):
     grids = {}  # row folder -> (its grid rows, whether its grid is complete)
     for ident in idents:
         current, rows = row_grid(out / "grid.json", ident, grid)
-        grids[row_folder(ident)] = rows, len(rows) == len(current.points())
+        grids[row_folder(ident)] = rows, current.complete(rows)
     if any(rows for rows, _ in grids.values()):
         tables["grid.md"] = markdown_table([r for rows, _ in grids.values() for r in rows], grid_columns)
         complete = [choose(rows) for rows, done in grids.values() if done]
