@@ -126,7 +126,7 @@ class RfaCausalAttention(nn.Module):
         else:
             out, final = rfa_causal(q, k, v, decay, initial_state=initial, eps=self.eps)
             if cache is not None:
-                cache.write_recurrent_state(final)
+                cache.write_recurrent_state(final, handed_over=True)  # the op's new tensor
         return self.out_proj(out.reshape(x.shape))
 
 
@@ -175,7 +175,7 @@ def _cache_source(cache, source):
     if isinstance(source, tuple):
         cache.update(*source)
     else:
-        cache.write_recurrent_state(source)
+        cache.write_recurrent_state(source, handed_over=True)  # computed for the cache alone
 
 
 def _encoder_layer(config):

@@ -48,13 +48,16 @@ def _same_layout(a, b):
     return (a.shape, a.dtype, a.device) == (b.shape, b.dtype, b.device)
 
 
-def _write(current, new):
+def _write(current, new, handed_over=False):
     """Write `new` into the cache slot holding `current`: in place when the layout matches and no gradient flows
-    (the address stays), else a new owned buffer. -> the tensor the slot holds afterwards."""
+    (the address stays), else a new owned buffer: `new` itself when `handed_over` (a tensor no one else holds, kept
+    without a copy; made contiguous), else a copy. -> the tensor the slot holds afterwards."""
     in_place = (current is not None and not new.requires_grad and not current.requires_grad
                 and _same_layout(current, new))
     if in_place:
         return current.copy_(new)
+    if handed_over and not new.requires_grad:
+        return _contiguous(new)
     return _owned_copy(new)
 
 
@@ -111,12 +114,15 @@ class RecurrentLayer(LinearAttentionAndFullAttentionLayer):
         """Store the whole conv state (in place after the first write) -> the stored tensor."""
         return self._write_state(self.conv_states, self.is_conv_states_initialized, state, state_idx)
 
-    def write_recurrent_state(self, state, state_idx=0):
-        """Store the whole recurrent state (in place after the first write) -> the stored tensor."""
-        return self._write_state(self.recurrent_states, self.is_recurrent_states_initialized, state, state_idx)
+    def write_recurrent_state(self, state, state_idx=0, handed_over=False):
+        """Store the whole recurrent state (in place after the first write) -> the stored tensor. `handed_over`: the
+        caller made `state` and keeps no reference to it, so a first write stores it without a copy (a state can be
+        tens of MB per layer: RFA-doc's source state at batch 24, the causal state at batch 256)."""
+        return self._write_state(self.recurrent_states, self.is_recurrent_states_initialized, state, state_idx,
+                                 handed_over)
 
-    def _write_state(self, states, initialized, state, state_idx):
-        states[state_idx] = _write(states[state_idx], state)
+    def _write_state(self, states, initialized, state, state_idx, handed_over=False):
+        states[state_idx] = _write(states[state_idx], state, handed_over)
         initialized[state_idx] = self.has_previous_state[state_idx] = True
         self.device, self.dtype = state.device, state.dtype
         return states[state_idx]

@@ -8,9 +8,10 @@ import torch
 from transformers import DynamicCache, EncoderDecoderCache, StaticCache
 from transformers.cache_utils import DynamicLayer, LinearAttentionLayer
 
-from talk_hf import modeling_base
+from talk_hf import modeling_base, modeling_rfa_doc
 from talk_hf.modeling_base import rows_per_source
 from talk_hf.recurrent_cache import LAYER_TYPE, RecurrentLayer
+from talk_hf.rfa import rfa_causal, rfa_cross_source
 from tests.models.test_modeling_common import inputs_for
 from talk_hf.versions import CACHE_NAME
 from tests.models.tiny import ALL, LM, SEQ2SEQ, cache_of, make, source_batch, target_batch
@@ -161,6 +162,46 @@ def test_a_reset_cache_decodes_as_a_new_one(name):
         again = model(**inputs, cache=cache, use_cache=True)
     torch.testing.assert_close(again.logits, fresh.logits, rtol=0, atol=0)
     assert [layer.conv_state().data_ptr() for layer in self_side(cache).layers] == addresses
+
+
+def test_a_handed_over_state_is_stored_without_a_copy():
+    """A first write keeps a copy of what the caller passed (it may hold views of it), unless the caller hands the
+    tensor over; a handed-over non-contiguous state is stored contiguous; later writes go in place either way."""
+    given = torch.randn(2, 3, 4, 5)
+    kept, handed = RecurrentLayer(), RecurrentLayer()
+    copy = kept.write_recurrent_state(given)
+    assert copy.data_ptr() != given.data_ptr() and torch.equal(copy, given)
+    assert handed.write_recurrent_state(given, handed_over=True) is given
+    later = torch.randn(2, 3, 4, 5)
+    assert handed.write_recurrent_state(later, handed_over=True) is given and torch.equal(given, later)
+    strided = RecurrentLayer().write_recurrent_state(later.transpose(1, 2), handed_over=True)
+    assert strided.is_contiguous() and torch.equal(strided, later.transpose(1, 2))
+
+
+def test_rfa_doc_keeps_the_states_it_computes_without_copying_them(monkeypatch):
+    """RFA-doc hands its new states to the cache (a first write of tens of MB per layer at the paper's batch sizes):
+    the cache holds the very tensors the ops returned, each layer's causal state and its source."""
+    finals, sources = [], []
+
+    def causal(*args, **kwargs):
+        out, final = rfa_causal(*args, **kwargs)
+        finals.append(final)
+        return out, final
+
+    def source(*args, **kwargs):
+        sources.append(rfa_cross_source(*args, **kwargs))
+        return sources[-1]
+
+    monkeypatch.setattr(modeling_rfa_doc, "rfa_causal", causal)
+    monkeypatch.setattr(modeling_rfa_doc, "rfa_cross_source", source)
+    model = make("rfa_doc")
+    with torch.no_grad():
+        cache = cache_of(model(**inputs_for("rfa_doc"), use_cache=True))
+    layers = cache.self_attention_cache.layers
+    assert len(finals) == len(sources) == len(layers) > 0
+    assert all(layer.recurrent_state() is final for layer, final in zip(layers, finals, strict=True))
+    for layer, held in zip(cache.cross_attention_cache.layers, sources, strict=True):
+        assert layer.recurrent_state() is held if torch.is_tensor(held) else layer.keys is held[0]
 
 
 def test_an_empty_cache_without_config_is_filled():
