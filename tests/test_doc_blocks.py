@@ -165,7 +165,7 @@ COVERAGE = {
         "translates the whole test set with a trained document model (25 minutes); both decodings are run small "
         "through evaluate_translation by tests/training/test_document_evaluation.py"),
     ("docs/benchmarks.md", "benchmark_generation.py --from_results"): Shell(
-        subs=[("benchmarks/results/cpu_rfa_paper_2026-11-26/speedup_windows_1-60.png", "runs/speedup.png")]),
+        subs=[("benchmarks/results/cpu_rfa_paper_2026-11-27/speedup_windows_1-60.png", "runs/speedup.png")]),
     ("docs/benchmarks.md", "benchmarks/benchmark_ops.py --device cpu"): Shell(
         subs=[("--lengths 256 1024 4096", "--lengths 64 --warmup 1 --iters 2 --budget 1")]),
 }

@@ -40,7 +40,8 @@ def script(name):
 
 
 @pytest.mark.parametrize("name", ["preprocess", "train", "evaluate_model", "translate", "average_checkpoints", "demo",
-                                  "benchmark_ops", "benchmark_generation", "benchmark_training", "decoding_bound", "results_multi30k",
+                                  "benchmark_ops", "benchmark_generation", "benchmark_training", "decoding_bound",
+                                  "profile_decoding", "results_multi30k",
                                   "results_doc_zh_en",
                                   "results_lm"])
 def test_help(name, capsys):
