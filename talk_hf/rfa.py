@@ -411,7 +411,8 @@ def rfa_cross(q, source, eps=DEFAULT_EPS):
             # a decoding step: (B, H, S, 1) scores as one matrix-vector product per (batch, head), each key row read
             # once in order (on the CPU at B = 256, S = 20, F = 512: half the time of the (1, F) @ (F, S) form)
             scores = (keys @ queries.transpose(-1, -2)).transpose(-1, -2)
-        else:  # (B, H, T, S) scores, the keys' rows read in place, transposed
+        else:  # (B, H, T, S) scores, the keys read in place, transposed (for several queries a row, as under beam
+            # search, the faster form)
             scores = queries @ keys.transpose(-1, -2)
         return _normalise((scores @ values).transpose(1, 2), eps)  # (B, H, T, d + 1) -> (B, T, H, d)
     check_float_tensor("state", source, 4)
