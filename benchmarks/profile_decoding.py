@@ -53,7 +53,7 @@ def main(argv=None):
               f"{sum(ms for ms, _ in ops.values()) / 1e3:.2f} s", flush=True)
     a, b = results["rfa_doc"]["ops"], results["marian"]["ops"]
     none = (0.0, 0)
-    print(f"\n| op | RFA-doc ms (calls) | Marian ms (calls) | difference ms |\n|---|---|---|---|")
+    print("\n| op | RFA-doc ms (calls) | Marian ms (calls) | difference ms |\n|---|---|---|---|")
     for op in sorted(a.keys() | b.keys(), key=lambda k: -abs(a.get(k, none)[0] - b.get(k, none)[0]))[:args.top]:
         (ta, na), (tb, nb) = a.get(op, none), b.get(op, none)
         print(f"| `{op}` | {ta:.0f} ({na}) | {tb:.0f} ({nb}) | {ta - tb:+.0f} |")
