@@ -8,6 +8,10 @@ Porting notes (docs/spec.md §C):
   the same for every layer) for evaluation and decoding.
 - Decay gate (the paper's RFA-sgate): at every decoder *input* token equal to sep_token_id the causal attention
   state is multiplied by sigmoid(w.x + b) per head, after that token's own output (its key keeps weight 1).
+- Initialisation follows the reference's modules (docs/spec.md §C.8): the encoder's softmax attention as fairseq's
+  MultiheadAttention, the feed-forward layers with nn.Linear's own initialisation (fairseq's transformer layers keep
+  it), RFA projections xavier-uniform with gain rfa_init_scale**-0.5 and nn.Linear's biases, except the
+  cross-attention's query and output projections: normal with std 0.02 rfa_init_scale**-0.5, zero bias.
 - The training form is chunked (talk_hf/rfa.py), not a loop over sentences; decoding carries the fixed-size
   state (S, z) per layer, and the cross-attention source (its state, or for short sources its key features and
   values, whichever is smaller: `rfa_cross_source`) is computed once per source.
@@ -37,13 +41,32 @@ from .rfa import (
 )
 
 
+def _linear_default_bias_(linear):
+    """nn.Linear's own bias initialisation, U(-in_features**-0.5, in_features**-0.5)."""
+    from transformers import initialization as init
+
+    bound = linear.in_features**-0.5
+    init.uniform_(linear.bias, -bound, bound)
+
+
 class RfaProjection(nn.Linear):
-    """A q/k/v/output projection of RFA attention (xavier-uniform with gain rfa_init_scale**-0.5)."""
+    """A projection of RFA attention (the causal attention's q/k/v/output, the cross-attention's k/v): xavier-uniform
+    with gain rfa_init_scale**-0.5, nn.Linear's own bias."""
 
     def init_parameters(self, config):
         from transformers import initialization as init
 
         init.xavier_uniform_(self.weight, gain=config.rfa_init_scale**-0.5)
+        _linear_default_bias_(self)
+
+
+class RfaCrossQueryProjection(nn.Linear):
+    """The cross-attention's query and output projections: normal with std 0.02 rfa_init_scale**-0.5, zero bias."""
+
+    def init_parameters(self, config):
+        from transformers import initialization as init
+
+        init.normal_(self.weight, mean=0.0, std=0.02 * config.rfa_init_scale**-0.5)
         init.zeros_(self.bias)
 
 
@@ -137,7 +160,8 @@ class RfaCrossAttention(nn.Module):
         super().__init__()
         d, self.heads, self.eps = config.d_model, config.decoder_attention_heads, config.rfa_eps
         self.norm_rescale = config.norm_rescale
-        self.q_proj, self.k_proj, self.v_proj, self.out_proj = (RfaProjection(d, d) for _ in range(4))
+        self.q_proj, self.out_proj = RfaCrossQueryProjection(d, d), RfaCrossQueryProjection(d, d)
+        self.k_proj, self.v_proj = RfaProjection(d, d), RfaProjection(d, d)
         self.features = RandomFeatures(self.heads, config.cross_num_frequencies, d // self.heads,
                                        config.resample_random_features, config.random_feature_seed)
 
@@ -178,14 +202,54 @@ def _cache_source(cache, source):
         cache.write_recurrent_state(source, handed_over=True)  # computed for the cache alone
 
 
+class AttentionInputProjection(nn.Linear):
+    """A q/k/v projection of the encoder's softmax attention, as fairseq's MultiheadAttention initialises it:
+    xavier-uniform with gain 2**-0.5, nn.Linear's own bias (its output projection: xavier-uniform, zero bias)."""
+
+    def init_parameters(self, config):
+        from transformers import initialization as init
+
+        init.xavier_uniform_(self.weight, gain=2**-0.5)
+        _linear_default_bias_(self)
+
+
+class EncoderSelfAttention(SoftmaxSelfAttention):
+    """The encoder's softmax attention with fairseq's MultiheadAttention initialisation."""
+
+    def __init__(self, d_model, heads, dropout):
+        super().__init__(d_model, heads, dropout)
+        self.q_proj, self.k_proj, self.v_proj = (AttentionInputProjection(d_model, d_model) for _ in range(3))
+
+
+class TransformerLinear(nn.Linear):
+    """A feed-forward layer's linear map with nn.Linear's own initialisation (kaiming-uniform with a = 5**0.5, and its
+    bias), which fairseq's transformer layers keep."""
+
+    def init_parameters(self, config):
+        from transformers import initialization as init
+
+        init.kaiming_uniform_(self.weight, a=5**0.5)
+        _linear_default_bias_(self)
+
+
+class TransformerFeedForward(FeedForward):
+    """The feed-forward layer of fairseq's transformer layers: TransformerLinear fc1 and fc2."""
+
+    def __init__(self, d_model, ffn_dim, activation, activation_dropout):
+        super().__init__(d_model, ffn_dim, activation, activation_dropout)
+        self.fc1, self.fc2 = TransformerLinear(d_model, ffn_dim), TransformerLinear(ffn_dim, d_model)
+
+
 def _encoder_layer(config):
-    mixer = SoftmaxSelfAttention(config.d_model, config.encoder_attention_heads, config.attention_dropout)
-    ffn = FeedForward(config.d_model, config.encoder_ffn_dim, config.activation_function, config.activation_dropout)
+    mixer = EncoderSelfAttention(config.d_model, config.encoder_attention_heads, config.attention_dropout)
+    ffn = TransformerFeedForward(config.d_model, config.encoder_ffn_dim, config.activation_function,
+                                 config.activation_dropout)
     return EncoderLayer(config.d_model, mixer, ffn, config.encoder_normalize_before, config.dropout)
 
 
 def _decoder_layer(config):
-    ffn = FeedForward(config.d_model, config.decoder_ffn_dim, config.activation_function, config.activation_dropout)
+    ffn = TransformerFeedForward(config.d_model, config.decoder_ffn_dim, config.activation_function,
+                                 config.activation_dropout)
     return DecoderLayer(
         config.d_model, RfaCausalAttention(config), RfaCrossAttention(config), ffn,
         config.decoder_normalize_before, config.dropout,

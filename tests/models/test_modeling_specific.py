@@ -190,3 +190,46 @@ def test_dropconnect_in_training_is_the_ops_with_a_drawn_seed(name):
     trained.sum().backward()
     weights = mixer.weight if mixer.weight is not None else mixer.weight_linear.weight
     assert weights.grad is not None and torch.isfinite(weights.grad).all() and weights.grad.abs().sum() > 0
+
+
+def _uniform(weight, bound):
+    """weight looks like a U(-bound, bound) draw: within the bound, reaching near it, and (a matrix) with its standard
+    deviation."""
+    assert weight.abs().max() <= bound * (1 + 1e-6) and weight.abs().max() > 0.8 * bound
+    if weight.dim() == 2:
+        torch.testing.assert_close(weight.std().item(), bound / 3**0.5, rtol=0.05, atol=0)
+
+
+def test_rfa_doc_initialised_as_the_reference_modules():
+    """RFA-doc's layers start as the reference's do (docs/spec.md C.8): the encoder attention as fairseq's
+    MultiheadAttention, the feed-forward layers with nn.Linear's own init, the RFA projections xavier with gain
+    rfa_init_scale**-0.5 and nn.Linear's biases, the cross-attention's query/output projections small normals."""
+    from transformers import AutoModelForSeq2SeqLM
+
+    from talk_hf import RfaDocConfig
+
+    d, ffn, scale = 128, 256, 6.0
+    config = RfaDocConfig(vocab_size=64, d_model=d, encoder_layers=1, decoder_layers=1, encoder_ffn_dim=ffn,
+                          decoder_ffn_dim=ffn, encoder_attention_heads=4, decoder_attention_heads=4, rfa_init_scale=scale)
+    torch.manual_seed(0)
+    model = AutoModelForSeq2SeqLM.from_config(config)
+    encoder, decoder = model.model.encoder.layers[0], model.model.decoder.layers[0]
+    xavier = (6 / (2 * d)) ** 0.5
+    for proj in (encoder.mixer.q_proj, encoder.mixer.k_proj, encoder.mixer.v_proj):
+        _uniform(proj.weight, 2**-0.5 * xavier)
+        _uniform(proj.bias, d**-0.5)
+    _uniform(encoder.mixer.out_proj.weight, xavier)
+    assert not encoder.mixer.out_proj.bias.any()
+    for layer in (encoder, decoder):
+        _uniform(layer.ffn.fc1.weight, d**-0.5)
+        _uniform(layer.ffn.fc1.bias, d**-0.5)
+        _uniform(layer.ffn.fc2.weight, ffn**-0.5)
+        _uniform(layer.ffn.fc2.bias, ffn**-0.5)
+    causal, cross = decoder.mixer, decoder.cross_attention
+    for proj in (causal.q_proj, causal.k_proj, causal.v_proj, causal.out_proj, cross.k_proj, cross.v_proj):
+        _uniform(proj.weight, scale**-0.5 * xavier)
+        _uniform(proj.bias, d**-0.5)
+    for proj in (cross.q_proj, cross.out_proj):
+        torch.testing.assert_close(proj.weight.std().item(), 0.02 * scale**-0.5, rtol=0.05, atol=0)
+        assert not proj.bias.any()
+    assert torch.equal(causal.gate.bias, torch.full_like(causal.gate.bias, config.gate_bias_init))

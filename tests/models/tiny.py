@@ -48,12 +48,14 @@ SEQ2SEQ = {
     "lightconv": (DynamicConvConfig, DynamicConvModel, DynamicConvForConditionalGeneration,
                   dict(_SEQ2SEQ_COMMON, conv_type="lightweight", encoder_conv_heads=2, decoder_conv_heads=2,
                        encoder_kernel_sizes=[3, 5], decoder_kernel_sizes=[2, 5], weight_dropout=0.0)),
+    # rfa_init_scale 0.25: RFA weights large beside nn.Linear's biases at d_model 16, so that the outputs depend on
+    # the decoder's state (at the default 6 a tiny model's beams keep their order without a reordered cache)
     "rfa_doc": (RfaDocConfig, RfaDocModel, RfaDocForConditionalGeneration,
                 dict(_SEQ2SEQ_COMMON, encoder_attention_heads=2, causal_num_frequencies=8, cross_num_frequencies=8,
-                     gate_bias_init=0.0, sep_token_id=SEP)),
+                     gate_bias_init=0.0, sep_token_id=SEP, rfa_init_scale=0.25)),
     "rfa_doc-nogate": (RfaDocConfig, RfaDocModel, RfaDocForConditionalGeneration,
                        dict(_SEQ2SEQ_COMMON, encoder_attention_heads=2, causal_num_frequencies=8,
-                            cross_num_frequencies=8, sentential_gate="none")),
+                            cross_num_frequencies=8, sentential_gate="none", rfa_init_scale=0.25)),
 }
 LM = {
     "talk_lm": (TalkLMConfig, TalkLMModel, TalkForCausalLM,
