@@ -311,9 +311,15 @@ class Trainer:
         self.accelerator.save_state(str(path))
         self.accelerator.wait_for_everyone()  # every process has written its part before old ones are removed
         if self.accelerator.is_main_process:
+            best = self.best_checkpoint()  # kept beyond keep_checkpoints: a run stopped by patience may end with it
             for old in checkpoints(self.output_dir)[: -self.config.keep_checkpoints]:
-                shutil.rmtree(old)
+                if old != best:
+                    shutil.rmtree(old)
         return path
+
+    def best_checkpoint(self):
+        """The checkpoint folder of the lowest periodic validation loss (it may not exist)."""
+        return self.output_dir / "checkpoints" / f"step-{self.state.best_step}"
 
     def resume(self):
         found = checkpoints(self.output_dir)
@@ -411,7 +417,9 @@ class Trainer:
 
     def train(self):
         """Train until max_steps / max_epochs / max_minutes, or until the validation loss stops improving
-        (config.patience); returns the final evaluation record (of the averaged weights with average_last)."""
+        (config.patience); returns the evaluation record of the weights the model ends with: the last ones (averaged
+        over the last checkpoints with average_last), or, for a run stopped by patience, its best checkpoint's where
+        those validate lower."""
         if self.config.resume:
             self.resume()
         total = self.config.max_steps or None
@@ -424,11 +432,23 @@ class Trainer:
         c, step = self.config, self.state.global_step
         if not (c.save_every and step % c.save_every == 0 and step > 0):
             self.save_checkpoint()
-        if not self.config.average_last:
-            return self.evaluate()
+        final = self.evaluate_averaged() if self.config.average_last else self.evaluate()
+        return self.best_if_lower(final) if self.stopped_early() else final
+
+    def evaluate_averaged(self):
+        """Load the mean of the last average_last checkpoints and evaluate it -> the record."""
         last = checkpoints(self.output_dir)[-self.config.average_last :]
         self.accelerator.unwrap_model(self.model).load_state_dict(average_checkpoints(last), strict=False)
         return self.evaluate(averaged_checkpoints=len(last))  # not a point of the trajectory: marked as such
+
+    def best_if_lower(self, final):
+        """A run stopped by patience has trained past its best validation: its best checkpoint's weights replace the
+        final ones (`final`, their evaluation record) when they validate lower -> the record of the weights kept."""
+        best = self.best_checkpoint()
+        if self.state.best_valid_loss >= final["valid_loss"] or not best.exists():
+            return final
+        self.accelerator.unwrap_model(self.model).load_state_dict(average_checkpoints([best]), strict=False)
+        return self.evaluate(best_checkpoint=self.state.best_step)  # a trajectory point evaluated again: marked
 
     def save_model(self, folder=None):
         """The final model with its tokenizer and generation settings, ready for from_pretrained/pipeline."""

@@ -7,16 +7,17 @@ from pathlib import Path
 
 def read_metrics(path):
     """metrics.jsonl -> list of dicts (training records have "loss", evaluation records "valid_loss"; the evaluation
-    of a run's averaged last checkpoints has "averaged_checkpoints" too)."""
+    of a run's averaged last checkpoints has "averaged_checkpoints" too, the repeated one of the best checkpoint a
+    run ends with "best_checkpoint")."""
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
 def curve(records, key):
     """-> ([(step, value)] of the training trajectory, [(step, value)] of averaged checkpoints) for the records
     holding `key`: the averaged weights' evaluation shares its step with the last checkpoint's but is not a point of
-    the run's path."""
+    the run's path, and the best checkpoint's repeated evaluation is already one."""
     points = [r for r in records if key in r]
-    return ([(r["step"], r[key]) for r in points if "averaged_checkpoints" not in r],
+    return ([(r["step"], r[key]) for r in points if "averaged_checkpoints" not in r and "best_checkpoint" not in r],
             [(r["step"], r[key]) for r in points if "averaged_checkpoints" in r])
 
 

@@ -116,6 +116,15 @@ def initialise_from(model, folder):
     return sorted(k for k in target if k not in source and target[k].data_ptr() not in loaded)
 
 
+def final_weights(record):
+    """What the final model's weights are, from their evaluation record: "last", "last N averaged" or "update N" (the
+    best checkpoint of a run stopped by patience)."""
+    if "best_checkpoint" in record:
+        return f"update {record['best_checkpoint']}"
+    n = record.get("averaged_checkpoints")
+    return f"last {n} averaged" if n else "last"
+
+
 def train_run(data_dir, kind, train_config, preset=None, config_file=None, overrides=None, train_split="train",
               valid_split="valid", test_split=None, document_level=False, card=None, test_limit=0, init_from=None):
     """Build, train, evaluate and save a model; returns the results dict (also written to eval_results.json).
@@ -145,7 +154,8 @@ def train_run(data_dir, kind, train_config, preset=None, config_file=None, overr
         results.update({"init_from": str(init_from), "not_initialised": kept_initialisation})
     if train_config.patience:
         results.update({"best_step": trainer.state.best_step, "best_valid_loss": trainer.state.best_valid_loss,
-                        "stopped_early": trainer.stopped_early(), "patience": train_config.patience,
+                        "stopped_early": trainer.stopped_early(), "final_weights": final_weights(final),
+                        "patience": train_config.patience,
                         "eval_every": train_config.eval_every})
     model = trainer.accelerator.unwrap_model(trainer.model)
     if is_seq2seq and test_split:

@@ -248,6 +248,7 @@ def run_stages(args, out, idents, train):
 STOP_COLUMNS = [
     ("best update", lambda r: str(r["best_step"])),
     ("stopped by", lambda r: "patience" if r["stopped_early"] else "cap"),
+    ("final weights", lambda r: r.get("final_weights", "-")),
 ]
 
 

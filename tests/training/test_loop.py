@@ -24,6 +24,7 @@ from talk_hf.training.loop import (
     source_gain,
 )
 from talk_hf.training.models import build_model, count_parameters
+from talk_hf.training.run import final_weights
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "multi30k_pairs.tsv"
 TINY = dict(d_model=16, encoder_layers=1, decoder_layers=1, encoder_ffn_dim=32, decoder_ffn_dim=32, encoder_heads=2,
@@ -99,6 +100,26 @@ def test_checkpoints_are_kept_and_averaged(data, tmp_path):
     assert ["averaged_checkpoints" in r for r in records].count(True) == 1
 
 
+@pytest.mark.parametrize("averaged_loss, kept", [(2.4, "best"), (0.5, "averaged")])
+def test_a_run_stopped_by_patience_ends_with_the_lower_validating_weights(data, tmp_path, monkeypatch,
+                                                                          averaged_loss, kept):
+    """Validation losses 3, 1 (the best, update 4), 2, 2.5, 2.6: patience 3 stops the run at update 10. Its best
+    checkpoint is kept beside the last 3; the model ends with the best checkpoint's weights when the last 3 averaged
+    validate higher, with the average when it validates lower."""
+    scripted_validation(monkeypatch, [3.0, 1.0, 2.0, 2.5, 2.6, averaged_loss, 1.0])
+    trainer = run(data, tmp_path, max_steps=20, eval_every=2, save_every=2, patience=3, keep_checkpoints=3,
+                  average_last=3)
+    found = checkpoints(tmp_path)
+    assert trainer.stopped_early() and [p.name for p in found] == ["step-4", "step-6", "step-8", "step-10"]
+    expected = load_file(str(found[0] / "model.safetensors")) if kept == "best" else average_checkpoints(found[1:])
+    model = trainer.accelerator.unwrap_model(trainer.model).state_dict()
+    for key, value in expected.items():
+        assert torch.equal(model[key], value), key
+    final = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()][-1]
+    assert ("best_checkpoint" in final, final.get("best_checkpoint")) == ((True, 4) if kept == "best" else (False, None))
+    assert final_weights(final) == ("update 4" if kept == "best" else "last 3 averaged")
+
+
 def copy_task(eos, rows, seed=0):
     """Sources of 6 random tokens and </s>; each target is its source."""
     generator = torch.Generator().manual_seed(seed)
@@ -171,8 +192,8 @@ def scripted_validation(monkeypatch, losses):
     """Trainer.evaluate returns the next of `losses` (and logs it), so the early-stopping decisions are known."""
     queue = iter(losses)
 
-    def evaluate(self):
-        record = {"step": self.state.global_step, "valid_loss": next(queue)}
+    def evaluate(self, **fields):
+        record = {"step": self.state.global_step, "valid_loss": next(queue), **fields}
         self.log(record)
         return record
 
@@ -185,7 +206,8 @@ def test_training_stops_when_the_validation_loss_stops_improving(data, tmp_path,
     trainer = run(data, tmp_path, max_steps=10, eval_every=1, save_every=1, keep_checkpoints=2, patience=2)
     s = trainer.state
     assert (s.global_step, s.best_step, s.best_valid_loss, s.evals_since_best) == (4, 2, 2.0, 2)
-    assert trainer.stopped_early() and [p.name for p in checkpoints(tmp_path)] == ["step-3", "step-4"]
+    assert trainer.stopped_early()
+    assert [p.name for p in checkpoints(tmp_path)] == ["step-2", "step-3", "step-4"]  # the best one kept too
 
 
 def test_early_stopping_state_survives_a_resume(data, tmp_path, monkeypatch):
