@@ -311,7 +311,8 @@ class Trainer:
         self.accelerator.save_state(str(path))
         self.accelerator.wait_for_everyone()  # every process has written its part before old ones are removed
         if self.accelerator.is_main_process:
-            best = self.best_checkpoint()  # kept beyond keep_checkpoints: a run stopped by patience may end with it
+            # kept beyond keep_checkpoints where patience may stop the run: it may end with its best checkpoint
+            best = self.best_checkpoint() if self.config.patience else None
             for old in checkpoints(self.output_dir)[: -self.config.keep_checkpoints]:
                 if old != best:
                     shutil.rmtree(old)
@@ -438,7 +439,7 @@ class Trainer:
     def evaluate_averaged(self):
         """Load the mean of the last average_last checkpoints and evaluate it -> the record."""
         last = checkpoints(self.output_dir)[-self.config.average_last :]
-        self.accelerator.unwrap_model(self.model).load_state_dict(average_checkpoints(last), strict=False)
+        self.load_weights(average_checkpoints(last))
         return self.evaluate(averaged_checkpoints=len(last))  # not a point of the trajectory: marked as such
 
     def best_if_lower(self, final):
@@ -447,8 +448,12 @@ class Trainer:
         best = self.best_checkpoint()
         if self.state.best_valid_loss >= final["valid_loss"] or not best.exists():
             return final
-        self.accelerator.unwrap_model(self.model).load_state_dict(average_checkpoints([best]), strict=False)
+        self.load_weights(load_file(str(best / "model.safetensors")))
         return self.evaluate(best_checkpoint=self.state.best_step)  # a trajectory point evaluated again: marked
+
+    def load_weights(self, state):
+        """Put a checkpoint's model weights (a state dict as saved, tied weights once) into the model."""
+        self.accelerator.unwrap_model(self.model).load_state_dict(state, strict=False)
 
     def save_model(self, folder=None):
         """The final model with its tokenizer and generation settings, ready for from_pretrained/pipeline."""

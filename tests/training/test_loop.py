@@ -116,7 +116,7 @@ def test_a_run_stopped_by_patience_ends_with_the_lower_validating_weights(data, 
     for key, value in expected.items():
         assert torch.equal(model[key], value), key
     final = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()][-1]
-    assert ("best_checkpoint" in final, final.get("best_checkpoint")) == ((True, 4) if kept == "best" else (False, None))
+    assert final.get("best_checkpoint") == (4 if kept == "best" else None)
     assert final_weights(final) == ("update 4" if kept == "best" else "last 3 averaged")
 
 
@@ -221,8 +221,9 @@ def test_early_stopping_state_survives_a_resume(data, tmp_path, monkeypatch):
 
 def test_without_patience_training_runs_to_its_budget(data, tmp_path, monkeypatch):
     scripted_validation(monkeypatch, [1.0, 2.0, 3.0, 4.0, 5.0])
-    trainer = run(data, tmp_path, max_steps=4, eval_every=1)
+    trainer = run(data, tmp_path, max_steps=4, eval_every=1, save_every=1, keep_checkpoints=2)
     assert trainer.state.global_step == 4 and not trainer.stopped_early()
+    assert [p.name for p in checkpoints(tmp_path)] == ["step-3", "step-4"]  # no patience: the best is not kept
 
 
 @pytest.mark.parametrize("bad,match", [(dict(schedule="linear"), "schedule"), (dict(max_steps=0), "at least one"),
