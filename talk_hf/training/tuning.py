@@ -1,5 +1,6 @@
 """The protocol of the results tables (scripts/results_*.py): each model's learning rate and warm-up are chosen on
-the validation set from one grid, every point trained for the same short budget and judged by its final weights.
+the validation set from one grid, every point trained for the same short budget and judged by its final weights
+(for translation, optionally among the points whose encoder reads its source: `Grid.min_source_gain`).
 When a model's best point lies at the grid's largest (smallest) learning rate, its grid gains the rate one doubling
 (halving) further at every warm-up, and so on up to `Grid.extensions` times, so that no model is held at an edge of
 the grid (warm-ups are not extended). Then one run per model with its chosen settings trains until the validation
@@ -25,12 +26,16 @@ from .tables import markdown_table
 @dataclasses.dataclass(frozen=True)
 class Grid:
     """Peak learning rates x inverse-sqrt warm-ups, every point trained for `max_steps` updates; the learning rates
-    are extended past an edge holding the best point up to `extensions` times (`extended`)."""
+    are extended past an edge holding the best point up to `extensions` times (`extended`). With `min_source_gain`
+    only points whose dev source gain (docs/training.md: the loss with swapped sources minus the loss with the right
+    ones, nats per token) reaches it may be chosen: an encoder that stopped reading its input leaves a decoder that
+    is a language model of the targets, whose validation loss can still be the lowest of the grid."""
 
     learning_rates: tuple[float, ...]
     warmup_steps: tuple[int, ...]
     max_steps: int
     extensions: int = 0
+    min_source_gain: float | None = None
 
     def __post_init__(self):
         for name in ("learning_rates", "warmup_steps"):
@@ -42,6 +47,8 @@ class Grid:
             raise ValueError(f"the grid's max_steps must be >= 1, got {self.max_steps}")
         if self.extensions < 0:
             raise ValueError(f"the grid's extensions must be >= 0, got {self.extensions}")
+        if self.min_source_gain is not None and not self.min_source_gain >= 0:
+            raise ValueError(f"the grid's min_source_gain must be >= 0, got {self.min_source_gain}")
 
     def points(self):
         """(learning rate, warm-up) pairs, learning rate major."""
@@ -53,10 +60,10 @@ class Grid:
 
     def extended(self, best):
         """This grid with the learning rate one doubling past its largest rate when `best` (the best point's row)
-        has it, or one halving below its smallest; None when `best` lies inside, the grid has a single rate, or no
-        extension is left."""
+        has it, or one halving below its smallest; None when `best` lies inside or is None (no point may be
+        chosen), the grid has a single rate, or no extension is left."""
         rates = sorted(self.learning_rates)
-        if self.extensions == 0 or len(rates) < 2 or rates[0] < best["learning_rate"] < rates[-1]:
+        if best is None or self.extensions == 0 or len(rates) < 2 or rates[0] < best["learning_rate"] < rates[-1]:
             return None
         rate = 2 * rates[-1] if best["learning_rate"] == rates[-1] else rates[0] / 2
         return dataclasses.replace(self, learning_rates=tuple(sorted((*rates, rate))), extensions=self.extensions - 1)
@@ -97,7 +104,7 @@ def row_grid(results_path, ident, grid):
     complete (`Grid.complete`) when every point has its row."""
     while True:
         rows = grid_rows(results_path, ident, grid)
-        wider = grid.extended(choose(rows)) if grid.complete(rows) else None
+        wider = grid.extended(choose(rows, grid.min_source_gain)) if grid.complete(rows) else None
         if wider is None:
             return grid, rows
         grid = wider
@@ -109,13 +116,13 @@ def grid_search(ident, grid, train, results_path):
 
     train(learning_rate, warmup_steps, max_steps, name) -> the result dict of one run, with "valid_loss"; `name` is
     the point's folder name. Each result is recorded (with `ident`, the point and "budget") as soon as it exists.
-    The chosen point has the lowest validation loss; a run whose loss is not finite (diverged) is never chosen, and a
-    grid where every run diverged raises ValueError."""
+    The chosen point (`choose`) has the lowest validation loss; a run whose loss is not finite (diverged) is never
+    chosen, and a grid where every run diverged raises ValueError."""
     key = (*ident, *GRID_FIELDS)
     while True:
         current, rows = row_grid(results_path, ident, grid)
         if current.complete(rows):
-            return rows, choose(rows)
+            return rows, choose(rows, grid.min_source_gain)
         recorded = {(r["learning_rate"], r["warmup_steps"]) for r in rows}
         for learning_rate, warmup_steps in current.points():
             if (learning_rate, warmup_steps) in recorded:
@@ -126,12 +133,24 @@ def grid_search(ident, grid, train, results_path):
             record_result(results_path, row, key)
 
 
-def choose(rows):
-    """The row with the lowest finite validation loss (ties: the first in grid order)."""
+def choose(rows, min_source_gain=None):
+    """The row with the lowest finite validation loss (ties: the first in grid order) among those whose
+    "valid_source_gain" reaches `min_source_gain` when one is given; None when no row does."""
     finite = [r for r in rows if math.isfinite(r["valid_loss"])]
     if not finite:
         raise ValueError(f"every grid run diverged (validation losses {[r['valid_loss'] for r in rows]})")
-    return min(finite, key=lambda r: r["valid_loss"])
+    if min_source_gain is not None:
+        if any("valid_source_gain" not in r for r in finite):
+            raise ValueError("a grid that chooses on the source gain needs every run's valid_source_gain (only "
+                             "translation runs measure it)")
+        finite = [r for r in finite if r["valid_source_gain"] >= min_source_gain]
+    return min(finite, key=lambda r: r["valid_loss"], default=None)
+
+
+def describe_gains(rows):
+    """'lr0.001-wu100 0.02, ...': each point's dev source gain, for the message of a grid where none may be chosen."""
+    return ", ".join(f"{point_name(r['learning_rate'], r['warmup_steps'])} {r['valid_source_gain']:.2f}"
+                     for r in rows if math.isfinite(r["valid_loss"]))
 
 
 # -- the two stages of a results runner ------------------------------------------------------------------------------
@@ -145,8 +164,10 @@ class MissingRunError(ValueError):
     from): the runners print it as an error message, without a traceback."""
 
 
-def add_arguments(parser, learning_rates, warmup_steps, grid_steps, max_steps, eval_every, patience, extensions=2):
-    """The options every results runner shares, with that runner's defaults."""
+def add_arguments(parser, learning_rates, warmup_steps, grid_steps, max_steps, eval_every, patience, extensions=2,
+                  min_source_gain=None):
+    """The options every results runner shares, with that runner's defaults (`min_source_gain`: translation
+    runners only, whose runs measure the source gain)."""
     parser.add_argument("--stages", nargs="+", default=list(STAGES), choices=STAGES)
     parser.add_argument("--grid_learning_rates", nargs="+", type=float, default=learning_rates)
     parser.add_argument("--grid_warmup_steps", nargs="+", type=int, default=warmup_steps)
@@ -155,6 +176,10 @@ def add_arguments(parser, learning_rates, warmup_steps, grid_steps, max_steps, e
                              "halved below the smallest) while its best grid point lies at that edge")
     parser.add_argument("--grid_steps", type=int, default=grid_steps,
                         help="updates of every grid run (the short budget)")
+    if min_source_gain is not None:
+        parser.add_argument("--grid_min_source_gain", type=float, default=min_source_gain,
+                            help="choose only among grid points whose dev source gain (nats per token) reaches this "
+                                 "(0: no threshold)")
     parser.add_argument("--max_steps", type=int, default=max_steps, help="the cap of the final runs")
     parser.add_argument("--eval_every", type=int, default=eval_every, help="validation of the final runs, in updates")
     parser.add_argument("--patience", type=int, default=patience,
@@ -181,7 +206,7 @@ class FixedSetting(argparse.Action):
 
 def grid_of(args):
     return Grid(tuple(args.grid_learning_rates), tuple(args.grid_warmup_steps), args.grid_steps,
-                args.grid_extensions)
+                args.grid_extensions, getattr(args, "grid_min_source_gain", None) or None)
 
 
 def row_folder(ident):
@@ -212,7 +237,12 @@ def chosen(out, ident, grid):
     if not current.complete(rows):
         raise MissingRunError(f"{row_folder(ident)}: {len(rows)} of the grid's {len(current.points())} runs are in "
                               f"{out / 'grid.json'}; run the tune stage first")
-    return choose(rows)
+    best = choose(rows, grid.min_source_gain)
+    if best is None:
+        raise MissingRunError(f"{row_folder(ident)}: no point of its grid reads its source as much as "
+                              f"--grid_min_source_gain {grid.min_source_gain:g} (dev source gains: "
+                              f"{describe_gains(rows)}); train the grid longer (--grid_steps) or at other settings")
+    return best
 
 
 def final(out, ident, grid, train, max_steps, eval_every, patience, resume=False, setting=None):
@@ -266,7 +296,7 @@ def run_and_tabulate(args, out, idents, train, table_idents, grid_columns, final
 
 
 def write_tables(out, grid, idents, grid_columns, final_columns):
-    """grid.md (every grid run), short_budget.md (the chosen run of each complete grid), results.md (the final runs)
+    """grid.md (every grid run), short_budget.md (the chosen run of each complete grid that has one), results.md (the final runs)
     and valid_loss.png (their validation losses) for the rows `idents` -> {file name: table}."""
     tables = {}
     grids = {}  # row folder -> (its grid rows, whether its grid is complete)
@@ -275,8 +305,8 @@ def write_tables(out, grid, idents, grid_columns, final_columns):
         grids[row_folder(ident)] = rows, current.complete(rows)
     if any(rows for rows, _ in grids.values()):
         tables["grid.md"] = markdown_table([r for rows, _ in grids.values() for r in rows], grid_columns)
-        complete = [choose(rows) for rows, done in grids.values() if done]
-        tables["short_budget.md"] = markdown_table(complete, grid_columns)
+        chosen_rows = [choose(rows, grid.min_source_gain) for rows, done in grids.values() if done]
+        tables["short_budget.md"] = markdown_table([r for r in chosen_rows if r is not None], grid_columns)
     finals = [r for i in idents for r in read_rows(out / "results.json") if all(r.get(k) == v for k, v in i.items())]
     if finals:
         tables["results.md"] = markdown_table(finals, final_columns)

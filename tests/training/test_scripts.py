@@ -261,7 +261,11 @@ def test_doc_results_runner_scores_every_test_window(tmp_path, monkeypatch):
             "--grid_steps", "2", "--max_steps", "2", "--eval_every", "1", "--patience", "2", "--max_tokens", "1024",
             "--vocab_size", "300", "--num_beams", "1", "--init_from_sentence_level"]
     with pytest.raises(SystemExit, match="run rfa_doc-nogate@1 to its end first"):
-        module.main([*args, "--rows", "rfa_doc-gate@3"])
+        module.main([*args, "--rows", "rfa_doc-gate@3", "--grid_min_source_gain", "0"])
+    # two updates teach no encoder to read its source: the runner's threshold (0.1 nats) refuses every grid point
+    with pytest.raises(SystemExit, match="rfa_doc-nogate-1: no point of its grid reads its source"):
+        module.main([*args, "--rows", "rfa_doc-nogate@1"])
+    args += ["--grid_min_source_gain", "0"]
     tables = module.main([*args, "--rows", "rfa_doc-nogate@1", "rfa_doc-gate@3"])
     rows = json.loads((tmp_path / "results.json").read_text())
     assert [(r["name"], r["window"]) for r in rows] == [("rfa_doc-nogate", 1), ("rfa_doc-gate", 3)]

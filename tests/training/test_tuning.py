@@ -155,6 +155,58 @@ def test_the_final_stage_waits_for_the_extended_grid(tmp_path):
     assert calls == [(4e-3, 100, 50), (4e-3, 300, 50), (4e-3, 100, 7)]  # the extension, then the final run
 
 
+GAIN_ROWS = [{"learning_rate": 1e-3, "warmup_steps": 100, "valid_loss": 4.6, "valid_source_gain": 0.30},
+             {"learning_rate": 1e-3, "warmup_steps": 300, "valid_loss": 4.5, "valid_source_gain": 0.12},
+             {"learning_rate": 2e-3, "warmup_steps": 100, "valid_loss": 4.4, "valid_source_gain": 0.0},
+             {"learning_rate": 2e-3, "warmup_steps": 300, "valid_loss": float("nan"), "valid_source_gain": 0.5}]
+
+
+def test_a_source_gain_threshold_chooses_among_the_points_that_read_their_source():
+    assert choose(GAIN_ROWS)["valid_loss"] == 4.4  # the lowest loss: an encoder that reads nothing
+    assert choose(GAIN_ROWS, 0.1)["valid_loss"] == 4.5
+    assert choose(GAIN_ROWS, 0.2)["valid_loss"] == 4.6  # the diverged point is never chosen, whatever its gain
+    assert choose(GAIN_ROWS, 0.31) is None
+    with pytest.raises(ValueError, match="needs every run's valid_source_gain"):
+        choose([{"valid_loss": 1.0}], 0.1)
+    with pytest.raises(ValueError, match="min_source_gain must be >= 0"):
+        Grid((1e-3,), (100,), 5, min_source_gain=-0.1)
+
+
+def test_the_grid_extends_past_the_edge_of_the_best_point_that_reads_its_source(tmp_path):
+    """Losses fall with the learning rate, but above 1e-3 the encoder stops reading its source: the chosen point lies
+    at the smallest rate, so the grid is extended below it, not above the largest."""
+    def train(learning_rate, warmup_steps, max_steps, name):
+        return {"valid_loss": 1 / learning_rate + warmup_steps, "valid_source_gain": 0.3 * (learning_rate <= 1e-3)}
+
+    grid = Grid((1e-3, 2e-3), (100, 300), 50, extensions=1, min_source_gain=0.1)
+    rows, chosen = grid_search({"model": "doc"}, grid, train, tmp_path / "grid.json")
+    assert sorted({r["learning_rate"] for r in rows}) == [5e-4, 1e-3, 2e-3]
+    assert (chosen["learning_rate"], chosen["warmup_steps"]) == (1e-3, 100)
+    plain = Grid((1e-3, 2e-3), (100, 300), 50, extensions=1)
+    rows, chosen = grid_search({"model": "lm"}, plain, train, tmp_path / "grid.json")
+    assert sorted({r["learning_rate"] for r in rows}) == [1e-3, 2e-3, 4e-3] and chosen["learning_rate"] == 4e-3
+
+
+def test_the_final_stage_refuses_a_grid_where_no_point_reads_its_source(tmp_path):
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, [1e-3, 2e-3], [100], grid_steps=50, max_steps=7, eval_every=2, patience=3, extensions=0,
+                  min_source_gain=0.1)
+    finals = []
+
+    def train(ident, folder, learning_rate, warmup_steps, **loop):
+        if loop.get("eval_every"):
+            finals.append(learning_rate)
+        return {"valid_loss": 1.0 / learning_rate, "valid_source_gain": 0.01 * learning_rate / 1e-3, "steps": 1}
+
+    with pytest.raises(MissingRunError, match=r"doc: no point of its grid reads its source as much as "
+                                              r"--grid_min_source_gain 0.1 \(dev source gains: lr0.001-wu100 0.01, "
+                                              r"lr0.002-wu100 0.02\); train the grid longer"):
+        run_stages(parser.parse_args([]), tmp_path, [{"model": "doc"}], train)
+    assert finals == []
+    run_stages(parser.parse_args(["--grid_min_source_gain", "0"]), tmp_path, [{"model": "doc"}], train)
+    assert finals == [2e-3]  # no threshold: the lowest loss, from the grid already recorded
+
+
 def _record(args):
     path, i = args
     record_result(path, {"model": f"m{i}", "valid_loss": float(i)}, ("model",))
