@@ -97,17 +97,38 @@ class FeedForward(nn.Module):
         return self.fc2(x)
 
 
+def linear_default_bias_(linear):
+    """nn.Linear's own bias initialisation, U(-in_features**-0.5, in_features**-0.5)."""
+    from transformers import initialization as init
+
+    bound = linear.in_features**-0.5
+    init.uniform_(linear.bias, -bound, bound)
+
+
+class AttentionInputProjection(nn.Linear):
+    """A q/k/v projection of softmax attention, as fairseq's MultiheadAttention initialises it: xavier-uniform with
+    gain 2**-0.5, nn.Linear's own bias."""
+
+    def init_parameters(self, config):
+        from transformers import initialization as init
+
+        init.xavier_uniform_(self.weight, gain=2**-0.5)
+        linear_default_bias_(self)
+
+
 class SoftmaxAttention(nn.Module):
-    """Multi-head softmax attention over a memory (scaled_dot_product_attention)."""
+    """Multi-head softmax attention over a memory (scaled_dot_product_attention), initialised as fairseq's
+    MultiheadAttention (the reference models' encoder-decoder and RFA-doc encoder attention): q/k/v projections
+    `AttentionInputProjection`, the output projection xavier-uniform with a zero bias."""
 
     def __init__(self, d_model, heads, dropout):
         super().__init__()
         if d_model % heads:
             raise ValueError(f"d_model={d_model} must be divisible by the attention heads ({heads})")
         self.heads, self.dropout = heads, dropout
-        self.q_proj = nn.Linear(d_model, d_model)
-        self.k_proj = nn.Linear(d_model, d_model)
-        self.v_proj = nn.Linear(d_model, d_model)
+        self.q_proj = AttentionInputProjection(d_model, d_model)
+        self.k_proj = AttentionInputProjection(d_model, d_model)
+        self.v_proj = AttentionInputProjection(d_model, d_model)
         self.out_proj = nn.Linear(d_model, d_model)
 
     def _split(self, x):  # (B, T, C) -> (B, H, T, C/H)

@@ -29,6 +29,7 @@ from .modeling_base import (
     RecurrentSeq2SeqLM,
     RecurrentSeq2SeqModel,
     SoftmaxSelfAttention,
+    linear_default_bias_,
 )
 from .rfa import (
     rfa_causal,
@@ -41,14 +42,6 @@ from .rfa import (
 )
 
 
-def _linear_default_bias_(linear):
-    """nn.Linear's own bias initialisation, U(-in_features**-0.5, in_features**-0.5)."""
-    from transformers import initialization as init
-
-    bound = linear.in_features**-0.5
-    init.uniform_(linear.bias, -bound, bound)
-
-
 class RfaProjection(nn.Linear):
     """A projection of RFA attention (the causal attention's q/k/v/output, the cross-attention's k/v): xavier-uniform
     with gain rfa_init_scale**-0.5, nn.Linear's own bias."""
@@ -57,7 +50,7 @@ class RfaProjection(nn.Linear):
         from transformers import initialization as init
 
         init.xavier_uniform_(self.weight, gain=config.rfa_init_scale**-0.5)
-        _linear_default_bias_(self)
+        linear_default_bias_(self)
 
 
 class RfaCrossQueryProjection(nn.Linear):
@@ -202,25 +195,6 @@ def _cache_source(cache, source):
         cache.write_recurrent_state(source, handed_over=True)  # computed for the cache alone
 
 
-class AttentionInputProjection(nn.Linear):
-    """A q/k/v projection of the encoder's softmax attention, as fairseq's MultiheadAttention initialises it:
-    xavier-uniform with gain 2**-0.5, nn.Linear's own bias (its output projection: xavier-uniform, zero bias)."""
-
-    def init_parameters(self, config):
-        from transformers import initialization as init
-
-        init.xavier_uniform_(self.weight, gain=2**-0.5)
-        _linear_default_bias_(self)
-
-
-class EncoderSelfAttention(SoftmaxSelfAttention):
-    """The encoder's softmax attention with fairseq's MultiheadAttention initialisation."""
-
-    def __init__(self, d_model, heads, dropout):
-        super().__init__(d_model, heads, dropout)
-        self.q_proj, self.k_proj, self.v_proj = (AttentionInputProjection(d_model, d_model) for _ in range(3))
-
-
 class TransformerLinear(nn.Linear):
     """A feed-forward layer's linear map with nn.Linear's own initialisation (kaiming-uniform with a = 5**0.5, and its
     bias), which fairseq's transformer layers keep."""
@@ -229,7 +203,7 @@ class TransformerLinear(nn.Linear):
         from transformers import initialization as init
 
         init.kaiming_uniform_(self.weight, a=5**0.5)
-        _linear_default_bias_(self)
+        linear_default_bias_(self)
 
 
 class TransformerFeedForward(FeedForward):
@@ -241,7 +215,7 @@ class TransformerFeedForward(FeedForward):
 
 
 def _encoder_layer(config):
-    mixer = EncoderSelfAttention(config.d_model, config.encoder_attention_heads, config.attention_dropout)
+    mixer = SoftmaxSelfAttention(config.d_model, config.encoder_attention_heads, config.attention_dropout)
     ffn = TransformerFeedForward(config.d_model, config.encoder_ffn_dim, config.activation_function,
                                  config.activation_dropout)
     return EncoderLayer(config.d_model, mixer, ffn, config.encoder_normalize_before, config.dropout)

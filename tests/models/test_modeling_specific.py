@@ -233,3 +233,17 @@ def test_rfa_doc_initialised_as_the_reference_modules():
         torch.testing.assert_close(proj.weight.std().item(), 0.02 * scale**-0.5, rtol=0.05, atol=0)
         assert not proj.bias.any()
     assert torch.equal(causal.gate.bias, torch.full_like(causal.gate.bias, config.gate_bias_init))
+
+
+@pytest.mark.parametrize("name", ["talk", "dynamic_conv", "lightconv"])
+def test_conv_decoders_cross_attention_initialised_as_fairseqs(name):
+    """The conv models' encoder-decoder attention starts as fairseq's MultiheadAttention in the reference models: q/k/v
+    xavier-uniform with gain 2**-0.5 and nn.Linear's biases, the output projection xavier-uniform with a zero bias."""
+    d = 128
+    cross = make(name, d_model=d).model.decoder.layers[0].cross_attention
+    xavier = (6 / (2 * d)) ** 0.5
+    for proj in (cross.q_proj, cross.k_proj, cross.v_proj):
+        _uniform(proj.weight, 2**-0.5 * xavier)
+        _uniform(proj.bias, d**-0.5)
+    _uniform(cross.out_proj.weight, xavier)
+    assert not cross.out_proj.bias.any()

@@ -128,7 +128,7 @@ def copy_task(eos, rows, seed=0):
 
 
 def test_source_gain_tells_a_model_that_reads_its_source_from_one_that_does_not(data, tmp_path):
-    """On a copy task the logged gain grows from about 0 to over a nat; with the encoder's last LayerNorm weight
+    """On a copy task the logged gain grows from about 0 to over half a nat; with the encoder's last LayerNorm weight
     zeroed (post-norm: the encoder outputs its bias at every position, whatever the input) the gain is 0, while
     the validation loss alone says nothing of it."""
     tokenizer, _ = data
@@ -141,7 +141,7 @@ def test_source_gain_tells_a_model_that_reads_its_source_from_one_that_does_not(
     trainer.train()
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     gains = [r["valid_source_gain"] for r in records if "valid_source_gain" in r]
-    assert len(gains) == 5 and gains[0] < 0.5 < 1.0 < gains[3], gains
+    assert len(gains) == 5 and gains[0] < 0.1 < 0.5 < gains[3], gains
     model, collator = trainer.accelerator.unwrap_model(trainer.model), trainer.collator
     assert source_gain(model, task.select(range(32)), collator, 256)[0] == pytest.approx(gains[-1])
     with torch.no_grad():
