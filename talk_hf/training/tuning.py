@@ -283,11 +283,13 @@ STOP_COLUMNS = [
 
 
 def run_and_tabulate(args, out, idents, train, table_idents, grid_columns, final_columns):
-    """A runner's main: run_stages for `idents` (a missing earlier run exits with its message, no traceback), then
-    write_tables for `table_idents` and print them -> {file name: table}."""
+    """A runner's main: run_stages for `idents`, then write_tables for `table_idents` and print them -> {file name:
+    table}. A missing earlier run exits with its message, no traceback, after writing the tables of what has run (a
+    grid whose points all read too little of their source is in grid.md)."""
     try:
         grid = run_stages(args, out, idents, train)
     except MissingRunError as err:
+        write_tables(out, grid_of(args), table_idents, grid_columns, final_columns)
         raise SystemExit(f"error: {err}") from err
     tables = write_tables(out, grid, table_idents, grid_columns, final_columns)
     for name, table in tables.items():
@@ -296,8 +298,8 @@ def run_and_tabulate(args, out, idents, train, table_idents, grid_columns, final
 
 
 def write_tables(out, grid, idents, grid_columns, final_columns):
-    """grid.md (every grid run), short_budget.md (the chosen run of each complete grid that has one), results.md (the final runs)
-    and valid_loss.png (their validation losses) for the rows `idents` -> {file name: table}."""
+    """grid.md (every grid run), short_budget.md (the chosen run of each complete grid that has one), results.md
+    (the final runs) and valid_loss.png (their validation losses) for the rows `idents` -> {file name: table}."""
     tables = {}
     grids = {}  # row folder -> (its grid rows, whether its grid is complete)
     for ident in idents:

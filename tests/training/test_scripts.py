@@ -265,6 +265,7 @@ def test_doc_results_runner_scores_every_test_window(tmp_path, monkeypatch):
     # two updates teach no encoder to read its source: the runner's threshold (0.1 nats) refuses every grid point
     with pytest.raises(SystemExit, match="rfa_doc-nogate-1: no point of its grid reads its source"):
         module.main([*args, "--rows", "rfa_doc-nogate@1"])
+    assert "| rfa_doc-nogate | 1 | 0.001 | 1 |" in (tmp_path / "grid.md").read_text()  # the refused grid, tabulated
     args += ["--grid_min_source_gain", "0"]
     tables = module.main([*args, "--rows", "rfa_doc-nogate@1", "rfa_doc-gate@3"])
     rows = json.loads((tmp_path / "results.json").read_text())
