@@ -105,6 +105,19 @@ def linear_default_bias_(linear):
     init.uniform_(linear.bias, -bound, bound)
 
 
+class TorchDefaultLinear(nn.Linear):
+    """A Linear initialised as nn.Linear initialises itself (kaiming-uniform with a = 5**0.5, i.e.
+    U(-in_features**-0.5, in_features**-0.5), and the same for its bias), which the reference code keeps for some
+    layers; `_init_weights` gives every other Linear xavier-uniform with a zero bias."""
+
+    def init_parameters(self, config):
+        from transformers import initialization as init
+
+        bound = self.in_features**-0.5
+        init.uniform_(self.weight, -bound, bound)
+        linear_default_bias_(self)
+
+
 class AttentionInputProjection(nn.Linear):
     """A q/k/v projection of softmax attention, as fairseq's MultiheadAttention initialises it: xavier-uniform with
     gain 2**-0.5, nn.Linear's own bias."""

@@ -29,6 +29,7 @@ from .modeling_base import (
     RecurrentSeq2SeqLM,
     RecurrentSeq2SeqModel,
     SoftmaxSelfAttention,
+    TorchDefaultLinear,
     linear_default_bias_,
 )
 from .rfa import (
@@ -195,23 +196,12 @@ def _cache_source(cache, source):
         cache.write_recurrent_state(source, handed_over=True)  # computed for the cache alone
 
 
-class TransformerLinear(nn.Linear):
-    """A feed-forward layer's linear map with nn.Linear's own initialisation (kaiming-uniform with a = 5**0.5, and its
-    bias), which fairseq's transformer layers keep."""
-
-    def init_parameters(self, config):
-        from transformers import initialization as init
-
-        init.kaiming_uniform_(self.weight, a=5**0.5)
-        linear_default_bias_(self)
-
-
 class TransformerFeedForward(FeedForward):
-    """The feed-forward layer of fairseq's transformer layers: TransformerLinear fc1 and fc2."""
+    """The feed-forward layer of fairseq's transformer layers, which keep nn.Linear's own initialisation."""
 
     def __init__(self, d_model, ffn_dim, activation, activation_dropout):
         super().__init__(d_model, ffn_dim, activation, activation_dropout)
-        self.fc1, self.fc2 = TransformerLinear(d_model, ffn_dim), TransformerLinear(ffn_dim, d_model)
+        self.fc1, self.fc2 = TorchDefaultLinear(d_model, ffn_dim), TorchDefaultLinear(ffn_dim, d_model)
 
 
 def _encoder_layer(config):

@@ -24,20 +24,14 @@ from .modeling_base import (
     RecurrentSeq2SeqLM,
     RecurrentSeq2SeqModel,
     SoftmaxCrossAttention,
+    TorchDefaultLinear,
     zero_padding,
 )
 from .talk_conv import talk_conv, talk_conv_state_from_prefix, talk_conv_step
 
 
-class TalkOffsetProjection(nn.Linear):
+class TalkOffsetProjection(TorchDefaultLinear):
     """Predicts the relative window offsets; initialised like a plain nn.Linear (docs/spec.md §A.5)."""
-
-    def init_parameters(self, config):
-        from transformers import initialization as init
-
-        bound = self.in_features**-0.5  # nn.Linear's default: kaiming_uniform(a=sqrt(5)) and U(+-1/sqrt(fan_in))
-        init.uniform_(self.weight, -bound, bound)
-        init.uniform_(self.bias, -bound, bound)
 
 
 class TalkConvMixer(nn.Module):

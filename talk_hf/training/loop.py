@@ -12,6 +12,7 @@ import json
 import math
 import shutil
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -446,7 +447,13 @@ class Trainer:
         """A run stopped by patience has trained past its best validation: its best checkpoint's weights replace the
         final ones (`final`, their evaluation record) when they validate lower -> the record of the weights kept."""
         best = self.best_checkpoint()
-        if self.state.best_valid_loss >= final["valid_loss"] or not best.exists():
+        if self.state.best_valid_loss >= final["valid_loss"]:
+            return final
+        if not best.exists():
+            warnings.warn(f"update {self.state.best_step} validated lowest ({self.state.best_valid_loss:.4f} against "
+                          f"{final['valid_loss']:.4f}) but has no checkpoint (save_every={self.config.save_every}, "
+                          f"eval_every={self.config.eval_every}): the run ends with its last weights (averaged with "
+                          f"average_last)", stacklevel=2)
             return final
         self.load_weights(load_file(str(best / "model.safetensors")))
         return self.evaluate(best_checkpoint=self.state.best_step)  # a trajectory point evaluated again: marked

@@ -54,6 +54,10 @@ class Grid:
         """(learning rate, warm-up) pairs, learning rate major."""
         return list(itertools.product(self.learning_rates, self.warmup_steps))
 
+    def choose(self, rows):
+        """The chosen one of this grid's recorded rows (`choose` with this grid's source-gain threshold), or None."""
+        return choose(rows, self.min_source_gain)
+
     def complete(self, rows):
         """Whether `rows`, this grid's recorded rows (`grid_rows`), hold every point."""
         return len(rows) == len(self.points())
@@ -104,7 +108,7 @@ def row_grid(results_path, ident, grid):
     complete (`Grid.complete`) when every point has its row."""
     while True:
         rows = grid_rows(results_path, ident, grid)
-        wider = grid.extended(choose(rows, grid.min_source_gain)) if grid.complete(rows) else None
+        wider = grid.extended(grid.choose(rows)) if grid.complete(rows) else None
         if wider is None:
             return grid, rows
         grid = wider
@@ -122,7 +126,7 @@ def grid_search(ident, grid, train, results_path):
     while True:
         current, rows = row_grid(results_path, ident, grid)
         if current.complete(rows):
-            return rows, choose(rows, grid.min_source_gain)
+            return rows, current.choose(rows)
         recorded = {(r["learning_rate"], r["warmup_steps"]) for r in rows}
         for learning_rate, warmup_steps in current.points():
             if (learning_rate, warmup_steps) in recorded:
@@ -237,7 +241,7 @@ def chosen(out, ident, grid):
     if not current.complete(rows):
         raise MissingRunError(f"{row_folder(ident)}: {len(rows)} of the grid's {len(current.points())} runs are in "
                               f"{out / 'grid.json'}; run the tune stage first")
-    best = choose(rows, grid.min_source_gain)
+    best = current.choose(rows)
     if best is None:
         raise MissingRunError(f"{row_folder(ident)}: no point of its grid reads its source as much as "
                               f"--grid_min_source_gain {grid.min_source_gain:g} (dev source gains: "
@@ -286,10 +290,11 @@ def run_and_tabulate(args, out, idents, train, table_idents, grid_columns, final
     """A runner's main: run_stages for `idents`, then write_tables for `table_idents` and print them -> {file name:
     table}. A missing earlier run exits with its message, no traceback, after writing the tables of what has run (a
     grid whose points all read too little of their source is in grid.md)."""
+    grid = grid_of(args)
     try:
-        grid = run_stages(args, out, idents, train)
+        run_stages(args, out, idents, train)
     except MissingRunError as err:
-        write_tables(out, grid_of(args), table_idents, grid_columns, final_columns)
+        write_tables(out, grid, table_idents, grid_columns, final_columns)
         raise SystemExit(f"error: {err}") from err
     tables = write_tables(out, grid, table_idents, grid_columns, final_columns)
     for name, table in tables.items():
@@ -307,7 +312,7 @@ def write_tables(out, grid, idents, grid_columns, final_columns):
         grids[row_folder(ident)] = rows, current.complete(rows)
     if any(rows for rows, _ in grids.values()):
         tables["grid.md"] = markdown_table([r for rows, _ in grids.values() for r in rows], grid_columns)
-        chosen_rows = [choose(rows, grid.min_source_gain) for rows, done in grids.values() if done]
+        chosen_rows = [grid.choose(rows) for rows, done in grids.values() if done]
         tables["short_budget.md"] = markdown_table([r for r in chosen_rows if r is not None], grid_columns)
     finals = [r for i in idents for r in read_rows(out / "results.json") if all(r.get(k) == v for k, v in i.items())]
     if finals:

@@ -120,6 +120,23 @@ def test_a_run_stopped_by_patience_ends_with_the_lower_validating_weights(data, 
     assert final_weights(final) == ("update 4" if kept == "best" else "last 3 averaged")
 
 
+def test_a_best_validation_without_its_checkpoint_is_said_and_the_run_keeps_its_weights(data, tmp_path,
+                                                                                        monkeypatch):
+    """The same validations, checkpoints every 3 updates: update 4, the best, was never saved, so the run ends with
+    its last 3 checkpoints averaged and a warning says why."""
+    scripted_validation(monkeypatch, [3.0, 1.0, 2.0, 2.5, 2.6, 2.4])
+    with pytest.warns(UserWarning, match=r"update 4 validated lowest \(1.0000 against 2.4000\) but has no checkpoint"):
+        trainer = run(data, tmp_path, max_steps=20, eval_every=2, save_every=3, patience=3, keep_checkpoints=3,
+                      average_last=3)
+    found = checkpoints(tmp_path)
+    assert trainer.stopped_early() and [p.name for p in found] == ["step-6", "step-9", "step-10"]
+    model = trainer.accelerator.unwrap_model(trainer.model).state_dict()
+    for key, value in average_checkpoints(found).items():
+        assert torch.equal(model[key], value), key
+    final = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()][-1]
+    assert final_weights(final) == "last 3 averaged"
+
+
 def copy_task(eos, rows, seed=0):
     """Sources of 6 random tokens and </s>; each target is its source."""
     generator = torch.Generator().manual_seed(seed)
