@@ -8,14 +8,15 @@ sentence of every document and d-BLEU over whole documents.
 
     python scripts/results_doc_zh_en.py --output_dir runs/doc_zh_en
 
-Two stages, each resumable (run the command again and it continues), as in scripts/results_multi30k.py: tune (every
-row at every point of one grid of learning rates x warm-ups, --grid_steps updates each, chosen on the dev loss among
-the points whose dev source gain reaches --grid_min_source_gain; grid.md, short_budget.md) and final (one run per
-row at its setting until the dev loss stops improving for --patience validations or --max_steps; results.md,
-valid_loss.png). With --init_from_sentence_level a row of window > 1 starts from the final model of its family's
-window-1 row (RFA-doc rows from the ungated one: its gate weights keep their initialisation), which must have run
-first. With --setting LEARNING_RATE WARMUP_STEPS there is no grid:
-every row trains at that one setting for the same budget (a fixed-budget comparison, marked fixed_setting).
+Two stages, each resumable (run the command again and it continues), as in scripts/results_multi30k.py: tune (every row
+at every point of one grid of learning rates x warm-ups, --grid_steps updates each, chosen on the dev loss among the
+points whose dev source gain reaches --grid_min_source_gain; the test documents are translated by the final runs only,
+and by every grid point too with --grid_test; grid.md, short_budget.md) and final (one run per row at its setting until
+the dev loss stops improving for --patience validations or --max_steps; results.md, valid_loss.png). With
+--init_from_sentence_level a row of window > 1 starts from the final model of its family's window-1 row (RFA-doc rows
+from the ungated one: its gate weights keep their initialisation), which must have run first. With --setting
+LEARNING_RATE WARMUP_STEPS there is no grid: every row trains at that one setting for the same budget (a fixed-budget
+comparison, marked fixed_setting).
 
 The grid's budget and its source-gain threshold come from docs/benchmarks.md ("The document rows' grid on one
 GPU"): after 300 updates no point read its source yet, and the lowest dev loss belonged to learning rates at which
@@ -62,6 +63,9 @@ def parse_args(argv=None):
     parser.add_argument("--num_beams", type=int, default=1, help="beam size at test time (default: greedy)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--test_limit", type=int, default=0, help="score only the first N test windows (0: all)")
+    parser.add_argument("--grid_test", action="store_true",
+                        help="translate the test set at every grid point too (the grid chooses on the dev set, and "
+                             "a model at the grid's budget may loop to the length limit on every test window)")
     args = parser.parse_args(argv)
     for row in args.rows:
         name, _, window = row.partition("@")
@@ -115,7 +119,7 @@ GRID_COLUMNS = [
     ("dev loss", lambda r: f"{r['valid_loss']:.3f}"),
     # the dev loss the right sources save over swapped ones: about 0 for an encoder that stopped reading its input
     ("dev source gain", lambda r: f"{r['valid_source_gain']:.2f}" if "valid_source_gain" in r else "-"),
-    ("zh2en-test BLEU", lambda r: f"{r['test_bleu']:.2f}"),
+    ("zh2en-test BLEU", lambda r: f"{r['test_bleu']:.2f}" if "test_bleu" in r else "-"),  # grid: --grid_test
     ("zh2en-test d-BLEU", lambda r: f"{r['test_d_bleu']:.2f}" if "test_d_bleu" in r else "-"),
 ]
 COLUMNS = [
@@ -129,8 +133,9 @@ COLUMNS = [
 ]
 
 
-def trainer(args, out):
-    """train(ident, folder, learning_rate, warmup_steps, **loop) of every row."""
+def trainer(args, out, test=True):
+    """train(ident, folder, learning_rate, warmup_steps, **loop) of every row; `test`: translate and score the test
+    documents after training."""
 
     def train(row, folder, learning_rate, warmup_steps, **loop):
         data_dir = prepare(out, row["window"], args.vocab_size, args.max_tokens_per_example)
@@ -140,7 +145,8 @@ def trainer(args, out):
         config = TrainConfig(output_dir=str(folder), max_tokens=args.max_tokens, learning_rate=learning_rate,
                              warmup_steps=warmup_steps, label_smoothing=0.1, bleu_sentences=0,
                              num_beams=args.num_beams, max_new_tokens=max_new_tokens(sentences), seed=args.seed, **loop)
-        return train_run(data_dir, kind, config, overrides=overrides, valid_split="dev", test_split="zh2en-test",
+        return train_run(data_dir, kind, config, overrides=overrides, valid_split="dev",
+                         test_split="zh2en-test" if test else None,
                          document_level=row["window"] > 1, test_limit=args.test_limit, init_from=init)
 
     return train
@@ -152,7 +158,8 @@ def main(argv=None):
     out.mkdir(parents=True, exist_ok=True)
     rows = dict.fromkeys([*ROWS, *args.rows])  # the table's rows, and any other window asked for
     return tuning.run_and_tabulate(args, out, [ident(row) for row in args.rows], trainer(args, out),
-                                   [ident(row) for row in rows], GRID_COLUMNS, COLUMNS)
+                                   [ident(row) for row in rows], GRID_COLUMNS, COLUMNS,
+                                   grid_train=trainer(args, out, test=args.grid_test))
 
 
 if __name__ == "__main__":

@@ -263,16 +263,17 @@ def final(out, ident, grid, train, max_steps, eval_every, patience, resume=False
     return record_result(out / "results.json", {**row, **ident, "fixed_setting": fixed}, tuple(ident))
 
 
-def run_stages(args, out, idents, train):
+def run_stages(args, out, idents, train, grid_train=None):
     """The stages args.stages asks for, row by row (a row's final run before the next row's grid, so a row may
     start from an earlier row's final model); idents: dicts of identifying fields, in order -> the grid.
+    `grid_train`: the grid points' train where it differs from the final runs' (None: `train`).
     With args.setting there is no tune stage: every final run trains at that learning rate and warm-up."""
     grid, setting = grid_of(args), args.setting
     if setting is not None and "final" not in args.stages:
         raise ValueError("--setting trains final runs only (there is no grid to tune): add --stages final")
     for ident in idents:
         if "tune" in args.stages and setting is None:
-            tune(out, ident, grid, train)
+            tune(out, ident, grid, grid_train or train)
         if "final" in args.stages:
             final(out, ident, grid, train, args.max_steps, args.eval_every, args.patience, args.resume, setting)
     return grid
@@ -286,13 +287,13 @@ STOP_COLUMNS = [
 ]
 
 
-def run_and_tabulate(args, out, idents, train, table_idents, grid_columns, final_columns):
-    """A runner's main: run_stages for `idents`, then write_tables for `table_idents` and print them -> {file name:
-    table}. A missing earlier run exits with its message, no traceback, after writing the tables of what has run (a
-    grid whose points all read too little of their source is in grid.md)."""
+def run_and_tabulate(args, out, idents, train, table_idents, grid_columns, final_columns, grid_train=None):
+    """A runner's main: run_stages for `idents` (`grid_train`: as there), then write_tables for `table_idents` and
+    print them -> {file name: table}. A missing earlier run exits with its message, no traceback, after writing the
+    tables of what has run (a grid whose points all read too little of their source is in grid.md)."""
     grid = grid_of(args)
     try:
-        run_stages(args, out, idents, train)
+        run_stages(args, out, idents, train, grid_train)
     except MissingRunError as err:
         write_tables(out, grid, table_idents, grid_columns, final_columns)
         raise SystemExit(f"error: {err}") from err

@@ -266,6 +266,9 @@ def test_doc_results_runner_scores_every_test_window(tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match="rfa_doc-nogate-1: no point of its grid reads its source"):
         module.main([*args, "--rows", "rfa_doc-nogate@1"])
     assert "| rfa_doc-nogate | 1 | 0.001 | 1 |" in (tmp_path / "grid.md").read_text()  # the refused grid, tabulated
+    grid_point, = json.loads((tmp_path / "grid.json").read_text())
+    assert "test_bleu" not in grid_point and grid_point["valid_source_gain"] < 0.1  # chosen on dev: no test run
+    assert not (tmp_path / "grid" / "rfa_doc-nogate-1" / "lr0.001-wu1" / "test_hypotheses.txt").exists()
     args += ["--grid_min_source_gain", "0"]
     tables = module.main([*args, "--rows", "rfa_doc-nogate@1", "rfa_doc-gate@3"])
     rows = json.loads((tmp_path / "results.json").read_text())
@@ -284,6 +287,9 @@ def test_doc_results_runner_scores_every_test_window(tmp_path, monkeypatch):
     assert set(limits) == {"data_w1"}  # a sentence at a time: the window-3 row's limit is a sentence's too
     with pytest.raises(SystemExit):
         module.main(["--rows", "transformer@4"])
+    module.main([*args, "--rows", "marian@1", "--stages", "tune", "--grid_test", "--test_limit", "5"])
+    grid_point, = [r for r in json.loads((tmp_path / "grid.json").read_text()) if r["name"] == "marian"]
+    assert grid_point["test_sentences"] == 5 and 0 <= grid_point["test_bleu"] <= 100  # --grid_test: translated
 
 
 def test_lm_results_runner_reports_perplexity(tmp_path, monkeypatch):
