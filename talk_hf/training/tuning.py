@@ -8,7 +8,7 @@ loss stops improving (TrainConfig.patience) or a cap, and its last checkpoints a
 
 Every grid run is recorded in a JSON list as it finishes, so a search that stops part-way (an interrupted process,
 a machine handed back) continues where it stopped, and the list holds every run's result, the chosen and the
-rejected."""
+rejected. Several processes may share a grid (`grid_search`'s shards), writing the one list in turn."""
 
 import argparse
 import dataclasses
@@ -114,23 +114,30 @@ def row_grid(results_path, ident, grid):
         grid = wider
 
 
-def grid_search(ident, grid, train, results_path):
+def grid_search(ident, grid, train, results_path, shard=(0, 1)):
     """Train the row `ident` at every point of its grid (`row_grid`: `grid`, extended past an edge holding the best
     point) not yet recorded in `results_path` -> (its grid rows, the chosen row).
 
     train(learning_rate, warmup_steps, max_steps, name) -> the result dict of one run, with "valid_loss"; `name` is
     the point's folder name. Each result is recorded (with `ident`, the point and "budget") as soon as it exists.
     The chosen point (`choose`) has the lowest validation loss; a run whose loss is not finite (diverged) is never
-    chosen, and a grid where every run diverged raises ValueError."""
+    chosen, and a grid where every run diverged raises ValueError.
+
+    shard=(index, count): train only the points whose place in the grid's order is `index` modulo `count`, so that
+    `count` processes share one grid; a shard whose points are recorded while others' are missing returns (its rows,
+    None), and the shard that completes a grid trains its share of the grid's extension (`count` processes started
+    again train the rest)."""
     key = (*ident, *GRID_FIELDS)
+    index, count = shard
     while True:
         current, rows = row_grid(results_path, ident, grid)
         if current.complete(rows):
             return rows, current.choose(rows)
         recorded = {(r["learning_rate"], r["warmup_steps"]) for r in rows}
-        for learning_rate, warmup_steps in current.points():
-            if (learning_rate, warmup_steps) in recorded:
-                continue
+        mine = [point for i, point in enumerate(current.points()) if i % count == index and point not in recorded]
+        if not mine:
+            return rows, None
+        for learning_rate, warmup_steps in mine:
             row = train(learning_rate, warmup_steps, grid.max_steps, point_name(learning_rate, warmup_steps))
             row = {**row, **ident, "learning_rate": learning_rate, "warmup_steps": warmup_steps,
                    "budget": grid.max_steps}
@@ -184,6 +191,11 @@ def add_arguments(parser, learning_rates, warmup_steps, grid_steps, max_steps, e
         parser.add_argument("--grid_min_source_gain", type=float, default=min_source_gain,
                             help="choose only among grid points whose dev source gain (nats per token) reaches this "
                                  "(0: no threshold)")
+    parser.add_argument("--grid_shard", nargs=2, type=int, default=(0, 1), action=GridShard,
+                        metavar=("INDEX", "COUNT"),
+                        help="train only the grid points whose place in the grid's order is INDEX modulo COUNT: "
+                             "COUNT processes started at once with the same --output_dir share each row's grid (one "
+                             "GPU and several CPU cores); start them again for a grid extended past an edge")
     parser.add_argument("--max_steps", type=int, default=max_steps, help="the cap of the final runs")
     parser.add_argument("--eval_every", type=int, default=eval_every, help="validation of the final runs, in updates")
     parser.add_argument("--patience", type=int, default=patience,
@@ -208,6 +220,16 @@ class FixedSetting(argparse.Action):
         setattr(namespace, self.dest, setting)
 
 
+class GridShard(argparse.Action):
+    """--grid_shard INDEX COUNT -> (INDEX, COUNT) with 0 <= INDEX < COUNT."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        index, count = values
+        if not 0 <= index < count:
+            parser.error(f"{option_string} needs 0 <= INDEX < COUNT, got {index} {count}")
+        setattr(namespace, self.dest, (index, count))
+
+
 def grid_of(args):
     return Grid(tuple(args.grid_learning_rates), tuple(args.grid_warmup_steps), args.grid_steps,
                 args.grid_extensions, getattr(args, "grid_min_source_gain", None) or None)
@@ -218,8 +240,9 @@ def row_folder(ident):
     return "-".join(str(v) for v in ident.values())
 
 
-def tune(out, ident, grid, train):
-    """The grid runs of one row not yet in <out>/grid.json -> (its grid rows, the chosen row).
+def tune(out, ident, grid, train, shard=(0, 1)):
+    """The grid runs of one row not yet in <out>/grid.json (`shard`: as in `grid_search`) -> (its grid rows, the
+    chosen row).
 
     train(ident, folder, learning_rate, warmup_steps, **loop) -> the row's result dict; `loop`: the TrainConfig
     fields the protocol sets (here max_steps, and one checkpoint at the end, not averaged: a grid point is judged by
@@ -231,7 +254,7 @@ def tune(out, ident, grid, train):
         return train(ident, folder / name, learning_rate, warmup_steps, max_steps=max_steps, save_every=0,
                      keep_checkpoints=1, average_last=0)
 
-    return grid_search(ident, grid, point, out / "grid.json")
+    return grid_search(ident, grid, point, out / "grid.json", shard)
 
 
 def chosen(out, ident, grid):
@@ -271,9 +294,12 @@ def run_stages(args, out, idents, train, grid_train=None):
     grid, setting = grid_of(args), args.setting
     if setting is not None and "final" not in args.stages:
         raise ValueError("--setting trains final runs only (there is no grid to tune): add --stages final")
+    if args.grid_shard[1] > 1 and "final" in args.stages:
+        raise ValueError("--grid_shard shares the tune stage between processes: run the shards with --stages tune, "
+                         "then the final stage without --grid_shard")
     for ident in idents:
         if "tune" in args.stages and setting is None:
-            tune(out, ident, grid, grid_train or train)
+            tune(out, ident, grid, grid_train or train, args.grid_shard)
         if "final" in args.stages:
             final(out, ident, grid, train, args.max_steps, args.eval_every, args.patience, args.resume, setting)
     return grid

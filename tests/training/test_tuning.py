@@ -131,6 +131,46 @@ def test_a_diverged_extension_ends_the_search(tmp_path):
     assert chosen["learning_rate"] == 2e-3
 
 
+def test_shards_share_a_grid_and_its_extensions(tmp_path):
+    """Three shards run round after round (as processes started again would) train every point of the grid and of
+    its two extensions once, and choose what one process does."""
+    grid, path, calls = Grid((1e-3, 2e-3), (100, 300), 50, extensions=2), tmp_path / "grid.json", []
+
+    def train(learning_rate, warmup_steps, max_steps, name):
+        calls.append((learning_rate, warmup_steps))
+        return loss_valley(8e-3)(learning_rate, warmup_steps, max_steps, name)
+
+    rounds = 0
+    while True:
+        rounds += 1
+        chosen = [grid_search({"model": "talk"}, grid, train, path, shard=(i, 3))[1] for i in range(3)]
+        if all(chosen):
+            break
+        assert rounds < 5
+    whole, best = grid_search({"model": "talk"}, grid, loss_valley(8e-3), tmp_path / "whole.json")
+    assert sorted(calls) == sorted((r["learning_rate"], r["warmup_steps"]) for r in whole)  # each point once
+    assert len(calls) == 8 and rounds == 3  # the grid, then an extension the shard completing it could not finish
+    assert {c["learning_rate"] for c in chosen} == {best["learning_rate"]} == {8e-3}
+
+
+def test_shards_run_the_tune_stage_only(tmp_path):
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, [1e-3, 2e-3], [100], grid_steps=5, max_steps=7, eval_every=2, patience=3)
+    for bad in (["2", "2"], ["-1", "2"]):
+        with pytest.raises(SystemExit):  # argparse's error: the message names --grid_shard
+            parser.parse_args(["--grid_shard", *bad])
+    with pytest.raises(ValueError, match="run the shards with --stages tune"):
+        run_stages(parser.parse_args(["--grid_shard", "0", "2"]), tmp_path, [{"model": "a"}], None)
+    trained = []
+
+    def train(ident, folder, learning_rate, warmup_steps, **loop):
+        trained.append((learning_rate, loop["max_steps"]))
+        return {"valid_loss": learning_rate, "steps": loop["max_steps"]}
+
+    run_stages(parser.parse_args(["--grid_shard", "1", "2", "--stages", "tune"]), tmp_path, [{"model": "a"}], train)
+    assert trained == [(2e-3, 5)]  # the second point of the grid, and no final run
+
+
 def test_the_final_stage_waits_for_the_extended_grid(tmp_path):
     """A recorded grid whose best point lies at an edge is not complete until its extension is: the final stage
     refuses to start, and the tune stage trains the missing rate only."""
