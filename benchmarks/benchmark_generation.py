@@ -88,7 +88,8 @@ SEQ2SEQ = dict(d_model=D, encoder_layers=LAYERS, decoder_layers=LAYERS, encoder_
 def models(kind):
     """(talk_hf model, transformers baseline) of about the same size, in eval mode."""
     if kind == "lm":
-        talk = TalkForCausalLM(TalkLMConfig(d_model=D, decoder_layers=LAYERS, decoder_ffn_dim=4 * D, decoder_heads=HEADS,
+        talk = TalkForCausalLM(TalkLMConfig(d_model=D, decoder_layers=LAYERS, decoder_ffn_dim=4 * D,
+                                            decoder_heads=HEADS,
                                             decoder_max_offsets=[3, 7, 15, 31, 31, 31][:LAYERS], final_layer_norm=True,
                                             **IDS))
         base = GPT2LMHeadModel(GPT2Config(n_embd=D, n_layer=LAYERS, n_head=HEADS, n_inner=3 * D, n_positions=16384,
@@ -279,7 +280,8 @@ def paper_rows(args, device, generator, variants):
             for compute_type, translator in translators.items() if not compiled else ():
                 tps = ctranslate2_tokens_per_s(translator, window[0], PAPER_TARGET * w, args.repeats, beams)
                 row[f"ctranslate2_{compute_type}_tokens_per_s"] = tps
-                print(f"  CTranslate2 {compute_type}: {tps:.0f} tokens/s (RFA-doc {row['talk_hf_tokens_per_s'] / tps:.2f}x)",
+                print(f"  CTranslate2 {compute_type}: {tps:.0f} tokens/s "
+                      f"(RFA-doc {row['talk_hf_tokens_per_s'] / tps:.2f}x)",
                       flush=True)
             rows.append(row)
     return rows
@@ -384,7 +386,8 @@ CTRANSLATE2 = [
     ("row", lambda r: r["row"]),
     ("CTranslate2 tokens/s, fp32 / int8",
      lambda r: f"{r['ctranslate2_float32_tokens_per_s']:.0f} / {r['ctranslate2_int8_tokens_per_s']:.0f}"),
-    ("talk_hf / CTranslate2 fp32", lambda r: f"{r['talk_hf_tokens_per_s'] / r['ctranslate2_float32_tokens_per_s']:.2f}x"),
+    ("talk_hf / CTranslate2 fp32",
+     lambda r: f"{r['talk_hf_tokens_per_s'] / r['ctranslate2_float32_tokens_per_s']:.2f}x"),
 ]
 
 

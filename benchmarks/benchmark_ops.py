@@ -9,7 +9,8 @@ fp32 also the chunked kernels' tensor-core (TF32) products, which `rfa_causal` d
 fp32 products), and
 torch.nn.functional.scaled_dot_product_attention, forward and forward+backward; plus two copies of the input, the
 memory floor of a one-pass op: `x.clone()` (allocates its output, as every op here does; on CPU a large fresh
-allocation pays its page faults) and `out.copy_(x)` into a buffer allocated once (the bandwidth floor alone). Median of timed iterations after warm-up (CUDA events on GPU).
+allocation pays its page faults) and `out.copy_(x)` into a buffer allocated once (the bandwidth floor alone). Median
+of timed iterations after warm-up (CUDA events on GPU).
 
     python benchmarks/benchmark_ops.py --device cpu --batch 4 --channels 512 --heads 8 --lengths 256 1024 4096
     # CPU, steady-state allocations (freed memory stays mapped, as in a training loop: no first-touch page faults)
@@ -131,13 +132,15 @@ def measure(args, T):
 
 
 def table(rows):
-    cols = ["n", "copy_ms", "copy_into_ms", "talk_fwd_ms", "talk_ref_fwd_ms", "dynamic_conv_k3_fwd_ms", "dynamic_conv_k31_fwd_ms",
+    cols = ["n", "copy_ms", "copy_into_ms", "talk_fwd_ms", "talk_ref_fwd_ms", "dynamic_conv_k3_fwd_ms",
+            "dynamic_conv_k31_fwd_ms",
             "rfa_fwd_ms", "rfa_chunked_fwd_ms", "sdpa_fwd_ms", "talk_fwdbwd_ms", "rfa_fwdbwd_ms",
             "rfa_chunked_fwdbwd_ms", "sdpa_fwdbwd_ms", "talk_vs_copy", "talk_vs_copy_into", "talk_vs_copy_interleaved",
             "talk_vs_copy_into_interleaved", "sdpa_over_talk", "softmax_unfused_over_fused_fwd",
             "softmax_unfused_over_fused_fwdbwd", "dropconnect_unfused_over_fused_fwd",
             "dropconnect_unfused_over_fused_fwdbwd", "rfa_exact_over_tf32_fwd", "rfa_exact_over_tf32_fwdbwd"]
-    return markdown_table(rows, [(c, lambda r, c=c: f"{r[c]:.3g}" if isinstance(r.get(c), float) else str(r.get(c, "-")))
+    return markdown_table(rows, [(c, lambda r, c=c: f"{r[c]:.3g}" if isinstance(r.get(c), float) else
+                                  str(r.get(c, "-")))
                                  for c in cols])
 
 

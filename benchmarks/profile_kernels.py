@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Where the time of each op goes, kernel by kernel (torch.profiler), at one shape of benchmark_ops.py.
 
-    python benchmarks/profile_kernels.py --device cuda --dtype float32 --batch 10 --channels 1024 --heads 16 --length 10000
+    python benchmarks/profile_kernels.py --device cuda --dtype float32 --batch 10 --channels 1024 --heads 16 \
+        --length 10000
 
 For each op of benchmark_ops.cases (forward, then forward + backward), runs a few warm-up calls and `--iters` profiled
 calls, and prints the device time per call of every kernel that took at least 1% of the op's total: which launch of

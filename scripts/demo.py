@@ -61,7 +61,8 @@ def main(argv=None):
     config = TrainConfig(
         output_dir=str(out / "talk"), max_tokens=4096, max_steps=args.max_steps, max_minutes=args.max_minutes,
         learning_rate=1e-3, warmup_steps=200, label_smoothing=0.1, eval_every=200, save_every=100,
-        keep_checkpoints=3, average_last=3, bleu_sentences=args.valid_bleu_sentences, num_beams=4, max_new_tokens=64, seed=1,
+        keep_checkpoints=3, average_last=3, bleu_sentences=args.valid_bleu_sentences, num_beams=4, max_new_tokens=64,
+        seed=1,
     )
     card = {"languages": ["de", "en"], "datasets": ["multi30k"]}
     results = train_run(out / "data", "talk", config, overrides=MODEL, test_split="test", card=card,

@@ -77,7 +77,8 @@ def main(argv=None):
     if args.metric in ("perplexity", "loss") and args.data is None:
         raise SystemExit(f"{args.metric} needs --data with a prepared split")
     if args.metric == "perplexity":
-        loss, tokens = validation_loss(model, load_prepared(args.data, args.split), make_collator(model), args.max_tokens)
+        loss, tokens = validation_loss(model, load_prepared(args.data, args.split), make_collator(model),
+                                       args.max_tokens)
         results = {"loss": loss, "perplexity": perplexity(loss), "tokens": tokens}
     elif args.metric == "loss":
         sums = summed_losses(model, load_prepared(args.data, args.split), make_collator(model), args.max_tokens,

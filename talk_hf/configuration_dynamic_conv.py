@@ -109,8 +109,10 @@ class DynamicConvConfig(TalkHfConfigMixin, PreTrainedConfig):
         check_positive(self, "vocab_size", "d_model", "conv_dim", "encoder_layers", "decoder_layers", "encoder_ffn_dim",
                        "decoder_ffn_dim", "encoder_conv_heads", "decoder_conv_heads", "decoder_attention_heads")
         check_source_embeddings(self)
-        self.encoder_kernel_sizes = per_layer("encoder_kernel_sizes", self.encoder_kernel_sizes, self.encoder_layers, KERNEL_SIZES)
-        self.decoder_kernel_sizes = per_layer("decoder_kernel_sizes", self.decoder_kernel_sizes, self.decoder_layers, KERNEL_SIZES)
+        self.encoder_kernel_sizes = per_layer("encoder_kernel_sizes", self.encoder_kernel_sizes, self.encoder_layers,
+                                              KERNEL_SIZES)
+        self.decoder_kernel_sizes = per_layer("decoder_kernel_sizes", self.decoder_kernel_sizes, self.decoder_layers,
+                                              KERNEL_SIZES)
         if 0 in self.encoder_kernel_sizes + self.decoder_kernel_sizes:
             raise ValueError("kernel sizes must be >= 1")
         _check_conv_type(self)
@@ -163,8 +165,10 @@ class DynamicConvLMConfig(TalkHfConfigMixin, PreTrainedConfig):
     def __post_init__(self, **kwargs):
         super().__post_init__(**kwargs)
         self.conv_dim = self.conv_dim or self.d_model
-        check_positive(self, "vocab_size", "d_model", "conv_dim", "decoder_layers", "decoder_ffn_dim", "decoder_conv_heads")
-        self.decoder_kernel_sizes = per_layer("decoder_kernel_sizes", self.decoder_kernel_sizes, self.decoder_layers, KERNEL_SIZES)
+        check_positive(self, "vocab_size", "d_model", "conv_dim", "decoder_layers", "decoder_ffn_dim",
+                       "decoder_conv_heads")
+        self.decoder_kernel_sizes = per_layer("decoder_kernel_sizes", self.decoder_kernel_sizes, self.decoder_layers,
+                                              KERNEL_SIZES)
         if 0 in self.decoder_kernel_sizes:
             raise ValueError("kernel sizes must be >= 1")
         _check_conv_type(self)

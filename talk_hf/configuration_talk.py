@@ -56,7 +56,8 @@ class TalkConfig(TalkHfConfigMixin, PreTrainedConfig):
         "iwslt-de-en": {},
         "base": dict(
             encoder_ffn_dim=2048, decoder_ffn_dim=2048, encoder_heads=8, decoder_heads=8, decoder_attention_heads=8,
-            encoder_glu=True, decoder_glu=True, dropout=0.1, attention_dropout=0.0, offset_dropout=0.0, input_dropout=0.1,
+            encoder_glu=True, decoder_glu=True, dropout=0.1, attention_dropout=0.0, offset_dropout=0.0,
+            input_dropout=0.1,
         ),
         "wmt-en-de-big": dict(
             d_model=1024, encoder_ffn_dim=4096, decoder_ffn_dim=4096, encoder_heads=16, decoder_heads=16,
@@ -106,10 +107,12 @@ class TalkConfig(TalkHfConfigMixin, PreTrainedConfig):
         self.conv_dim = self.conv_dim or self.d_model
         check_positive(self, "vocab_size", "d_model", "conv_dim", "encoder_layers", "decoder_layers", "encoder_ffn_dim",
                        "decoder_ffn_dim", "encoder_heads", "decoder_heads", "decoder_attention_heads")
-        self.encoder_max_offsets = per_layer("encoder_max_offsets", self.encoder_max_offsets, self.encoder_layers, ENCODER_OFFSETS)
+        self.encoder_max_offsets = per_layer("encoder_max_offsets", self.encoder_max_offsets, self.encoder_layers,
+                                             ENCODER_OFFSETS)
         self.encoder_max_right_offsets = per_layer("encoder_max_right_offsets", self.encoder_max_right_offsets,
                                                    self.encoder_layers, self.encoder_max_offsets)
-        self.decoder_max_offsets = per_layer("decoder_max_offsets", self.decoder_max_offsets, self.decoder_layers, ENCODER_OFFSETS)
+        self.decoder_max_offsets = per_layer("decoder_max_offsets", self.decoder_max_offsets, self.decoder_layers,
+                                             ENCODER_OFFSETS)
         check_divisible("conv_dim", self.conv_dim, "encoder_heads", self.encoder_heads)
         check_divisible("conv_dim", self.conv_dim, "decoder_heads", self.decoder_heads)
         check_divisible("d_model", self.d_model, "decoder_attention_heads", self.decoder_attention_heads)
@@ -168,7 +171,8 @@ class TalkLMConfig(TalkHfConfigMixin, PreTrainedConfig):
         super().__post_init__(**kwargs)
         self.conv_dim = self.conv_dim or self.d_model
         check_positive(self, "vocab_size", "d_model", "conv_dim", "decoder_layers", "decoder_ffn_dim", "decoder_heads")
-        self.decoder_max_offsets = per_layer("decoder_max_offsets", self.decoder_max_offsets, self.decoder_layers, ENCODER_OFFSETS)
+        self.decoder_max_offsets = per_layer("decoder_max_offsets", self.decoder_max_offsets, self.decoder_layers,
+                                             ENCODER_OFFSETS)
         check_divisible("conv_dim", self.conv_dim, "decoder_heads", self.decoder_heads)
         check_probability(self, "dropout", "activation_dropout", "input_dropout", "offset_dropout", "label_smoothing")
         check_activation(self)

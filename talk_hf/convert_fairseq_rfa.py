@@ -58,7 +58,8 @@ ENCODER_LAYER = {
 }
 DECODER_LAYER = {
     "self_attn.q_proj": "mixer.q_proj", "self_attn.k_proj": "mixer.k_proj", "self_attn.v_proj": "mixer.v_proj",
-    "self_attn.out_proj": "mixer.out_proj", "self_attn.g_proj": "mixer.gate", "self_attn_layer_norm": "mixer_layer_norm",
+    "self_attn.out_proj": "mixer.out_proj", "self_attn.g_proj": "mixer.gate",
+    "self_attn_layer_norm": "mixer_layer_norm",
     "encoder_attn.q_proj": "cross_attention.q_proj", "encoder_attn.out_proj": "cross_attention.out_proj",
     "encoder_attn_layer_norm": "cross_attention_layer_norm", "fc1": "ffn.fc1", "fc2": "ffn.fc2",
     "final_layer_norm": "final_layer_norm",

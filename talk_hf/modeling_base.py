@@ -265,7 +265,8 @@ def shared_sources(cross_caches, encoder_hidden_states, encoder_attention_mask):
     if cross_caches[0] is None:
         return encoder_hidden_states, encoder_attention_mask
     if not cross_caches[0].has_source():
-        rows = 1 if needs_grad(encoder_hidden_states) else rows_per_source(encoder_hidden_states, encoder_attention_mask)
+        rows = (1 if needs_grad(encoder_hidden_states) else
+                rows_per_source(encoder_hidden_states, encoder_attention_mask))
         for layer_cache in cross_caches:
             layer_cache.rows_per_source = rows
     rows = cross_caches[0].rows_per_source
@@ -287,7 +288,8 @@ def rows_per_source(encoder_hidden_states, encoder_attention_mask=None):
     encoder_hidden_states: (B, S, C); encoder_attention_mask: (B, S) or None -> k, a divisor of B.
     """
     batch = encoder_hidden_states.shape[0]
-    rows = [encoder_hidden_states] if encoder_attention_mask is None else [encoder_hidden_states, encoder_attention_mask]
+    rows = ([encoder_hidden_states] if encoder_attention_mask is None else
+            [encoder_hidden_states, encoder_attention_mask])
     run = 1  # rows equal to row 0: every group of equal rows that starts there lies within it
     while run < batch and all(torch.equal(t[run], t[0]) for t in rows):
         run += 1

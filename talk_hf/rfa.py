@@ -47,7 +47,8 @@ def _check_feature_args(x, projection, tau):
     check_float_tensor("x", x, 4)
     check_float_tensor("projection", projection, 3)
     if projection.shape[0] != x.shape[2] or projection.shape[2] != x.shape[3]:
-        raise ValueError(f"projection must be (H, D, d) = ({x.shape[2]}, D, {x.shape[3]}), got {tuple(projection.shape)}")
+        raise ValueError(f"projection must be (H, D, d) = ({x.shape[2]}, D, {x.shape[3]}), "
+                         f"got {tuple(projection.shape)}")
     if tau is not None and tau.shape != (x.shape[2],):
         raise ValueError(f"tau must have shape ({x.shape[2]},), got {tuple(tau.shape)}")
     for name, t in (("projection", projection), ("tau", tau)):
@@ -403,8 +404,10 @@ def rfa_cross(q, source, eps=DEFAULT_EPS):
         keys, values = source
         check_float_tensor("keys", keys, 4)
         check_float_tensor("values", values, 4)
-        if (keys.shape[:2], keys.shape[3]) != ((q.shape[0], q.shape[2]), q.shape[3]) or values.shape[:3] != keys.shape[:3]:
-            raise ValueError(f"source keys must be (B, H, S, F) and values (B, H, S, d + 1) matching q {tuple(q.shape)}, "
+        if ((keys.shape[:2], keys.shape[3]) != ((q.shape[0], q.shape[2]), q.shape[3])
+                or values.shape[:3] != keys.shape[:3]):
+            raise ValueError(f"source keys must be (B, H, S, F) and values (B, H, S, d + 1) "
+                             f"matching q {tuple(q.shape)}, "
                              f"got {tuple(keys.shape)} and {tuple(values.shape)}")
         queries = q.to(keys.dtype).transpose(1, 2)  # (B, H, T, F)
         if q.shape[1] == 1:

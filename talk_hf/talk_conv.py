@@ -108,7 +108,8 @@ def talk_conv(x, offset_left, offset_right=None, max_left=1, max_right=0):
 
 
 def talk_conv_state_size(max_left):
-    """Rows of the decoding state: the last max_left + 2 prefix sums cover every window end l - 1 >= t - max_left - 1."""
+    """Rows of the decoding state: the last max_left + 2 prefix sums cover every window end
+    l - 1 >= t - max_left - 1."""
     return max_left + 2
 
 

@@ -53,7 +53,8 @@ def test_cuda_bindings_compile_against_torch_headers(tmp_path):
     cuda_include = TOOLKIT / "include"
     includes = [f"-I{p}" for p in (*include_paths(), tmp_path, sysconfig.get_paths()["include"], cuda_include)]
     cxx = shutil.which("c++") or shutil.which("g++")
-    run([cxx, "-std=c++20", "-fsyntax-only", "-Wall", "-Werror", *includes, str(ROOT / "csrc" / "cuda" / "bindings.cpp")])
+    run([cxx, "-std=c++20", "-fsyntax-only", "-Wall", "-Werror", *includes,
+         str(ROOT / "csrc" / "cuda" / "bindings.cpp")])
 
 
 def test_compiled_backend_is_active_on_cpu():

@@ -130,7 +130,8 @@ def is_causal_lm(model):
 def lm_collate(examples, pad_token_id):
     """Causal-LM examples {"input_ids", "labels"} -> right-padded tensors with an attention mask."""
     ids = [torch.as_tensor(e["input_ids"], dtype=torch.long) for e in examples]
-    return {"input_ids": pad_right(ids, pad_token_id), "attention_mask": pad_right([torch.ones_like(i) for i in ids], 0),
+    return {"input_ids": pad_right(ids, pad_token_id),
+            "attention_mask": pad_right([torch.ones_like(i) for i in ids], 0),
             "labels": pad_right([torch.as_tensor(e["labels"], dtype=torch.long) for e in examples], -100)}
 
 
@@ -289,7 +290,8 @@ class Trainer:
         set_seed(config.seed)
         self.collator = make_collator(model)
         optimizer = torch.optim.AdamW(
-            model.parameters(), lr=config.learning_rate, betas=(config.adam_beta1, config.adam_beta2), weight_decay=config.weight_decay
+            model.parameters(), lr=config.learning_rate, betas=(config.adam_beta1, config.adam_beta2),
+            weight_decay=config.weight_decay
         )
         scheduler = make_scheduler(optimizer, config, config.max_steps)
         self.model, self.optimizer, self.scheduler = self.accelerator.prepare(model, optimizer, scheduler)

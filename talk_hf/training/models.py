@@ -106,7 +106,8 @@ def _baseline(kind, ids, values):
         encoder_ffn_dim=values.get("encoder_ffn_dim", 1024), decoder_ffn_dim=values.get("decoder_ffn_dim", 1024),
         encoder_attention_heads=values.get("encoder_attention_heads", values.get("decoder_attention_heads", 4)),
         decoder_attention_heads=values.get("decoder_attention_heads", 4), dropout=values.get("dropout", 0.3),
-        attention_dropout=values.get("attention_dropout", 0.1), activation_dropout=values.get("activation_dropout", 0.0),
+        attention_dropout=values.get("attention_dropout", 0.1),
+        activation_dropout=values.get("activation_dropout", 0.0),
         max_position_embeddings=values.get("max_position_embeddings", 1024), scale_embedding=True,
         decoder_start_token_id=ids["eos_token_id"], forced_eos_token_id=None, **ids,
     )

@@ -144,7 +144,8 @@ def train_run(data_dir, kind, train_config, preset=None, config_file=None, overr
     trainer = Trainer(model, tokenizer, train, valid, train_config, valid_texts=valid_texts)
     final = trainer.train()
     # the training time of the whole run, every process of a resumed one included (the state is checkpointed)
-    results = {"model": kind, "parameters": count_parameters(model), "train_minutes": trainer.state.elapsed_seconds / 60,
+    results = {"model": kind, "parameters": count_parameters(model),
+               "train_minutes": trainer.state.elapsed_seconds / 60,
                "steps": trainer.state.global_step, "valid_loss": final["valid_loss"],
                "num_processes": trainer.accelerator.num_processes, "learning_rate": train_config.learning_rate,
                "warmup_steps": train_config.warmup_steps, "max_tokens": train_config.max_tokens}

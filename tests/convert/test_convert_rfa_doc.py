@@ -184,8 +184,10 @@ def model_reference(state, src, prev_tokens):
     x = layout.embed(state, "decoder", prev_tokens, D_MODEL)
     for i in range(DEC_LAYERS):
         p = f"decoder.layers.{i}.module"
-        x = layout.layer_norm(state, f"{p}.self_attn_layer_norm", x + causal_reference(state, p, x, prev_tokens, causal))
-        x = layout.layer_norm(state, f"{p}.encoder_attn_layer_norm", x + cross_reference(state, i, x, encoder_out, cross))
+        x = layout.layer_norm(state, f"{p}.self_attn_layer_norm",
+                              x + causal_reference(state, p, x, prev_tokens, causal))
+        x = layout.layer_norm(state, f"{p}.encoder_attn_layer_norm",
+                              x + cross_reference(state, i, x, encoder_out, cross))
         h = layout.linear(state, f"{p}.fc2", F.gelu(layout.linear(state, f"{p}.fc1", x)))
         x = layout.layer_norm(state, f"{p}.final_layer_norm", x + h)
     return x.transpose(0, 1) @ state["decoder.output_projection.weight"].double().T

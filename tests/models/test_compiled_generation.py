@@ -1,6 +1,6 @@
-"""Compiled decoding: `generate(cache_implementation="static")` creates a StaticCache of RecurrentLayers up front, transformers
-compiles the decoding step once (one graph, no graph break, no recompilation from step to step) and the tokens
-equal eager decoding. The state tensors keep their storage from step to step (what a captured CUDA graph
+"""Compiled decoding: `generate(cache_implementation="static")` creates a StaticCache of RecurrentLayers up front,
+transformers compiles the decoding step once (one graph, no graph break, no recompilation from step to step) and the
+tokens equal eager decoding. The state tensors keep their storage from step to step (what a captured CUDA graph
 replays). A counting backend stands in for inductor: what is checked is the graph capture, not codegen."""
 
 import pytest

@@ -137,7 +137,8 @@ def test_translation_and_summarization_pipelines(name, tokenizer, tmp_path):
     model = sized(name, tokenizer)
     translator = pipeline("translation", model=model, tokenizer=tokenizer)
     one = translator("Ein Mann fährt Fahrrad.", max_new_tokens=5, min_new_tokens=5)
-    ids = model.generate(**tokenizer(["Ein Mann fährt Fahrrad."], return_tensors="pt"), max_new_tokens=5, min_new_tokens=5)
+    ids = model.generate(**tokenizer(["Ein Mann fährt Fahrrad."], return_tensors="pt"), max_new_tokens=5,
+                         min_new_tokens=5)
     assert one == [{"translation_text": tokenizer.decode(ids[0], skip_special_tokens=True).strip()}]
     many = translator(["Ein Hund.", "Zwei Katzen."], num_beams=2, max_new_tokens=4)
     assert len(many) == 2 and all(set(r) == {"translation_text"} for r in many)
@@ -231,7 +232,8 @@ def test_seq2seq_trainer_fine_tunes_and_reloads(name, tokenizer, tmp_path):
 def test_trainer_trains_a_causal_lm_and_reloads(name, lm_tokenizer, tmp_path):
     model = sized(name, lm_tokenizer)
     texts = [text for pair in pairs() for text in pair]
-    ds = Dataset.from_dict({"text": texts}).map(lambda b: lm_tokenizer(b["text"]), batched=True, remove_columns=["text"])
+    ds = Dataset.from_dict({"text": texts}).map(lambda b: lm_tokenizer(b["text"]), batched=True,
+                                                remove_columns=["text"])
     args = TrainingArguments(output_dir=str(tmp_path / "run"), per_device_train_batch_size=8, max_steps=2,
                              gradient_accumulation_steps=2, learning_rate=1e-3, report_to="none", use_cpu=True,
                              save_strategy="steps", save_steps=2, logging_steps=1)

@@ -51,7 +51,8 @@ def test_forward_shapes_and_loss(name):
     loss = model(**kwargs, labels=labels).loss
     assert loss.ndim == 0 and torch.isfinite(loss) and loss > 0
     loss.backward()
-    missing = [n for n, p in model.named_parameters() if p.requires_grad and (p.grad is None or p.grad.abs().sum() == 0)]
+    missing = [n for n, p in model.named_parameters()
+               if p.requires_grad and (p.grad is None or p.grad.abs().sum() == 0)]
     assert not missing, f"parameters without gradient: {missing}"
 
 
@@ -134,7 +135,8 @@ def test_labels_build_decoder_inputs_and_ignore_padding():
     labels[0, -2:] = -100
     out = model(input_ids=src, attention_mask=mask, labels=labels)
     decoder_inputs = model.prepare_decoder_input_ids_from_labels(labels)
-    assert decoder_inputs[0, 0] == model.config.decoder_start_token_id and decoder_inputs[0, -1] == model.config.pad_token_id
+    assert (decoder_inputs[0, 0] == model.config.decoder_start_token_id
+            and decoder_inputs[0, -1] == model.config.pad_token_id)
     logits = model(input_ids=src, attention_mask=mask, decoder_input_ids=decoder_inputs).logits
     keep = labels != -100
     expected = torch.nn.functional.cross_entropy(logits[keep], labels[keep])

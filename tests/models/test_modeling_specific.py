@@ -210,7 +210,8 @@ def test_rfa_doc_initialised_as_the_reference_modules():
 
     d, ffn, scale = 128, 256, 6.0
     config = RfaDocConfig(vocab_size=64, d_model=d, encoder_layers=1, decoder_layers=1, encoder_ffn_dim=ffn,
-                          decoder_ffn_dim=ffn, encoder_attention_heads=4, decoder_attention_heads=4, rfa_init_scale=scale)
+                          decoder_ffn_dim=ffn, encoder_attention_heads=4, decoder_attention_heads=4,
+                          rfa_init_scale=scale)
     torch.manual_seed(0)
     model = AutoModelForSeq2SeqLM.from_config(config)
     encoder, decoder = model.model.encoder.layers[0], model.model.decoder.layers[0]

@@ -57,7 +57,8 @@ def test_talk_conv_matches_reference(B, T, C, H, max_left, max_right, causal):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_talk_conv_low_precision(dtype):
     g = torch.Generator().manual_seed(3)
-    x, ol, orr = torch.randn(2, 3000, 64, generator=g), offsets(2, 3000, 4, generator=g), offsets(2, 3000, 4, generator=g)
+    x, ol, orr = (torch.randn(2, 3000, 64, generator=g), offsets(2, 3000, 4, generator=g),
+                  offsets(2, 3000, 4, generator=g))
     x, ol, orr = x.to(dtype), ol.to(dtype), orr.to(dtype)
     expected = ops.talk_conv_ref(x.double(), ol.double(), orr.double(), 31, 31)
     out = ops.talk_conv(*on(CUDA, x, ol, orr), 31, 31)
@@ -164,7 +165,8 @@ def test_opcheck_on_cuda():
     v = torch.randn(2, 9, 2, 3, device=CUDA)
     torch.library.opcheck(torch.ops.talk_hf.rfa_causal_fwd.default, (q.requires_grad_(), q, v, None, None, 0.1, 4))
     torch.library.opcheck(torch.ops.talk_hf.rfa_causal_fwd.default, (q.detach(), q.detach(), v, None, None, 0.1, 0))
-    torch.library.opcheck(torch.ops.talk_hf.talk_conv_step.default, (x.detach(), ol, torch.randn(2, 5, 6, device=CUDA), 3))
+    torch.library.opcheck(torch.ops.talk_hf.talk_conv_step.default,
+                          (x.detach(), ol, torch.randn(2, 5, 6, device=CUDA), 3))
     torch.library.opcheck(torch.ops.talk_hf.dynamic_conv_step.default, (x.detach(), w.detach(), torch.randn(2, 3, 6,
                                                                                                         device=CUDA)))
 

@@ -379,7 +379,8 @@ def test_dropconnect_opcheck_and_compile():
 
 DROPCONNECT_BAD_INPUTS = [
     (lambda x, w: ops.dynamic_conv(x, w, 1, True, 1.5), ValueError, "weight_dropout must be a probability"),
-    (lambda x, w: ops.dynamic_conv(x, w, 1, True, 0.1, torch.tensor(1.0)), ValueError, "seed must be a one-element int64"),
+    (lambda x, w: ops.dynamic_conv(x, w, 1, True, 0.1, torch.tensor(1.0)), ValueError,
+     "seed must be a one-element int64"),
     (lambda x, w: ops.dynamic_conv(x, w, 1, True, 0.1, torch.tensor([1, 2])), ValueError, "seed must be"),
     (lambda x, w: torch.ops.talk_hf.dynamic_conv_fwd(x, w, 1, True, None, 0.5), RuntimeError, "needs a seed"),
     (lambda x, w: torch.ops.talk_hf.dynamic_conv_fwd(x, w, 1, True, torch.tensor(1), -0.5), RuntimeError,

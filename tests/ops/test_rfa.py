@@ -157,7 +157,8 @@ def test_feature_map_approximates_a_softmax_kernel():
     """phi(q).phi(k) ~= 0.01 D exp(-|q^ - k^|^2 / (2 tau^2)) for many random frequencies."""
     g = torch.Generator().manual_seed(1)
     D, tau = 20_000, 0.7
-    q, k = torch.randn(1, 6, 1, 8, generator=g, dtype=torch.float64), torch.randn(1, 6, 1, 8, generator=g, dtype=torch.float64)
+    q, k = (torch.randn(1, 6, 1, 8, generator=g, dtype=torch.float64),
+            torch.randn(1, 6, 1, 8, generator=g, dtype=torch.float64))
     proj = ops.rfa_random_projection(1, D, 8, generator=g, dtype=torch.float64)
     t = torch.tensor([tau], dtype=torch.float64)
     approx = (ops.rfa_feature_map(q, proj, t) * ops.rfa_feature_map(k, proj, t)).sum(-1)
@@ -271,9 +272,11 @@ def test_opcheck():
     torch.library.opcheck(fwd, (grad(q), grad(k), grad(v), None, None, 0.1, 64))
     _, _, checkpoints = fwd(q, k, v, decay, initial, 0.1, 4)
     torch.library.opcheck(torch.ops.talk_hf.rfa_causal_bwd.default,
-                          (torch.randn(2, 9, 2, 3), torch.randn(2, 2, 4, 4), q, k, v, decay, initial, checkpoints, 0.1, 4))
+                          (torch.randn(2, 9, 2, 3), torch.randn(2, 2, 4, 4), q, k, v, decay, initial, checkpoints,
+                           0.1, 4))
     torch.library.opcheck(torch.ops.talk_hf.rfa_causal_bwd.default,
-                          (torch.randn(2, 9, 2, 3), None, q, k, v, None, None, fwd(q, k, v, None, None, 0.1, 4)[2], 0.1, 4))
+                          (torch.randn(2, 9, 2, 3), None, q, k, v, None, None, fwd(q, k, v, None, None, 0.1, 4)[2],
+                           0.1, 4))
     torch.library.opcheck(fwd, (q, k, v, decay, initial, 0.1, 0))  # chunk 0: inference, no states saved
     torch.library.opcheck(fwd, (grad(q), grad(k), grad(v), grad(decay), grad(initial), 0.1, 4, True))  # tf32
 
@@ -468,7 +471,8 @@ def test_causal_never_materialises_t_by_t_or_per_token_states(causal):
 def test_right_padding_with_zero_keys_keeps_real_outputs(causal):
     """Padded steps with zero key features (and any query/value) leave the real outputs and their states alone."""
     g = torch.Generator().manual_seed(6)
-    q, k, v = features(1, 10, 2, 8, g), features(1, 10, 2, 8, g), torch.randn(1, 10, 2, 3, generator=g, dtype=torch.float64)
+    q, k, v = (features(1, 10, 2, 8, g), features(1, 10, 2, 8, g),
+               torch.randn(1, 10, 2, 3, generator=g, dtype=torch.float64))
     expected, state = causal(q, k, v, chunk_size=4)
     junk = lambda t: torch.cat([t, torch.rand(1, 7, *t.shape[2:], generator=g, dtype=t.dtype)], 1)  # noqa: E731
     k_padded = torch.cat([k, torch.zeros(1, 7, 2, 8, dtype=k.dtype)], 1)
@@ -480,7 +484,8 @@ def test_right_padding_with_zero_keys_keeps_real_outputs(causal):
 @pytest.mark.parametrize("causal", CAUSAL)
 def test_batch_equals_rows_one_at_a_time(causal):
     g = torch.Generator().manual_seed(7)
-    q, k, v = features(3, 19, 2, 8, g, torch.float32), features(3, 19, 2, 8, g, torch.float32), torch.randn(3, 19, 2, 4, generator=g)
+    q, k, v = (features(3, 19, 2, 8, g, torch.float32), features(3, 19, 2, 8, g, torch.float32),
+               torch.randn(3, 19, 2, 4, generator=g))
     decay = gate(3, 19, 2, g, torch.float32)
     batched, _ = causal(q, k, v, decay, chunk_size=8)
     for b in range(3):

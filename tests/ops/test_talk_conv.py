@@ -315,7 +315,8 @@ def test_opcheck():
     fwd = torch.ops.talk_hf.talk_conv_fwd.default
     torch.library.opcheck(fwd, (x.requires_grad_(), ol.requires_grad_(), orr.requires_grad_(), 3, 2))
     torch.library.opcheck(fwd, (x, ol, None, 3, 0))
-    torch.library.opcheck(torch.ops.talk_hf.talk_conv_bwd.default, (torch.randn(2, 7, 6), x.detach(), ol.detach(), None, 3, 0))
+    torch.library.opcheck(torch.ops.talk_hf.talk_conv_bwd.default,
+                          (torch.randn(2, 7, 6), x.detach(), ol.detach(), None, 3, 0))
     torch.library.opcheck(torch.ops.talk_hf.talk_conv_step.default, (x.detach(), ol.detach(), torch.randn(2, 5, 6), 3))
 
 

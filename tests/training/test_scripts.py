@@ -94,7 +94,8 @@ def test_reported_bleu_is_what_the_saved_model_gives(run, tmp_path):
     generation settings), and equal uncached generation."""
     root, results = run
     model_dir, hypotheses = root / "talk" / "model", (root / "talk" / "test_hypotheses.txt").read_text().splitlines()
-    valid_bleu = [json.loads(line) for line in (root / "talk" / "metrics.jsonl").read_text().splitlines()][-1]["valid_bleu"]
+    valid_bleu = [json.loads(line)
+                  for line in (root / "talk" / "metrics.jsonl").read_text().splitlines()][-1]["valid_bleu"]
     for split, reported, limit in (("test", results["test_bleu"], 8), ("valid", valid_bleu, 8)):
         out = tmp_path / f"{split}.json"
         subprocess.run(
@@ -179,7 +180,8 @@ def test_results_runner_writes_a_table(run, tmp_path, monkeypatch):
     monkeypatch.setattr(module, "ROWS", small)
     args = ["--data", str(root / "data"), "--output_dir", str(tmp_path), "--rows", "talk", "marian",
             "--grid_learning_rates", "1e-3", "3e-3", "--grid_warmup_steps", "2", "--grid_steps", "2",
-            "--grid_extensions", "0", "--max_steps", "6", "--eval_every", "2", "--patience", "1", "--test_limit", "4", "--max_tokens", "512"]
+            "--grid_extensions", "0", "--max_steps", "6", "--eval_every", "2", "--patience", "1", "--test_limit", "4",
+            "--max_tokens", "512"]
     with pytest.raises(SystemExit, match="talk: 0 of the grid's 2 runs"):
         module.main([*args, "--stages", "final"])
     tables = module.main(args)
@@ -194,7 +196,8 @@ def test_results_runner_writes_a_table(run, tmp_path, monkeypatch):
         assert 0 <= row["test_chrf"] <= 100 and row["chrf_signature"].startswith("nrefs:1")
     assert [r["model"] for r in final] == ["talk", "marian"] and (tmp_path / "valid_loss.png").exists()
     assert set(tables) == {"grid.md", "short_budget.md", "results.md"}
-    assert tables["results.md"] == (tmp_path / "results.md").read_text().strip() and "| marian |" in tables["results.md"]
+    assert (tables["results.md"] == (tmp_path / "results.md").read_text().strip()
+            and "| marian |" in tables["results.md"])
     assert len(tables["grid.md"].splitlines()) == 2 + 4 and len(tables["short_budget.md"].splitlines()) == 2 + 2
 
     trained = []
@@ -215,7 +218,8 @@ def test_accelerate_launch_two_processes(run, tmp_path):
     root, _ = run
     env = {**os.environ, "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "true"}
     result = subprocess.run(
-        [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+        [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+         "--num_machines", "1",
          "--main_process_port", str(free_port()),
          "--mixed_precision", "no", "--dynamo_backend", "no", str(ROOT / "scripts" / "train.py"),
          "--data", str(root / "data"), "--model", "talk", "--set", *TINY, "--output_dir", str(tmp_path / "ddp"),
@@ -354,7 +358,8 @@ def test_generation_benchmark_redraws_saved_results(tmp_path, capsys):
              ROOT / "benchmarks/results/cpu_rfa_longer_windows_2026-11-25/longer.json"]
     rows = module.main(["--from_results", *map(str, saved), "--speedup_plot", str(tmp_path / "s.png")])
     assert [r["window"] for r in rows] == [1, 1, 4, 4, 15, 15, 30, 30, 60, 60]
-    assert "| paper window 60, batch 3, beam 4 (RFA-doc vs Marian) | 1380 | 126 | 26 | 4.78x |" in capsys.readouterr().out
+    assert ("| paper window 60, batch 3, beam 4 (RFA-doc vs Marian) | 1380 | 126 | 26 | 4.78x |"
+            in capsys.readouterr().out)
     assert (tmp_path / "s.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(SystemExit):
         module.main(["--from_results", str(saved[0]), "--output", str(tmp_path / "x.json")])
