@@ -124,8 +124,8 @@ def grid_search(ident, grid, train, results_path, shard=(0, 1)):
     chosen, and a grid where every run diverged raises ValueError.
 
     shard=(index, count): train only the points whose place in the grid's order is `index` modulo `count`, so that
-    `count` processes share one grid; a shard whose points are recorded while others' are missing returns (its rows,
-    None), and the shard that completes a grid trains its share of the grid's extension (`count` processes started
+    `count` processes share one grid; a shard whose points are recorded while others' are missing returns (the
+    recorded rows, None), and the shard that completes a grid trains its share of the grid's extension (`count` processes started
     again train the rest)."""
     key = (*ident, *GRID_FIELDS)
     index, count = shard
