@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""Convert a fairseq LightConv/DynamicConv release folder into a talk_hf model folder (docs/converting.md).
+"""Convert a fairseq LightConv/DynamicConv, RFA-doc (rfa-doc-mt) or TaLK checkpoint folder into a talk_hf model
+folder (docs/converting.md).
 
     python scripts/convert_fairseq_checkpoint.py wmt16.en-de.joined-dict.dynamicconv-glu dynamicconv-wmt16-en-de
 """

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Evaluate a saved model: sacreBLEU (printed with its signature), ROUGE for summaries, perplexity for LMs.
 
-    python scripts/evaluate_model.py --model runs/demo/model --data runs/demo/data --split test      # BLEU
+    python scripts/evaluate_model.py --model runs/demo/talk/model --data runs/demo/data --split test  # BLEU
     python scripts/evaluate_model.py --model M --source test.de --reference test.en --num_beams 5 --length_penalty 1.6
     python scripts/evaluate_model.py --model M --data D --split test --document_level               # whole documents
     python scripts/evaluate_model.py --model M --source articles.txt --reference summaries.txt --metric rouge

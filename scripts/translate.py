@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Translate a file (or stdin) with a saved talk_hf model through pipeline("translation").
 
-    python scripts/translate.py --model runs/demo/model --input sentences.de > sentences.en
+    python scripts/translate.py --model runs/demo/talk/model --input sentences.de > sentences.en
     echo "Ein Hund rennt." | python scripts/translate.py --model user/talk-multi30k --trust_remote_code
 """
 
