@@ -9,7 +9,12 @@ remote code (`pipeline("translation", model=repo, trust_remote_code=True)` witho
 from transformers import AutoModelForSeq2SeqLM, Pipeline
 from transformers.pipelines import PIPELINE_REGISTRY, REMOVED_TASKS
 
-from .document_translation import document_sentences, translate_document, translate_document_streaming
+from .document_translation import (
+    document_sentences,
+    translate_document,
+    translate_document_streaming,
+    translate_documents,
+)
 
 
 class TranslationPipeline(Pipeline):
@@ -55,12 +60,13 @@ class SummarizationPipeline(TranslationPipeline):
 
 class DocumentTranslationPipeline(Pipeline):
     """A document in, one translation per sentence out: {"translations": [...]}. A document is a list of sentences
-    or a string with one sentence per line; a list of documents gives one dict per document.
+    or a string with one sentence per line; a list of documents gives one dict per document (a list of str is one
+    document's sentences, unless one of them holds a line break: then each is a document).
 
     window (default 4): sentences per window, the current one included; streaming=True carries the decoder state
-    across sentences (talk_hf models) instead of sliding windows; other keyword arguments go to `model.generate`
-    (num_beams, max_new_tokens per sentence, ...). `talk_hf.translate_documents` batches windows across
-    documents, for throughput."""
+    across sentences (talk_hf models) instead of sliding windows; batch_size: sliding windows of several documents
+    per `generate()` call (`talk_hf.translate_documents`; without it, one document at a time); other keyword
+    arguments go to `model.generate` (num_beams, max_new_tokens per sentence, ...)."""
 
     _load_processor = False
     _load_image_processor = False
@@ -83,13 +89,25 @@ class DocumentTranslationPipeline(Pipeline):
     def postprocess(self, model_outputs):
         return {"translations": model_outputs["translations"]}
 
-    def __call__(self, documents, **kwargs):
+    def __call__(self, documents, batch_size=None, **kwargs):
         """One document (a str, or a list of str) -> {"translations": [...]}; a list of documents -> a list."""
         single = isinstance(documents, str) or (
             isinstance(documents, (list, tuple)) and all(isinstance(s, str) for s in documents)
+            and not any("\n" in s for s in documents)
         )
-        results = super().__call__([documents] if single else list(documents), **kwargs)
+        documents = [documents] if single else list(documents)
+        if batch_size is None:
+            results = super().__call__(documents, **kwargs)
+        else:
+            results = self._translate_batched(documents, batch_size, **kwargs)
         return results[0] if single else results
+
+    def _translate_batched(self, documents, batch_size, window=4, streaming=False, **generate_kwargs):
+        if streaming:
+            raise ValueError("streaming translates one document at a time: batch_size applies to sliding windows")
+        translations = translate_documents(self.model, self.tokenizer, documents, window=window,
+                                           batch_size=batch_size, **generate_kwargs)
+        return [{"translations": t} for t in translations]
 
 
 PIPELINES = {

@@ -67,8 +67,7 @@ def _evaluate_documents(model, tokenizer, dataset, decoding, generation):
     elif decoding == "streaming":
         if generation["num_beams"] != 1:
             raise ValueError("streaming document decoding is greedy: evaluate it with num_beams=1")
-        greedy = {k: v for k, v in generation.items() if k != "num_beams"}
-        hyps = [translate_document_streaming(model, tokenizer, doc, window=window, **greedy) for doc in sources]
+        hyps = [translate_document_streaming(model, tokenizer, doc, window=window, **generation) for doc in sources]
     else:
         hyps, shortened = translate_documents_counted(model, tokenizer, sources, window=window, **generation)
     scores = document_scores(hyps, references)

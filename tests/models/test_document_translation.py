@@ -193,6 +193,74 @@ def test_bad_arguments_are_refused_by_name(tokenizer):
         translate_document(model, tokenizer, SENTENCES, window=2, sep_token="<para>")
 
 
+def test_streaming_is_greedy_whatever_the_models_generation_config_says(tokenizer):
+    """A model saved by the training loop or converted from fairseq carries num_beams 4 in its generation config:
+    streaming carries one state and must not run a beam search over it."""
+    model = model_for("rfa_doc", tokenizer, seed=2)
+    greedy = translate_document_streaming(model, tokenizer, SENTENCES, window=2, max_new_tokens=4)
+    model.generation_config.num_beams = 4
+    assert translate_document_streaming(model, tokenizer, SENTENCES, window=2, max_new_tokens=4) == greedy
+    assert greedy == streaming_by_hand(model, tokenizer, SENTENCES, 2, 4)
+
+
+def test_one_translation_per_sentence_whatever_the_generation_config_asks(tokenizer):
+    """num_return_sequences > 1 in the model's generation config (or one passed in) would give a batch several rows
+    per window: each document still gets its own sentences' translations."""
+    from transformers import GenerationConfig
+
+    model = model_for("talk", tokenizer, seed=1)
+    kwargs = dict(window=2, num_beams=2, max_new_tokens=5, batch_size=3)
+    alone = [translate_document(model, tokenizer, doc, **kwargs) for doc in DOCUMENTS]
+    asked = GenerationConfig(num_beams=2, num_return_sequences=2, max_new_tokens=5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a config passed in takes the per-sentence settings: no mixed arguments
+        assert translate_documents(model, tokenizer, DOCUMENTS, window=2, batch_size=3, generation_config=asked) \
+            == alone
+    assert asked.num_return_sequences == 2  # the caller's config is left as it was
+    model.generation_config.num_beams, model.generation_config.num_return_sequences = 2, 2
+    assert translate_documents(model, tokenizer, DOCUMENTS, **kwargs) == alone
+
+
+@pytest.mark.parametrize("kind", ["marian", "talk"])
+def test_the_length_limit_is_each_new_sentences(kind, tokenizer):
+    """Without max_new_tokens a sentence gets the generation config's limit for itself: its max_new_tokens, else its
+    max_length less the start token (however long the forced prefix before it), else generate()'s 20."""
+    model = model_for(kind, tokenizer, seed=4)
+    assert model.generation_config.max_length is None and model.generation_config.max_new_tokens is None
+    twenty = translate_documents(model, tokenizer, DOCUMENTS, window=3, num_beams=1)
+    assert twenty == translate_documents(model, tokenizer, DOCUMENTS, window=3, num_beams=1, max_new_tokens=20)
+    model.generation_config.max_length = 7
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no clash of max_length and max_new_tokens
+        limited = translate_documents(model, tokenizer, DOCUMENTS, window=3, num_beams=1)
+    assert limited == translate_documents(model, tokenizer, DOCUMENTS, window=3, num_beams=1, max_new_tokens=6)
+    if kind == "talk":  # the streamed document's history passes 7 tokens: the limit is still each sentence's
+        assert (translate_document_streaming(model, tokenizer, SENTENCES, window=2)
+                == translate_document_streaming(model, tokenizer, SENTENCES, window=2, max_new_tokens=6))
+
+
+def test_bad_documents_are_refused_by_name(tokenizer):
+    model = model_for("talk", tokenizer)
+    with pytest.raises(TypeError, match="got one str: translate_document translates a single document"):
+        translate_documents(model, tokenizer, "\n".join(SENTENCES), window=2, **GREEDY)
+    with pytest.raises(ValueError, match="sentence 1 of document 0 holds the separator '<sep>'"):
+        translate_document(model, tokenizer, [SENTENCES[0], "a dog <sep> runs ."], window=2, **GREEDY)
+    with pytest.raises(ValueError, match="sentence 1 of document 1 is blank"):
+        translate_documents(model, tokenizer, [SENTENCES[:2], [SENTENCES[0], " "]], window=2, **GREEDY)
+    with pytest.raises(ValueError, match="sentence 0 of document 0 holds the separator"):
+        translate_document_streaming(model, tokenizer, ["<sep>"], window=2, max_new_tokens=3)
+    for name, instead in (("max_length", "max_new_tokens"), ("min_length", "min_new_tokens")):
+        with pytest.raises(ValueError, match=f"{name} would count the forced prefix .* pass {instead}"):
+            translate_document(model, tokenizer, SENTENCES, window=2, **{name: 9})
+    with pytest.raises(ValueError, match="return_dict_in_generate"):
+        translate_document(model, tokenizer, SENTENCES, window=2, return_dict_in_generate=True)
+    with pytest.raises(ValueError, match="eos_token_id: document translation ends each sentence"):
+        translate_document_streaming(model, tokenizer, SENTENCES, window=2, eos_token_id=2)
+    # one sentence per line: only "\n" breaks a line (str.splitlines would also break at U+2028, form feeds, ...)
+    assert translate_document(model, tokenizer, "a dog\u2028runs .\nit barks .", window=2, **GREEDY) == \
+        translate_document(model, tokenizer, ["a dog\u2028runs .", "it barks ."], window=2, **GREEDY)
+
+
 def test_document_translation_pipeline(tokenizer):
     from transformers import pipeline
 
@@ -207,3 +275,9 @@ def test_document_translation_pipeline(tokenizer):
     streamed = translator(SENTENCES, window=2, streaming=True, max_new_tokens=4)
     assert streamed == {"translations": translate_document_streaming(model, tokenizer, SENTENCES, window=2,
                                                                      max_new_tokens=4)}
+    # a list of documents written one sentence per line, and windows of several documents per generate() call
+    lines = ["\n".join(doc) for doc in DOCUMENTS]
+    assert translator(lines, window=3, **GREEDY) == several
+    assert translator(DOCUMENTS, window=3, batch_size=2, **GREEDY) == several
+    with pytest.raises(ValueError, match="batch_size applies to sliding windows"):
+        translator(DOCUMENTS, window=3, batch_size=2, streaming=True, max_new_tokens=4)

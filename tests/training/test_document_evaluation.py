@@ -107,6 +107,11 @@ def test_document_bleu_metric():
     assert shifted["bleu"] < 90 and shifted["d_bleu"] < 90
     with pytest.raises(ValueError, match="document 1: 2 translated sentences but 1 reference"):
         metric.compute(predictions=[refs[0], refs[0]], references=refs)
+    from talk_hf.metrics.document_bleu.document_bleu import document_scores
+
+    for empty in ([], [[]]):
+        with pytest.raises(ValueError, match="no sentences to score"):
+            document_scores(empty, empty)
 
 
 def test_seq2seq_trainer_document_metrics(setup):

@@ -25,6 +25,8 @@ def document_scores(predictions, references):
             raise ValueError(f"document {i}: {len(pred)} translated sentences but {len(ref)} reference sentences")
     sentences = [s for doc in predictions for s in doc]
     reference_sentences = [s for doc in references for s in doc]
+    if not sentences:
+        raise ValueError(f"no sentences to score ({len(predictions)} documents, none with a sentence)")
     metric = sacrebleu.metrics.BLEU()
     bleu = metric.corpus_score(sentences, [reference_sentences]).score
     d_bleu = sacrebleu.metrics.BLEU().corpus_score([" ".join(d) for d in predictions],
