@@ -137,8 +137,8 @@ def join_sentences(sentences: Iterable[str], sep_token: str = SEP_TOKEN) -> str:
 def split_sentences(text: str, sep_token: str = SEP_TOKEN) -> list[str]:
     """Inverse of :func:`join_sentences` on decoded text.
 
-    Decode with ``skip_special_tokens=False`` (otherwise the separators are gone); ``<s>``, ``</s>`` and ``<pad>``
-    left in the text are removed here.
+    Decode with ``skip_special_tokens=False`` (otherwise the separators are gone); ``<s>``, ``</s>``, ``<pad>`` and
+    ``<unk>`` left in the text are removed here, as ``skip_special_tokens=True`` would remove them.
 
     Args:
         text: str, e.g. ``tok.decode(ids)``.
@@ -147,7 +147,7 @@ def split_sentences(text: str, sep_token: str = SEP_TOKEN) -> list[str]:
     Returns:
         list of str, the stripped sentences (``[]`` for an empty window).
     """
-    for special in (BOS_TOKEN, EOS_TOKEN, PAD_TOKEN):
+    for special in (BOS_TOKEN, EOS_TOKEN, PAD_TOKEN, UNK_TOKEN):
         if special != sep_token:
             text = text.replace(special, " ")
     if not text.strip():

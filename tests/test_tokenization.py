@@ -235,6 +235,8 @@ def test_split_sentences_edge_cases():
     assert split_sentences("<s> one </s>") == ["one"]
     assert split_sentences("  ") == []
     assert split_sentences("x <S> y", sep_token="<S>") == ["x", "y"]
+    # <unk> goes as skip_special_tokens=True drops it (sliding-window decoding), so windows score as sentences do
+    assert [s.split() for s in split_sentences("<s> a <unk> b <sep> <unk> c</s>")] == [["a", "b"], ["c"]]
 
 
 # ------------------------------------------------------------------------------------------------ data files
