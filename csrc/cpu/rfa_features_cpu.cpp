@@ -8,6 +8,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/matmul.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -46,7 +47,9 @@ at::Tensor rfa_feature_map_cpu(const at::Tensor& x_, const at::Tensor& projectio
   const FeatureDims n{x.size(2), projection.size(1), x.size(3), x.size(0) * x.size(1)};
   at::Tensor out = at::empty({x.size(0), x.size(1), n.H, 2 * n.D}, x.options());
   if (out.numel() == 0) return out;
-  // (H, R, d) @ (H, d, D): every row's D projections, unscaled
+  // (H, R, d) @ (H, d, D): every row's D projections, unscaled, in x's dtype even inside an autocast region
+  // (autocast would hand back a bf16 or fp16 product)
+  const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
   const at::Tensor u = at::matmul(x.view({n.R, n.H, n.d}).transpose(0, 1), projection.transpose(1, 2));
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "rfa_feature_map_cpu", [&] {
     const scalar_t* tp = tau.defined() ? tau.data_ptr<scalar_t>() : nullptr;
