@@ -612,12 +612,23 @@ class RecurrentSeq2SeqModel(RecurrentPreTrainedModel):
         return None
 
     def get_input_embeddings(self):
-        return self.shared
+        """The target vocabulary's embedding in use: the decoder's (its weight is `shared`'s when tied)."""
+        return self.decoder.embed.embed_tokens
 
     def set_input_embeddings(self, value):
+        """`value` becomes `shared` and the decoder's embedding, and the encoder's where it shares the vocabulary:
+        `value` itself when tied (`tie_word_embeddings`), else its own embedding resized to value's rows (its trained
+        rows kept, as `resize_token_embeddings` resizes); an encoder with its own source vocabulary
+        (`tie_encoder_embeddings` False) keeps its embedding."""
         self.shared = value
-        self.encoder.embed.embed_tokens = value
         self.decoder.embed.embed_tokens = value
+        if not self.config.tie_encoder_embeddings:
+            return
+        if self.config.tie_word_embeddings:
+            self.encoder.embed.embed_tokens = value
+        elif self.encoder.embed.embed_tokens.num_embeddings != value.num_embeddings:
+            self.encoder.embed.embed_tokens = self._get_resized_embeddings(self.encoder.embed.embed_tokens,
+                                                                           value.num_embeddings)
 
     def get_encoder(self):
         return self.encoder
@@ -867,8 +878,9 @@ class RecurrentCausalLM(RecurrentLMHead):
         **kwargs,
     ):
         """labels: (B, T) (usually input_ids; shifted inside, -100 ignored), or shift_labels: (B, T) targets already
-        shifted (as sequence-parallel trainers pass them) -> CausalLMOutputWithPast. Other keyword arguments go to
-        the loss (`num_items_in_batch`, `ignore_index`)."""
+        shifted (as sequence-parallel trainers pass them) -> CausalLMOutputWithPast. logits_to_keep: the last that
+        many positions' logits (0: all), or a tensor of the positions. Other keyword arguments go to the loss
+        (`num_items_in_batch`, `ignore_index`)."""
         outputs = self.model(
             input_ids,
             attention_mask=attention_mask,
@@ -881,8 +893,8 @@ class RecurrentCausalLM(RecurrentLMHead):
             output_attentions=kwargs.pop("output_attentions", None),
         )
         hidden = outputs.last_hidden_state
-        if logits_to_keep:
-            hidden = hidden[:, -logits_to_keep:]
+        # transformers' convention: an int keeps the last positions (0: all), a tensor names the positions kept
+        hidden = hidden[:, slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep]
         logits = self.lm_head(hidden)
         loss = None
         if labels is not None or kwargs.get("shift_labels") is not None:

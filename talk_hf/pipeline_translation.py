@@ -18,8 +18,9 @@ from .document_translation import (
 
 
 class TranslationPipeline(Pipeline):
-    """Text(s) in, [{"translation_text": ...}] out; generation kwargs (num_beams, max_new_tokens, length_penalty,
-    num_return_sequences, ...) pass through to `model.generate`."""
+    """Text(s) in, [{"translation_text": ...}] out; generation kwargs (num_beams, max_new_tokens, max_length,
+    length_penalty, num_return_sequences, ...) pass through to `model.generate`; truncation (default True) cuts a
+    source at the tokenizer's model_max_length."""
 
     _load_processor = False
     _load_image_processor = False
@@ -27,20 +28,23 @@ class TranslationPipeline(Pipeline):
     _load_tokenizer = True
     output_key = "translation_text"
 
-    def _sanitize_parameters(self, truncation=None, max_length=None, **generate_kwargs):
-        preprocess = {k: v for k, v in (("truncation", truncation), ("max_length", max_length)) if v is not None}
-        return preprocess, generate_kwargs, {}
+    def _sanitize_parameters(self, truncation=None, **generate_kwargs):
+        return ({} if truncation is None else {"truncation": truncation}), generate_kwargs, {}
 
-    def preprocess(self, text, truncation=True, max_length=None):
+    def preprocess(self, text, truncation=True):
         if not isinstance(text, str):
             raise TypeError(f"{type(self).__name__} takes a string or a list of strings, got {type(text).__name__}")
-        return self.tokenizer(text, return_tensors="pt", truncation=truncation, max_length=max_length)
+        return self.tokenizer(text, return_tensors="pt", truncation=truncation)
 
     def _forward(self, model_inputs, **generate_kwargs):
-        return {"output_ids": self.model.generate(**model_inputs, **generate_kwargs)}
+        """-> {"output_ids": (inputs, sequences per input, T)}: the pipeline's batches split along the first axis,
+        so each input keeps its own num_return_sequences rows."""
+        output_ids = self.model.generate(**model_inputs, **generate_kwargs)
+        inputs = model_inputs["input_ids"].shape[0]
+        return {"output_ids": output_ids.reshape(inputs, output_ids.shape[0] // inputs, *output_ids.shape[1:])}
 
     def postprocess(self, model_outputs):
-        texts = self.tokenizer.batch_decode(model_outputs["output_ids"], skip_special_tokens=True)
+        texts = self.tokenizer.batch_decode(model_outputs["output_ids"][0], skip_special_tokens=True)
         return [{self.output_key: text.strip()} for text in texts]
 
     def __call__(self, inputs, **kwargs):

@@ -144,6 +144,12 @@ def test_translation_and_summarization_pipelines(name, tokenizer, tmp_path):
     assert len(many) == 2 and all(set(r) == {"translation_text"} for r in many)
     two = translator("Ein Hund.", num_beams=3, num_return_sequences=2, max_new_tokens=4)
     assert len(two) == 2
+    # batched, each input keeps its own hypotheses; max_length limits the translation, not the source
+    texts, beams = ["Ein Hund.", "Zwei Katzen spielen."], dict(num_beams=3, num_return_sequences=2, max_new_tokens=4)
+    assert translator(texts, batch_size=2, **beams) == [translator(t, **beams) for t in texts]
+    ids = model.generate(**tokenizer(["Ein Mann fährt Fahrrad."], return_tensors="pt"), max_length=3, num_beams=1)
+    assert translator("Ein Mann fährt Fahrrad.", max_length=3, num_beams=1) == [
+        {"translation_text": tokenizer.decode(ids[0], skip_special_tokens=True).strip()}]
     summary = pipeline("summarization", model=model, tokenizer=tokenizer)("Ein Hund läuft.", max_new_tokens=3)
     assert set(summary[0]) == {"summary_text"}
     model.save_pretrained(tmp_path)

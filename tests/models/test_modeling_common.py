@@ -387,6 +387,31 @@ def test_resize_token_embeddings_keeps_tying(name):
     assert model(**inputs).logits.shape[-1] == VOCAB + 7
 
 
+@pytest.mark.parametrize("name", list(LM))
+def test_logits_to_keep_takes_a_count_or_positions(name):
+    model = make(name)
+    inputs = inputs_for(name)
+    logits = model(**inputs).logits
+    torch.testing.assert_close(model(**inputs, logits_to_keep=2).logits, logits[:, -2:])
+    torch.testing.assert_close(model(**inputs, logits_to_keep=torch.tensor([1, 4])).logits, logits[:, [1, 4]])
+
+
+@pytest.mark.parametrize("embeddings", [dict(), dict(encoder_vocab_size=40, tie_encoder_embeddings=False),
+                                        dict(tie_word_embeddings=False)], ids=["tied", "source-vocab", "untied"])
+def test_resize_token_embeddings_keeps_every_trained_row(embeddings):
+    """Resizing the vocabulary keeps what the model computes for the old ids, whether the encoder shares the
+    embedding, has its own source vocabulary (converted fairseq models; it keeps its size) or its own copy."""
+    model = make("talk", **embeddings)
+    source, target = torch.randint(5, 40, (2, 7)), torch.randint(5, 40, (2, 5))
+    encoded = model.get_encoder()(input_ids=source).last_hidden_state
+    logits = model(input_ids=source, decoder_input_ids=target).logits
+    model.resize_token_embeddings(VOCAB + 7, mean_resizing=False)
+    torch.testing.assert_close(model.get_encoder()(input_ids=source).last_hidden_state, encoded)
+    torch.testing.assert_close(model(input_ids=source, decoder_input_ids=target).logits[..., :VOCAB], logits)
+    encoder_rows = model.get_encoder().embed.embed_tokens.num_embeddings
+    assert encoder_rows == (40 if "encoder_vocab_size" in embeddings else VOCAB + 7)
+
+
 @pytest.mark.parametrize("reentrant", [False, True], ids=["non-reentrant", "reentrant"])
 @pytest.mark.parametrize("name", ["talk", "lightconv", "rfa_doc-nogate", "dynamic_conv_lm"])
 def test_gradient_checkpointing_gives_the_same_gradients(name, reentrant):
