@@ -9,6 +9,7 @@ pipeline("translation"). The last line printed is the test BLEU.
 
 import argparse
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -58,6 +59,7 @@ def main(argv=None):
     out = Path(args.output_dir)
     start = time.monotonic()
     prepare(out / "data", args.vocab_size)
+    shutil.rmtree(out / "talk", ignore_errors=True)  # each demo trains afresh (the data folder is kept)
     config = TrainConfig(
         output_dir=str(out / "talk"), max_tokens=4096, max_steps=args.max_steps, max_minutes=args.max_minutes,
         learning_rate=1e-3, warmup_steps=200, label_smoothing=0.1, eval_every=200, save_every=100,

@@ -72,8 +72,23 @@ class TrainConfig:
         if self.patience < 0 or (self.patience and not self.eval_every):
             raise ValueError(f"patience={self.patience} needs patience >= 0 and eval_every > 0 (the evaluations it "
                              f"counts), got eval_every={self.eval_every}")
+        if self.keep_checkpoints < 1 or self.average_last < 0:
+            raise ValueError(f"keep_checkpoints must be >= 1 and average_last >= 0, got {self.keep_checkpoints} and "
+                             f"{self.average_last}")
         if self.average_last > self.keep_checkpoints:
             raise ValueError(f"average_last={self.average_last} needs keep_checkpoints >= it ({self.keep_checkpoints})")
+
+    def run_settings(self):
+        """The fields that define a run's trajectory: a resumed run must keep them (RUN_SETTINGS)."""
+        return {name: getattr(self, name) for name in RUN_SETTINGS}
+
+
+# what a resumed run may not change: the batches, the optimiser and its schedule, the loss, the precision, the seed
+# (the limits, evaluation, checkpointing and test-time settings may change)
+RUN_SETTINGS = ("max_tokens", "gradient_accumulation_steps", "learning_rate", "schedule", "warmup_steps",
+                "warmup_init_lr", "adam_beta1", "adam_beta2", "weight_decay", "clip_norm", "label_smoothing",
+                "mixed_precision", "seed")
+RUN_FILE = "run_settings.json"  # in the run folder: RUN_SETTINGS and the training data's size, from its first start
 
 
 @dataclasses.dataclass
@@ -280,6 +295,14 @@ class Trainer:
     """Owns the accelerator, the optimisation state and the run folder (metrics.jsonl, checkpoints/, model/)."""
 
     def __init__(self, model, tokenizer, train_dataset, valid_dataset, config, valid_texts=None):
+        for name, dataset in (("training", train_dataset), ("validation", valid_dataset)):
+            if len(dataset) == 0:
+                raise ValueError(f"the {name} set is empty")
+        longest = max(valid_dataset["num_tokens"][:])
+        if longest > config.max_tokens:
+            raise ValueError(f"a validation example has {longest} tokens, more than max_tokens={config.max_tokens} "
+                             "(a batch's budget): raise max_tokens, or prepare the data with a lower "
+                             "max_tokens_per_example")
         self.config, self.tokenizer = config, tokenizer
         self.train_dataset, self.valid_dataset, self.valid_texts = train_dataset, valid_dataset, valid_texts
         self.output_dir = Path(config.output_dir)
@@ -325,10 +348,39 @@ class Trainer:
         """The checkpoint folder of the lowest periodic validation loss (it may not exist)."""
         return self.output_dir / "checkpoints" / f"step-{self.state.best_step}"
 
+    def run_record(self):
+        """RUN_SETTINGS and the training data's size: what RUN_FILE holds."""
+        return {**self.config.run_settings(), "train_examples": len(self.train_dataset),
+                "train_tokens": int(sum(self.train_dataset["num_tokens"][:]))}
+
+    def start_fresh(self):
+        """A new run: its folder must hold no earlier run (whose checkpoints and metrics it would mix with its own);
+        records RUN_FILE."""
+        if checkpoints(self.output_dir) or self.metrics_path.exists():
+            raise FileExistsError(f"{self.output_dir} holds an earlier run (checkpoints/, metrics.jsonl): continue it "
+                                  "with resume (--resume), or train into another output_dir")
+        self.accelerator.wait_for_everyone()  # every process has looked before the main one writes
+        if self.accelerator.is_main_process:
+            self.output_dir.mkdir(parents=True, exist_ok=True)
+            (self.output_dir / RUN_FILE).write_text(json.dumps(self.run_record(), indent=2) + "\n")
+
+    def check_resumed_settings(self):
+        """A resumed run keeps RUN_SETTINGS and its training data (as RUN_FILE recorded them, where it exists)."""
+        path = self.output_dir / RUN_FILE
+        if not path.exists():
+            return
+        recorded, now = json.loads(path.read_text()), self.run_record()
+        changed = {k: (recorded[k], now[k]) for k in now if k in recorded and recorded[k] != now[k]}
+        if changed:
+            raise ValueError(f"resume: the run in {self.output_dir} was started with other settings or data "
+                             + ", ".join(f"{k} {old!r} (now {new!r})" for k, (old, new) in changed.items())
+                             + "; resume with the same ones, or train into another output_dir")
+
     def resume(self):
         found = checkpoints(self.output_dir)
         if not found:
             raise FileNotFoundError(f"--resume: no checkpoint under {self.output_dir / 'checkpoints'}")
+        self.check_resumed_settings()
         self.accelerator.load_state(str(found[-1]))
         self.accelerator.step = self.state.micro_step
         return found[-1]
@@ -426,6 +478,8 @@ class Trainer:
         those validate lower."""
         if self.config.resume:
             self.resume()
+        else:
+            self.start_fresh()
         total = self.config.max_steps or None
         with tqdm(total=total, initial=self.state.global_step, disable=not self.accelerator.is_local_main_process,
                   desc="training") as progress:

@@ -181,6 +181,9 @@ def prepare_translation_data(
         "lowercase": lowercase, "window": window, "reverse": reverse, "max_tokens_per_example": max_tokens_per_example,
         "keep_all_splits": list(keep_all_splits), "cache_dir": None if cache_dir is None else os.fspath(cache_dir),
     }
+    empty = [name for name, ds in splits.items() if len(ds) == 0]
+    if empty:
+        raise ValueError(f"split(s) {empty} hold no sentence pairs")
     if reverse:
         splits = {name: reverse_pairs(ds) for name, ds in splits.items()}
     trained_on = None if tokenizer is not None else list(tokenizer_splits)
@@ -194,6 +197,10 @@ def prepare_translation_data(
                                     min_frequency=min_frequency)
     encoded = {name: encode(examples, tokenizer, max_tokens_per_example, max_tokens_per_example, cache_dir=cache_dir)
                for name, examples in windows.items()}
+    emptied = [name for name, ds in encoded.items() if len(ds) == 0]
+    if emptied:
+        raise ValueError(f"every example of split(s) {emptied} is longer than max_tokens_per_example="
+                         f"{max_tokens_per_example}: raise the limit")
     counts = {name: _translation_counts(splits[name], windows[name], encoded[name]) for name in splits}
     dropped = {name: counts[name]["dropped"] for name in keep_all_splits if counts[name]["dropped"]}
     if dropped:

@@ -136,6 +136,7 @@ def train_run(data_dir, kind, train_config, preset=None, config_file=None, overr
     output_dir = Path(train_config.output_dir)
     tokenizer = AutoTokenizer.from_pretrained(Path(data_dir) / "tokenizer")
     train, valid = load_prepared(data_dir, train_split), load_prepared(data_dir, valid_split)
+    test = load_prepared(data_dir, test_split) if test_split else None  # a missing split fails before training
     model = build_model(kind, tokenizer, preset=preset, config_file=config_file, overrides=overrides)
     kept_initialisation = initialise_from(model, init_from) if init_from is not None else None
     is_seq2seq = model.config.is_encoder_decoder
@@ -159,7 +160,6 @@ def train_run(data_dir, kind, train_config, preset=None, config_file=None, overr
                         "eval_every": train_config.eval_every})
     model = trainer.accelerator.unwrap_model(trainer.model)
     if is_seq2seq and test_split:
-        test = load_prepared(data_dir, test_split)
         scored = evaluate_translation(model, tokenizer, test, num_beams=train_config.num_beams,
                                       max_new_tokens=train_config.max_new_tokens, document_level=document_level,
                                       limit=test_limit)
@@ -176,7 +176,6 @@ def train_run(data_dir, kind, train_config, preset=None, config_file=None, overr
     elif not is_seq2seq:
         results["valid_ppl"] = final["valid_ppl"]
         if test_split:
-            test = load_prepared(data_dir, test_split)
             loss, tokens = validation_loss(model, test, trainer.collator, train_config.max_tokens, trainer.accelerator)
             results.update({"test_loss": loss, "test_ppl": math.exp(loss), "test_tokens": tokens})
     folder = trainer.save_model()

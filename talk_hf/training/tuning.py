@@ -279,7 +279,9 @@ def final(out, ident, grid, train, max_steps, eval_every, patience, resume=False
     fixed = setting is not None
     setting = setting if fixed else chosen(out, ident, grid)
     folder = out / "final" / row_folder(ident)
-    resume = resume and any((folder / "checkpoints").glob("step-*"))
+    if resume and not any((folder / "checkpoints").glob("step-*")):
+        shutil.rmtree(folder, ignore_errors=True)  # stopped before its first checkpoint: nothing to continue
+        resume = False
     row = train(ident, folder, setting["learning_rate"], setting["warmup_steps"], max_steps=max_steps,
                 eval_every=eval_every, save_every=eval_every, patience=patience, resume=resume,
                 keep_checkpoints=FINAL_AVERAGE_LAST, average_last=FINAL_AVERAGE_LAST)

@@ -84,6 +84,56 @@ def test_resume_without_checkpoint_fails_clearly(data, tmp_path):
         run(data, tmp_path, max_steps=1, resume=True)
 
 
+def test_a_new_run_refuses_a_folder_that_holds_another(data, tmp_path):
+    """Training afresh into an earlier run's folder would mix that run's checkpoints and metrics into its own."""
+    run(data, tmp_path, max_steps=2, save_every=1)
+    with pytest.raises(FileExistsError, match="holds an earlier run .* continue it with resume"):
+        run(data, tmp_path, max_steps=3)
+    assert [p.name for p in checkpoints(tmp_path)] == ["step-1", "step-2"]  # left as they were
+
+
+@pytest.mark.parametrize("changed", [dict(learning_rate=1e-2), dict(max_tokens=300), dict(seed=2)])
+def test_a_resumed_run_keeps_its_settings(data, tmp_path, changed):
+    """A checkpoint's scheduler would keep the old peak learning rate, a batch budget or seed would change the
+    batches: resuming with other settings is refused by name; the limits may change (max_steps here)."""
+    run(data, tmp_path, max_steps=2)
+    name, value = next(iter(changed.items()))
+    old = {"learning_rate": 3e-3, "max_tokens": 256, "seed": 1}[name]
+    with pytest.raises(ValueError, match=rf"other settings or data {name} {old!r} \(now {value!r}\)"):
+        tokenizer, dataset = data
+        model = build_model("talk", tokenizer, overrides=TINY)
+        settings = dict(dict(max_tokens=256, learning_rate=3e-3), **changed)
+        config = TrainConfig(output_dir=str(tmp_path), warmup_steps=2, log_every=1, bleu_sentences=0, max_steps=4,
+                             resume=True, **settings)
+        Trainer(model, tokenizer, dataset, dataset.select(range(16)), config).train()
+    assert run(data, tmp_path, max_steps=3, resume=True).state.global_step == 3
+
+
+def test_other_training_data_is_refused_on_resume(data, tmp_path):
+    tokenizer, dataset = data
+    run(data, tmp_path, max_steps=2)
+    config = TrainConfig(output_dir=str(tmp_path), max_tokens=256, learning_rate=3e-3, warmup_steps=2,
+                         bleu_sentences=0, max_steps=3, resume=True)
+    with pytest.raises(ValueError, match="train_examples"):
+        Trainer(build_model("talk", tokenizer, overrides=TINY), tokenizer, dataset.select(range(40)),
+                dataset.select(range(16)), config).train()
+
+
+def test_empty_sets_and_validation_examples_past_the_batch_budget_are_refused(data, tmp_path):
+    tokenizer, dataset = data
+    config = TrainConfig(output_dir=str(tmp_path), max_tokens=256, max_steps=2, bleu_sentences=0)
+    model = build_model("talk", tokenizer, overrides=TINY)
+    with pytest.raises(ValueError, match="the training set is empty"):
+        Trainer(model, tokenizer, dataset.select([]), dataset, config)
+    with pytest.raises(ValueError, match="the validation set is empty"):
+        Trainer(model, tokenizer, dataset, dataset.select([]), config)
+    longest = max(dataset["num_tokens"])
+    small = TrainConfig(output_dir=str(tmp_path), max_tokens=longest - 1, max_steps=2, bleu_sentences=0)
+    short = dataset.filter(lambda n: n < longest, input_columns="num_tokens")
+    with pytest.raises(ValueError, match=f"a validation example has {longest} tokens, more than max_tokens"):
+        Trainer(model, tokenizer, short, dataset, small)
+
+
 def test_checkpoints_are_kept_and_averaged(data, tmp_path):
     trainer = run(data, tmp_path, max_steps=6, save_every=2, keep_checkpoints=2, average_last=2)
     found = checkpoints(tmp_path)
@@ -246,7 +296,9 @@ def test_without_patience_training_runs_to_its_budget(data, tmp_path, monkeypatc
 @pytest.mark.parametrize("bad,match", [(dict(schedule="linear"), "schedule"), (dict(max_steps=0), "at least one"),
                                        (dict(average_last=9, keep_checkpoints=2), "keep_checkpoints"),
                                        (dict(patience=2), "eval_every > 0"),
-                                       (dict(patience=-1, eval_every=5), "patience >= 0")])
+                                       (dict(patience=-1, eval_every=5), "patience >= 0"),
+                                       (dict(keep_checkpoints=0), "keep_checkpoints must be >= 1"),
+                                       (dict(average_last=-1), "average_last >= 0")])
 def test_config_errors(bad, match):
     kwargs = {"output_dir": "x", "max_steps": 1, **bad}
     with pytest.raises(ValueError, match=match):

@@ -118,6 +118,10 @@ def test_translation_errors_write_nothing(pairs, tmp_path):
     with pytest.raises(ValueError, match=r"would be dropped from \{'test': \d+\}"):  # a test set must be whole
         prepare_translation_data(out, {"train": pairs, "test": pairs}, vocab_size=300, max_tokens_per_example=20,
                                  keep_all_splits=["test"])
+    with pytest.raises(ValueError, match=r"split\(s\) \['valid'\] hold no sentence pairs"):
+        prepare_translation_data(out, {"train": pairs, "valid": pairs.select([])}, vocab_size=300)
+    with pytest.raises(ValueError, match=r"every example of split\(s\) \['train'\] is longer than "):
+        prepare_translation_data(out, {"train": pairs}, vocab_size=300, max_tokens_per_example=2)
     assert not out.exists()
 
 

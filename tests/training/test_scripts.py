@@ -76,6 +76,14 @@ def test_train_writes_a_complete_run(run):
     assert json.loads((model_dir / "eval_results.json").read_text())["steps"] == 3
 
 
+def test_a_missing_test_split_fails_before_training(run, tmp_path):
+    root, _ = run
+    with pytest.raises(FileNotFoundError, match="nope"):
+        script("train").main(["--data", str(root / "data"), "--model", "talk", "--set", *TINY, "--output_dir",
+                              str(tmp_path / "talk"), "--max_tokens", "512", "--max_steps", "2", "--test_split", "nope"])
+    assert not (tmp_path / "talk").exists()  # nothing trained
+
+
 def test_evaluate_model_loss_reproduces_the_runs_last_validation(run):
     """--metric loss on the saved model gives the run's last validation loss and source gain (both logged and
     reported in eval_results.json)."""

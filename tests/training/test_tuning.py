@@ -171,6 +171,24 @@ def test_shards_run_the_tune_stage_only(tmp_path):
     assert trained == [(2e-3, 5)]  # the second point of the grid, and no final run
 
 
+def test_a_resumed_final_run_without_a_checkpoint_starts_afresh(tmp_path):
+    """A final run stopped before its first checkpoint left only its metrics: --resume trains it again from the
+    start in a clean folder (the training loop refuses a folder holding another run's metrics)."""
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, [1e-3], [100], grid_steps=5, max_steps=7, eval_every=2, patience=3)
+    folder = tmp_path / "final" / "a"
+    folder.mkdir(parents=True)
+    (folder / "metrics.jsonl").write_text('{"step": 1, "loss": 9.0}\n')
+    seen = []
+
+    def train(ident, out, learning_rate, warmup_steps, **loop):
+        seen.append((loop["resume"], out.exists()))
+        return {"valid_loss": 1.0, "steps": loop["max_steps"]}
+
+    run_stages(parser.parse_args(["--setting", "2e-3", "300", "--resume"]), tmp_path, [{"model": "a"}], train)
+    assert seen == [(False, False)]
+
+
 def test_the_final_stage_waits_for_the_extended_grid(tmp_path):
     """A recorded grid whose best point lies at an edge is not complete until its extension is: the final stage
     refuses to start, and the tune stage trains the missing rate only."""
