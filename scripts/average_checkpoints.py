@@ -18,6 +18,8 @@ def main(argv=None):
     parser.add_argument("--last", type=int, default=5, help="how many of the latest checkpoints to average")
     parser.add_argument("--output", required=True, help="folder for the averaged model")
     args = parser.parse_args(argv)
+    if args.last < 1:
+        parser.error(f"--last must be >= 1, got {args.last}")
     found = checkpoints(args.run)
     if len(found) < args.last:
         raise SystemExit(f"{args.run} has {len(found)} checkpoints, fewer than --last {args.last}")

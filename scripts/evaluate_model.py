@@ -42,7 +42,8 @@ def parse_args(argv=None):
     parser.add_argument("--length_penalty", type=float, help="default: the model's generation_config")
     parser.add_argument("--max_new_tokens", type=int, help="default: the model's generation_config (128 if unset)")
     parser.add_argument("--max_tokens", type=int, default=8192, help="token budget per batch (perplexity, loss)")
-    parser.add_argument("--limit", type=int, default=0, help="score only the first N segments (0: all)")
+    parser.add_argument("--limit", type=int, default=0,
+                        help="score only the first N segments, or examples of a prepared split (0: all)")
     parser.add_argument("--trust_remote_code", action="store_true")
     parser.add_argument("--output", help="write the results as JSON here")
     parser.add_argument("--hypotheses", help="write the translations here, one per line (BLEU)")
@@ -51,7 +52,35 @@ def parse_args(argv=None):
         parser.error("give either --data (prepared) or --source/--reference (raw files)")
     if args.source and not args.reference:
         parser.error("--source needs --reference")
+    if args.reference and not args.source:
+        parser.error("--reference needs --source")
+    if args.limit < 0:
+        parser.error(f"--limit must be >= 0, got {args.limit}")
+    if args.metric in ("perplexity", "loss") and args.data is None:
+        parser.error(f"--metric {args.metric} needs --data with a prepared split")
+    if args.metric == "rouge" and args.source is None:
+        parser.error("--metric rouge needs --source and --reference (raw files)")
+    if args.document_level and args.data is None:
+        parser.error("--document_level needs --data: a prepared split of document windows (with doc_id)")
+    if args.document_level and args.metric != "bleu":
+        parser.error(f"--document_level scores translations (--metric bleu), not --metric {args.metric}")
     return args
+
+
+def read_pairs(source, reference):
+    """The lines of the --source and --reference files, which must have as many lines as each other."""
+    sources, references = read_lines(source), read_lines(reference)
+    if len(sources) != len(references):
+        raise SystemExit(f"line counts differ: --source {source} has {len(sources)} lines, --reference {reference} "
+                         f"has {len(references)} lines (line i of one must match line i of the other)")
+    return sources, references
+
+
+def first(rows, limit):
+    """The first `limit` rows of a list or a Dataset (all of them for limit 0)."""
+    if not limit:
+        return rows
+    return rows.select(range(min(limit, len(rows)))) if hasattr(rows, "select") else rows[:limit]
 
 
 def generation_settings(generation_config, args):
@@ -69,30 +98,29 @@ def generation_settings(generation_config, args):
 
 def main(argv=None):
     args = parse_args(argv)
+    raw = read_pairs(args.source, args.reference) if args.source else None
     kw = {"trust_remote_code": args.trust_remote_code}
     tokenizer = AutoTokenizer.from_pretrained(args.model, **kw)
     auto = AutoModelForCausalLM if args.metric == "perplexity" else AutoModelForSeq2SeqLM
     model = auto.from_pretrained(args.model, **kw).eval()
     generation = generation_settings(model.generation_config, args)
-    if args.metric in ("perplexity", "loss") and args.data is None:
-        raise SystemExit(f"{args.metric} needs --data with a prepared split")
     if args.metric == "perplexity":
-        loss, tokens = validation_loss(model, load_prepared(args.data, args.split), make_collator(model),
-                                       args.max_tokens)
+        loss, tokens = validation_loss(model, first(load_prepared(args.data, args.split), args.limit),
+                                       make_collator(model), args.max_tokens)
         results = {"loss": loss, "perplexity": perplexity(loss), "tokens": tokens}
     elif args.metric == "loss":
-        sums = summed_losses(model, load_prepared(args.data, args.split), make_collator(model), args.max_tokens,
-                             swap_sources=True)
+        sums = summed_losses(model, first(load_prepared(args.data, args.split), args.limit), make_collator(model),
+                             args.max_tokens, swap_sources=True)
         results = {"loss": sums.loss, "tokens": sums.tokens, "source_gain": sums.source_gain,
                    "source_gain_tokens": sums.gain_tokens}
     elif args.metric == "rouge":
-        summaries = translate(model, tokenizer, read_lines(args.source), **generation)
-        results = rouge(summaries, read_lines(args.reference))
+        sources, references = (first(lines, args.limit) for lines in raw)
+        results = rouge(translate(model, tokenizer, sources, **generation), references)
     else:
         if args.data:
             dataset = load_prepared(args.data, args.split)
         else:
-            dataset = {"source": read_lines(args.source), "target": read_lines(args.reference)}
+            dataset = {"source": raw[0], "target": raw[1]}
         results = evaluate_translation(model, tokenizer, dataset, **generation,
                                        document_level=args.document_level, limit=args.limit,
                                        document_decoding=args.document_decoding)

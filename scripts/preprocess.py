@@ -129,6 +129,8 @@ def build_parser():
 
 def check_args(args, parser):
     """Exit with a usage error unless the flags describe exactly one kind of input with consistent settings."""
+    from talk_hf.tokenization import MIN_VOCAB_SIZE
+
     if (args.source_file is None) != (args.target_file is None):
         parser.error("--source_file and --target_file go together")
     text_pairs = text_pair_files(args)
@@ -139,6 +141,9 @@ def check_args(args, parser):
         parser.error(f"give exactly one kind of input, got {kinds or 'none'}")
     if args.window < 1:
         parser.error("--window must be >= 1")
+    if args.tokenizer is None and args.vocab_size < MIN_VOCAB_SIZE:
+        parser.error(f"--vocab_size must be >= {MIN_VOCAB_SIZE} (the special tokens and at least one more), "
+                     f"got {args.vocab_size}")
     if args.hub_dataset and not (args.source_lang and args.target_lang):
         parser.error("--hub_dataset needs --source_lang and --target_lang")
     names = split_names(args)

@@ -28,7 +28,9 @@ class RunArguments:
     model: str = dataclasses.field(metadata={"help": f"model kind: {', '.join(KINDS)}"})
     preset: str = dataclasses.field(default=None, metadata={"help": "named hyperparameters, e.g. iwslt-de-en"})
     config: str = dataclasses.field(default=None, metadata={"help": "JSON file of config fields"})
-    set: list[str] = dataclasses.field(default_factory=list, metadata={"help": "config overrides field=value"})
+    set: list[str] = dataclasses.field(default_factory=list, metadata={
+        "action": "extend", "help": "config overrides field=value (repeated --set flags add up; a field given twice "
+                                    "is an error)"})
     train_split: str = "train"
     valid_split: str = "valid"
     test_split: str = dataclasses.field(default=None, metadata={"help": "split to translate and score at the end"})
@@ -46,12 +48,16 @@ class RunArguments:
 def main(argv=None):
     parser = HfArgumentParser((RunArguments, TrainConfig), description=__doc__)
     run_args, train_config = parser.parse_args_into_dataclasses(argv)
+    try:
+        overrides = parse_overrides(run_args.set)
+    except ValueError as err:
+        parser.error(f"--set: {err}")
     card = {"languages": run_args.languages, "datasets": [run_args.dataset_name]}
     if run_args.push_to_hub:
         card["repo_id"] = run_args.push_to_hub  # the card's code samples then name the repository
     results = train_run(
         run_args.data, run_args.model, train_config, preset=run_args.preset, config_file=run_args.config,
-        overrides=parse_overrides(run_args.set), train_split=run_args.train_split, valid_split=run_args.valid_split,
+        overrides=overrides, train_split=run_args.train_split, valid_split=run_args.valid_split,
         test_split=run_args.test_split, document_level=run_args.document_level, card=card,
         test_limit=run_args.test_limit, init_from=run_args.init_from,
     )

@@ -17,7 +17,8 @@ from talk_hf.training.corpora import read_lines, split_lines
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="saved model folder or Hub repo id")
-    parser.add_argument("--input", help="one sentence per line, UTF-8 (.gz fine; default: stdin)")
+    parser.add_argument("--input", help="one sentence per line, UTF-8 (.gz fine; default: stdin); a leading byte "
+                                        "order mark is dropped")
     parser.add_argument("--output", help="where to write translations (default: stdout)")
     parser.add_argument("--num_beams", type=int, default=4)
     parser.add_argument("--length_penalty", type=float, default=1.0)
@@ -40,7 +41,7 @@ def translate_lines(translator, lines, args):
 def main(argv=None):
     args = parse_args(argv)
     translator = pipeline("translation", model=args.model, trust_remote_code=args.trust_remote_code)
-    lines = read_lines(args.input) if args.input else split_lines(sys.stdin.read())
+    lines = read_lines(args.input) if args.input else split_lines(sys.stdin.read().removeprefix("\ufeff"))
     translations = translate_lines(translator, lines, args)
     out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
     out.write("".join(t + "\n" for t in translations))

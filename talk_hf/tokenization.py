@@ -27,6 +27,7 @@ from transformers import PreTrainedTokenizerFast
 BOS_TOKEN, PAD_TOKEN, EOS_TOKEN, UNK_TOKEN, SEP_TOKEN = "<s>", "<pad>", "</s>", "<unk>", "<sep>"
 SPECIAL_TOKENS = [BOS_TOKEN, PAD_TOKEN, EOS_TOKEN, UNK_TOKEN, SEP_TOKEN]  # ids 0..4, in this order
 BOS_ID, PAD_ID, EOS_ID, UNK_ID, SEP_ID = range(len(SPECIAL_TOKENS))
+MIN_VOCAB_SIZE = len(SPECIAL_TOKENS) + 1  # the special tokens and at least one learned token
 
 
 def _special_added_tokens() -> list[AddedToken]:
@@ -82,8 +83,9 @@ def train_joint_bpe(
     Args:
         texts: iterable of str, one sentence (or document window) per item; pass the source and the target side
             together for a joint vocabulary. Consumed once.
-        vocab_size: int, the target vocabulary size including the 5 special tokens (the result can be smaller when
-            the corpus has too few mergeable pairs).
+        vocab_size: int >= ``MIN_VOCAB_SIZE`` (6), the target vocabulary size including the 5 special tokens (the
+            result can be smaller when the corpus has too few mergeable pairs, and larger when the corpus has more
+            distinct characters: every character gets a token).
         lowercase: also lowercase after NFKC.
         add_eos: True (translation): every encoded sequence, source and ``text_target`` labels alike, ends in
             ``</s>`` (id 2). False (language model): no ``</s>`` is appended, so a prompt does not end in EOS.
@@ -96,12 +98,18 @@ def train_joint_bpe(
         max_length=L, truncation=True)`` gives lists of ids ``input_ids``/``attention_mask``/``labels``, each
         sequence at most ``L`` long including the appended ``</s>``.
 
+    Raises:
+        ValueError: ``vocab_size`` is not an int >= ``MIN_VOCAB_SIZE``.
+
     Note:
         After ``AutoTokenizer.from_pretrained`` the ``add_bos_token``/``add_eos_token`` attributes read False
         whatever the saved post-processor does (transformers 5.23 does not save them). Do not assign them on a
         loaded tokenizer: the setter rebuilds the template from both flags, e.g. ``tok.add_bos_token = True`` on a
         reloaded translation tokenizer silently stops appending ``</s>``.
     """
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < MIN_VOCAB_SIZE:
+        raise ValueError(f"vocab_size must be an int >= {MIN_VOCAB_SIZE} (the {len(SPECIAL_TOKENS)} special tokens "
+                         f"and at least one more), got {vocab_size!r}")
     backend = _train_backend(texts, vocab_size, lowercase, min_frequency)
     # add_bos_token/add_eos_token make transformers build the TemplateProcessing post-processor (e.g. "$A:0 </s>:0"),
     # which is saved in tokenizer.json. transformers 5.23 does NOT save the two flags in tokenizer_config.json: a

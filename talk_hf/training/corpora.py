@@ -13,6 +13,7 @@ Tokenizing and batching these datasets is :mod:`talk_hf.training.data`; writing 
 
 from __future__ import annotations
 
+import codecs
 import gzip
 import io
 import json
@@ -66,7 +67,8 @@ def _column(ds: datasets.Dataset, name: str) -> list:
 
 
 def read_lines(path: str | os.PathLike) -> list[str]:
-    """All lines of a (possibly gzipped, when the name ends in ``.gz``) UTF-8 file without their line ends.
+    """All lines of a (possibly gzipped, when the name ends in ``.gz``) UTF-8 file without their line ends; a
+    leading UTF-8 byte order mark is not part of the text.
 
     Universal newlines: ``\n``, ``\r\n`` and ``\r`` end a line; other Unicode line separators (U+2028, U+0085,
     ...) stay inside the line, unlike ``str.splitlines``. An empty line stays an empty string; a final line end
@@ -79,11 +81,13 @@ def read_lines(path: str | os.PathLike) -> list[str]:
     opener = gzip.open if path.endswith(".gz") else open
     with opener(path, "rb") as f:
         raw = f.read()
+    start = len(codecs.BOM_UTF8) if raw.startswith(codecs.BOM_UTF8) else 0
     try:
-        text = raw.decode("utf-8")
+        text = raw[start:].decode("utf-8")
     except UnicodeDecodeError as err:
-        line = raw.count(b"\n", 0, err.start) + 1
-        raise ValueError(f"{path}: line {line} is not valid UTF-8 ({err.reason} at byte {err.start})") from None
+        at = start + err.start
+        line = raw.count(b"\n", 0, at) + 1
+        raise ValueError(f"{path}: line {line} is not valid UTF-8 ({err.reason} at byte {at})") from None
     return split_lines(text)
 
 
@@ -342,7 +346,7 @@ def load_wiki_zh_en(split: str, archive: str | os.PathLike | None = None) -> dat
         raw = handle.read()
     where = f"{archive}:{member}"
     try:
-        text = raw.decode("utf-8")
+        text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as err:
         raise ValueError(f"{where}: not valid UTF-8 ({err})") from None
     lines = text.split("\n")
@@ -395,7 +399,7 @@ def load_iwslt15_ted_zh_en(split: str, folder: str | os.PathLike | None = None) 
         source, target = (read_lines(f"{stem}.{lang}.gz") for lang in ("zh", "en"))
         if len(source) != len(target):
             raise ValueError(f"{stem}: {len(source)} Chinese lines but {len(target)} English lines")
-        starts = [int(line) for line in Path(f"{stem}.doc").read_text(encoding="utf-8").split()]
+        starts = [int(line) for line in Path(f"{stem}.doc").read_text(encoding="utf-8-sig").split()]
         if not starts or starts[0] != 0 or starts != sorted(set(starts)) or starts[-1] >= len(source):
             raise ValueError(f"{stem}.doc: document starts must begin at 0 and increase below {len(source)}")
         first_doc = columns["doc_id"][-1] + 1 if columns["doc_id"] else 0

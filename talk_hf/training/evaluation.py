@@ -75,7 +75,11 @@ def document_metrics(tokenizer, doc_ids, sep_token=SEP_TOKEN):
 
 
 def rouge(summaries, references):
-    """ROUGE-1/2/L F1 (x100) with the `rouge_score` package (pip install rouge-score)."""
+    """ROUGE-1/2/L F1 (x100) with the `rouge_score` package (pip install rouge-score), averaged over the pairs of
+    `summaries` and `references` (two lists of one length; a length mismatch is a ValueError)."""
+    summaries, references = list(summaries), list(references)
+    if len(summaries) != len(references):
+        raise ValueError(f"rouge: {len(summaries)} summaries for {len(references)} references")
     try:
         from rouge_score import rouge_scorer
     except ImportError as err:

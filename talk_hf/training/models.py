@@ -1,6 +1,7 @@
 """Model construction for the training scripts: any talk_hf class from a preset or a config file, and the
 transformers baselines (Marian/BART encoder-decoders, GPT-2) at a matching size."""
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -39,6 +40,13 @@ TALK_HF_MODELS = {
 BASELINES = ("marian", "bart", "gpt2")
 KINDS = tuple(TALK_HF_MODELS) + BASELINES
 CAUSAL_LM_KINDS = ("talk_lm", "dynamic_conv_lm", "lightconv_lm", "gpt2")
+# the talk_hf field names each baseline reads (`_baseline`); it takes no others
+GPT2_FIELDS = ("d_model", "decoder_layers", "decoder_attention_heads", "decoder_ffn_dim", "max_position_embeddings",
+               "dropout", "attention_dropout")
+ENCODER_DECODER_BASELINE_FIELDS = (
+    "d_model", "encoder_layers", "decoder_layers", "encoder_ffn_dim", "decoder_ffn_dim", "encoder_attention_heads",
+    "decoder_attention_heads", "dropout", "attention_dropout", "activation_dropout", "max_position_embeddings",
+)
 
 
 def token_ids(tokenizer):
@@ -50,12 +58,15 @@ def token_ids(tokenizer):
 
 
 def parse_overrides(items):
-    """["d_model=256", "encoder_max_offsets=[1,3,7]", "dropout=0.1"] -> dict of JSON-decoded values."""
+    """["d_model=256", "encoder_max_offsets=[1,3,7]", "dropout=0.1"] -> dict of JSON-decoded values (a field given
+    twice is a ValueError)."""
     overrides = {}
     for item in items or ():
         if "=" not in item:
             raise ValueError(f"config override {item!r} must look like field=value")
         key, value = item.split("=", 1)
+        if key in overrides:
+            raise ValueError(f"config override {key!r} is given twice")
         try:
             overrides[key] = json.loads(value)
         except json.JSONDecodeError:
@@ -68,7 +79,9 @@ def build_model(kind, tokenizer, preset=None, config_file=None, overrides=None):
 
     talk_hf kinds take a preset name (see each config's PRESETS) and/or a JSON config file; baselines take
     `overrides` with the talk_hf field names they share (d_model, encoder_layers, decoder_layers,
-    encoder_ffn_dim, decoder_ffn_dim, decoder_attention_heads, dropout, ...).
+    encoder_ffn_dim, decoder_ffn_dim, decoder_attention_heads, dropout, ...: see `config_fields`). A key of the
+    config file or of `overrides` that the kind does not take is a ValueError, and so is one that the kind or the
+    tokenizer sets (vocab_size, the special token ids, conv_type) given another value.
     """
     return build_model_for_ids(kind, token_ids(tokenizer), preset, config_file, overrides)
 
@@ -77,17 +90,47 @@ def build_model_for_ids(kind, ids, preset=None, config_file=None, overrides=None
     """`build_model` without a tokenizer: `ids` holds vocab_size and the pad/bos/eos token ids (see `token_ids`)."""
     if kind not in KINDS:
         raise ValueError(f"unknown model kind {kind!r}; choose one of {KINDS}")
-    values = json.loads(Path(config_file).read_text()) if config_file else {}
+    values = json.loads(Path(config_file).read_text(encoding="utf-8-sig")) if config_file else {}
     values.update(overrides or {})
+    fixed = {**(TALK_HF_MODELS[kind][2] if kind in TALK_HF_MODELS else {}), **ids}
+    _check_fields(kind, values, fixed)
     if kind in BASELINES:
         return _baseline(kind, ids, values)
-    config_class, model_class, fixed = TALK_HF_MODELS[kind]
+    config_class, model_class, _ = TALK_HF_MODELS[kind]
     values.update(fixed)
-    values.update(ids)
     if kind not in CAUSAL_LM_KINDS:
         values.setdefault("decoder_start_token_id", ids["eos_token_id"])
     config = config_class.from_preset(preset, **values) if preset else config_class(**values)
     return model_class(config)
+
+
+def config_fields(kind):
+    """The config keys `build_model` takes for `kind`: a talk_hf config's fields (its `__init__` parameters; those
+    the class declares first, then those of PreTrainedConfig) less those the kind and the tokenizer set, or the
+    talk_hf field names a baseline maps onto its own config."""
+    if kind == "gpt2":
+        return GPT2_FIELDS
+    if kind in BASELINES:
+        return ENCODER_DECODER_BASELINE_FIELDS
+    config_class, _, fixed = TALK_HF_MODELS[kind]
+    skip = {*fixed, "vocab_size", "pad_token_id", "bos_token_id", "eos_token_id"}
+    names = [field.name for field in dataclasses.fields(config_class) if field.name not in skip]
+    return tuple(sorted(names, key=lambda name: name not in config_class.__annotations__))
+
+
+def _check_fields(kind, values, fixed):
+    """ValueError naming the keys of `values` that `kind` does not take, or that it sets itself (`fixed`: the
+    kind's fixed values and the tokenizer's ids) to another value."""
+    valid = config_fields(kind)
+    unknown = [key for key in values if key not in valid and key not in fixed]
+    if unknown:
+        raise ValueError(f"unknown config field(s) {unknown} for model kind {kind!r} (from the config file or the "
+                         f"overrides); it takes: {', '.join(valid)}")
+    clashing = [f"{key}={values[key]!r}" for key in values if key in fixed and values[key] != fixed[key]]
+    if clashing:
+        set_by = ", ".join(f"{key}={value!r}" for key, value in fixed.items())
+        raise ValueError(f"config field(s) {', '.join(clashing)} clash with the values model kind {kind!r} and the "
+                         f"tokenizer set ({set_by})")
 
 
 def _baseline(kind, ids, values):

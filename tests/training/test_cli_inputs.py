@@ -1,0 +1,244 @@
+"""Bad or unusual command-line input to the scripts and the library readers behind them: refused with a message
+naming the problem, or read as meant (repeated --set flags, unknown config fields, tiny vocabularies, byte order
+marks, --last, evaluate_model.py's --limit, line counts and --document_level)."""
+
+import gzip
+import io
+import json
+
+import pytest
+import torch
+
+from talk_hf.tokenization import MIN_VOCAB_SIZE, train_joint_bpe
+from talk_hf.training.corpora import load_json_pairs, load_text_pairs, load_tsv_pairs, read_lines
+from talk_hf.training.evaluation import rouge
+from talk_hf.training.loop import make_collator, summed_losses, validation_loss
+from talk_hf.training.models import build_model, build_model_for_ids, config_fields, parse_overrides
+from talk_hf.training.run import load_prepared
+
+from .test_scripts import FIXTURE, TINY, script
+
+BOM = "\ufeff"
+IDS = dict(vocab_size=100, pad_token_id=1, bos_token_id=0, eos_token_id=2)
+
+
+def fixture_pairs():
+    return [line.split("\t") for line in FIXTURE.read_text(encoding="utf-8").splitlines()]
+
+
+# ------------------------------------------------------------------------------------------ train.py --set, models
+
+
+def test_repeated_set_flags_add_up(monkeypatch):
+    train = script("train")
+    calls = []
+    monkeypatch.setattr(train, "train_run", lambda *args, **kwargs: calls.append(kwargs) or {})
+    base = ["--data", "d", "--model", "talk", "--output_dir", "o", "--max_steps", "1"]
+    train.main([*base, "--set", "d_model=16", "encoder_layers=1", "--set", "decoder_max_offsets=[3]"])
+    assert calls[0]["overrides"] == {"d_model": 16, "encoder_layers": 1, "decoder_max_offsets": [3]}
+    train.main(base)
+    assert calls[1]["overrides"] == {}
+
+
+def test_a_field_set_twice_is_refused(monkeypatch, capsys):
+    train = script("train")
+    monkeypatch.setattr(train, "train_run", lambda *args, **kwargs: pytest.fail("trained despite a repeated field"))
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(["--data", "d", "--model", "talk", "--output_dir", "o", "--max_steps", "1",
+                    "--set", "d_model=16", "--set", "dropout=0.1", "d_model=32"])
+    assert exit_info.value.code == 2 and "'d_model' is given twice" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="'dropout' is given twice"):
+        parse_overrides(["dropout=0.1", "dropout=0.1"])
+
+
+@pytest.mark.parametrize("kind, overrides, unknown", [
+    ("talk", dict(d_modle=16), "d_modle"),
+    ("talk_lm", dict(encoder_layers=1), "encoder_layers"),
+    ("lightconv", dict(encoder_heads=2), "encoder_heads"),
+    ("rfa_doc", dict(encoder_heads=2), "encoder_heads"),
+    ("marian", dict(encoder_heads=2), "encoder_heads"),
+    ("bart", dict(d_modle=16), "d_modle"),
+    ("gpt2", dict(encoder_layers=1), "encoder_layers"),
+])
+def test_build_model_refuses_unknown_fields(kind, overrides, unknown):
+    with pytest.raises(ValueError, match=rf"unknown config field\(s\) \['{unknown}'\] for model kind '{kind}'.*"
+                                         r"takes: .*d_model"):
+        build_model_for_ids(kind, IDS, overrides=dict(d_model=16, **overrides))
+
+
+def test_build_model_refuses_unknown_fields_of_a_config_file(tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"d_model": 16, "decoder_layer": 1}))
+    with pytest.raises(ValueError, match=r"\['decoder_layer'\]"):
+        build_model_for_ids("talk", IDS, config_file=config)
+
+
+@pytest.mark.parametrize("kind, overrides", [
+    ("talk", dict(vocab_size=50)), ("marian", dict(pad_token_id=0)), ("lightconv", dict(conv_type="dynamic"))])
+def test_build_model_refuses_fields_the_kind_and_tokenizer_set(kind, overrides):
+    (key, value), = overrides.items()
+    with pytest.raises(ValueError, match=rf"{key}={value!r} clash"):
+        build_model_for_ids(kind, IDS, overrides=overrides)
+    same = {key: {**IDS, "conv_type": "lightweight"}[key]}
+    assert build_model_for_ids(kind, IDS, overrides=dict(same, d_model=16, encoder_layers=1, decoder_layers=1))
+
+
+def test_runner_and_demo_overrides_are_all_taken():
+    rows = [*script("results_multi30k").ROWS.items(), *script("results_lm").ROWS.items(),
+            *script("results_doc_zh_en").MODELS.values(), ("talk", script("demo").MODEL)]
+    assert len(rows) == 10
+    for kind, overrides in rows:
+        assert set(overrides) <= set(config_fields(kind)), kind
+        model = build_model_for_ids(kind, IDS, overrides=overrides)
+        sizes = {key: getattr(model.config, key, None) for key in ("d_model", "n_embd")}
+        assert overrides["d_model"] in sizes.values(), kind
+
+
+# ------------------------------------------------------------------------------------------ vocabulary size
+
+
+@pytest.mark.parametrize("vocab_size", [-5, 0, 3, MIN_VOCAB_SIZE - 1])
+def test_too_small_vocab_size_is_refused(vocab_size, tmp_path, capsys):
+    texts = [text for pair in fixture_pairs() for text in pair]
+    with pytest.raises(ValueError, match=f"vocab_size must be an int >= {MIN_VOCAB_SIZE}.*got {vocab_size}"):
+        train_joint_bpe(texts, vocab_size)
+    with pytest.raises(SystemExit) as exit_info:
+        script("preprocess").main(["--tsv", f"train={FIXTURE}", "--vocab_size", str(vocab_size), "--output_dir",
+                                   str(tmp_path / "data")])
+    assert exit_info.value.code == 2
+    assert f"--vocab_size must be >= {MIN_VOCAB_SIZE}" in capsys.readouterr().err
+    assert not (tmp_path / "data").exists()
+
+
+def test_smallest_vocab_size_trains():
+    tok = train_joint_bpe(["ab ab ab", "ba"], MIN_VOCAB_SIZE, min_frequency=1)
+    assert tok.convert_ids_to_tokens(list(range(5))) == ["<s>", "<pad>", "</s>", "<unk>", "<sep>"]
+
+
+# ------------------------------------------------------------------------------------------ byte order marks
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_readers_drop_a_byte_order_mark(tmp_path, gz):
+    def write(name, text):
+        path = tmp_path / (name + (".gz" if gz else ""))
+        data = (BOM + text).encode("utf-8")
+        path.write_bytes(gzip.compress(data) if gz else data)
+        return path
+
+    assert read_lines(write("a.de", "Ein Hund.\nZwei.\n")) == ["Ein Hund.", "Zwei."]
+    pairs = load_text_pairs(write("s.de", "Ein Hund.\n"), write("t.en", "A dog.\n"))
+    assert pairs["source"] == ["Ein Hund."]
+    tsv = load_tsv_pairs(write("p.tsv", "src\ttgt\nHallo\tHello\n"), "src", "tgt")
+    assert tsv["source"] == ["Hallo"] and tsv["target"] == ["Hello"]
+    js = load_json_pairs(write("p.jsonl", '{"source": "a", "target": "b"}\n'), "source", "target")
+    assert js["source"] == ["a"]
+
+
+def test_invalid_utf8_after_a_byte_order_mark_names_its_line_and_byte(tmp_path):
+    path = tmp_path / "bad.txt"
+    path.write_bytes(BOM.encode("utf-8") + b"ab\n\xffc\n")
+    with pytest.raises(ValueError, match=r"line 2 is not valid UTF-8 \(invalid start byte at byte 6\)"):
+        read_lines(path)
+
+
+def test_translate_drops_a_byte_order_mark_on_stdin(monkeypatch):
+    translate = script("translate")
+    seen = []
+
+    def translator(texts, **kwargs):
+        seen.extend(texts)
+        return [{"translation_text": text.upper()} for text in texts]
+
+    monkeypatch.setattr(translate, "pipeline", lambda *args, **kwargs: translator)
+    monkeypatch.setattr("sys.stdin", io.StringIO(BOM + "Ein Hund.\nZwei.\n"))
+    assert translate.main(["--model", "m"]) == ["EIN HUND.", "ZWEI."]
+    assert seen == ["Ein Hund.", "Zwei."]
+
+
+# ------------------------------------------------------------------------------------------ average_checkpoints.py
+
+
+@pytest.mark.parametrize("last", ["0", "-1"])
+def test_average_checkpoints_needs_at_least_one(last, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        script("average_checkpoints").main(["--run", str(tmp_path), "--last", last, "--output", str(tmp_path / "o")])
+    assert exit_info.value.code == 2 and f"--last must be >= 1, got {last}" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------ evaluate_model.py
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """Prepared translation and LM data (the fixture pairs) and an untrained tiny model for each."""
+    from transformers import AutoTokenizer
+
+    root = tmp_path_factory.mktemp("inputs")
+    preprocess = script("preprocess")
+    preprocess.main(["--tsv", f"test={FIXTURE}", "--tokenizer_splits", "test", "--vocab_size", "200",
+                     "--output_dir", str(root / "data")])
+    corpus = root / "corpus.txt"
+    corpus.write_text("".join(f"{source} {target}\n" for source, target in fixture_pairs()), encoding="utf-8")
+    preprocess.main(["--lm_text", f"test={corpus}", "--tokenizer_splits", "test", "--block_size", "16",
+                     "--vocab_size", "200", "--output_dir", str(root / "lm_data")])
+    overrides = dict(parse_overrides(TINY))
+    lm = dict(d_model=16, decoder_layers=1, decoder_ffn_dim=32, decoder_heads=2, decoder_max_offsets=[3])
+    for name, data, kind, kind_overrides in (("talk", "data", "talk", overrides), ("lm", "lm_data", "talk_lm", lm)):
+        tokenizer = AutoTokenizer.from_pretrained(root / data / "tokenizer")
+        torch.manual_seed(0)
+        model = build_model(kind, tokenizer, overrides=kind_overrides)
+        model.generation_config.max_new_tokens = 3
+        model.save_pretrained(root / name)
+        tokenizer.save_pretrained(root / name)
+    return root
+
+
+@pytest.mark.parametrize("metric, data, model_dir", [("loss", "data", "talk"), ("perplexity", "lm_data", "lm")])
+def test_evaluate_loss_and_perplexity_take_limit(saved, metric, data, model_dir):
+    evaluate = script("evaluate_model")
+    split = load_prepared(saved / data, "test")
+    assert len(split) > 4
+    scored = evaluate.main(["--model", str(saved / model_dir), "--data", str(saved / data), "--metric", metric,
+                            "--limit", "4"])
+    auto = evaluate.AutoModelForCausalLM if metric == "perplexity" else evaluate.AutoModelForSeq2SeqLM
+    model = auto.from_pretrained(saved / model_dir).eval()
+    collator = make_collator(model)
+    if metric == "loss":
+        sums = summed_losses(model, split.select(range(4)), collator, 8192, swap_sources=True)
+        loss, tokens = sums.loss, sums.tokens
+    else:
+        loss, tokens = validation_loss(model, split.select(range(4)), collator, 8192)
+    assert scored["loss"] == pytest.approx(loss) and scored["tokens"] == tokens
+    assert tokens < validation_loss(model, split, collator, 8192)[1]
+
+
+def test_evaluate_checks_line_counts_before_translating(saved, tmp_path, monkeypatch):
+    evaluate = script("evaluate_model")
+    monkeypatch.setattr(evaluate, "evaluate_translation", lambda *args, **kwargs: pytest.fail("translated"))
+    source, reference = tmp_path / "src.de", tmp_path / "ref.en"
+    source.write_text("Ein Hund.\nZwei.\nDrei.\n", encoding="utf-8")
+    reference.write_text("A dog.\nTwo.\n", encoding="utf-8")
+    for metric in ("bleu", "rouge"):
+        with pytest.raises(SystemExit, match=rf"--source {source} has 3 lines, --reference {reference} has 2 lines"):
+            evaluate.main(["--model", str(saved / "talk"), "--source", str(source), "--reference", str(reference),
+                           "--limit", "1", "--metric", metric])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--source", "s", "--reference", "r", "--document_level"], "--document_level needs --data"),
+    (["--data", "d", "--metric", "loss", "--document_level"], "--document_level scores translations"),
+    (["--source", "s", "--reference", "r", "--metric", "loss"], "--metric loss needs --data"),
+    (["--data", "d", "--metric", "rouge"], "--metric rouge needs --source"),
+    (["--data", "d", "--reference", "r"], "--reference needs --source"),
+    (["--data", "d", "--limit", "-2"], "--limit must be >= 0, got -2"),
+])
+def test_evaluate_refuses_inconsistent_flags(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        script("evaluate_model").main(["--model", "m", *argv])
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_rouge_refuses_a_length_mismatch():
+    with pytest.raises(ValueError, match="2 summaries for 3 references"):
+        rouge(["a dog", "two"], ["a dog", "two", "three"])
