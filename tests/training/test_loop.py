@@ -305,12 +305,18 @@ def test_config_errors(bad, match):
         TrainConfig(**kwargs)
 
 
-@pytest.mark.parametrize("kind", ["marian", "bart", "gpt2", "lightconv", "rfa_doc", "talk_lm"])
+SEQ2SEQ_SIZE = dict(d_model=32, encoder_layers=1, decoder_layers=1, decoder_attention_heads=2)
+SIZES = {"marian": dict(SEQ2SEQ_SIZE, encoder_attention_heads=2), "bart": dict(SEQ2SEQ_SIZE, encoder_attention_heads=2),
+         "gpt2": dict(d_model=32, decoder_layers=1, decoder_attention_heads=2), "lightconv": SEQ2SEQ_SIZE,
+         "rfa_doc": dict(SEQ2SEQ_SIZE, encoder_attention_heads=2), "talk_lm": dict(d_model=32, decoder_layers=1)}
+
+
+@pytest.mark.parametrize("kind", list(SIZES))
 def test_baselines_and_families_build_at_a_given_size(kind, data):
     tokenizer, _ = data
-    model = build_model(kind, tokenizer, overrides=dict(d_model=32, encoder_layers=1, decoder_layers=1,
-                                                        decoder_attention_heads=2, encoder_attention_heads=2))
+    model = build_model(kind, tokenizer, overrides=SIZES[kind])
     assert model.config.vocab_size == len(tokenizer) and count_parameters(model) > 0
+    assert model.get_input_embeddings().weight.shape[1] == 32
     if model.config.is_encoder_decoder:
         assert model.config.decoder_start_token_id == tokenizer.eos_token_id
 
