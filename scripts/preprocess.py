@@ -122,6 +122,10 @@ def build_parser():
     proc.add_argument("--max_tokens_per_example", type=int, default=None,
                       help="drop (never truncate) examples whose source or target exceeds this many tokens, </s> "
                            "included; the count is written to preprocess.json")
+    proc.add_argument("--keep_all_splits", type=_names, default=None,
+                      help="comma-separated splits that must keep every example: a --max_tokens_per_example that "
+                           "would drop one of theirs is an error (default: the splits whose name contains 'test', "
+                           "whose every sentence is scored)")
     proc.add_argument("--cache_dir", default=None, help="datasets cache folder for the encoded splits (optional)")
     parser.add_argument("--output_dir", required=True, help="folder to write tokenizer/, <split>/, preprocess.json")
     return parser
@@ -201,6 +205,7 @@ def main(argv=None):
     processing = dict(common, window=args.window, reverse=args.reverse,
                       max_tokens_per_example=args.max_tokens_per_example, cache_dir=args.cache_dir)
     if args.wiki_zh_en:
+        processing["keep_all_splits"] = kept_whole(args, args.wiki_splits)
         return prepare_wiki_zh_en(args.output_dir, args.wiki_splits, **processing)
     splits = load_pair_splits(
         text_files={name: (source, target) for name, source, target in text_pair_files(args)} or None,
@@ -210,7 +215,13 @@ def main(argv=None):
         hub_config=args.hub_config, source_lang=args.source_lang, target_lang=args.target_lang,
         cache_dir=args.cache_dir,
     )
+    processing["keep_all_splits"] = kept_whole(args, splits)
     return prepare_translation_data(args.output_dir, splits, **processing)
+
+
+def kept_whole(args, names):
+    """The splits that must keep every example: --keep_all_splits, else those named like a test set."""
+    return args.keep_all_splits if args.keep_all_splits is not None else [n for n in names if "test" in n]
 
 
 if __name__ == "__main__":

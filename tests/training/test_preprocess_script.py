@@ -70,6 +70,18 @@ def test_tsv_end_to_end(script, tmp_path):
         assert counts["num_tokens_total"] == sum(ds["num_tokens"]) and counts["num_tokens_max"] <= 30
 
 
+def test_test_splits_keep_every_example(script, tmp_path):
+    """A test set is scored sentence by sentence: a limit that would drop some of its examples is an error (by
+    default for splits named like a test set, else the ones --keep_all_splits names), never a smaller test set."""
+    args = ["--tsv", f"train={FIXTURE}", "--tsv", f"test={FIXTURE}", "--vocab_size", "300",
+            "--max_tokens_per_example", "30", "--output_dir", str(tmp_path / "out")]
+    with pytest.raises(ValueError, match=r"would be dropped from \{'test': \d+\}"):
+        script.main(args)
+    with pytest.raises(ValueError, match=r"would be dropped from \{'train': \d+\}"):
+        script.main([*args, "--keep_all_splits", "train"])
+    assert not (tmp_path / "out").exists()
+
+
 def test_text_files_match_tsv(script, tmp_path):
     pairs = fixture_pairs()
     (tmp_path / "train.de").write_text("".join(p[0] + "\n" for p in pairs), encoding="utf-8")
