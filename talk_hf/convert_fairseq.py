@@ -333,7 +333,7 @@ def find_dictionaries(src_dir, args):
 
 
 def check_vocab_size(path, rows, side):
-    size = len(load_fairseq_dictionary(path))
+    size = len(load_fairseq_dictionary(path)[0])
     if size != rows:
         raise ValueError(f"{path} has {size} entries but the checkpoint's {side} embedding has {rows} rows")
 
@@ -341,13 +341,37 @@ def check_vocab_size(path, rows, side):
 def moses_languages(state, args):
     """The Moses languages fairseq's hub interface (``tokenizer="moses"``) uses with this checkpoint -> (source,
     target): a cfg's own tokenizer section when it has one; for an args checkpoint (the released models) the args'
-    source_lang / target_lang, which fairseq copies into its Moses config; otherwise that config's defaults, en/en."""
+    source_lang / target_lang, which fairseq copies into its Moses config; otherwise that config's defaults, en/en.
+    A cfg whose tokenizer or BPE the converted tokenizer would not reproduce is refused (check_text_pipeline)."""
+    check_text_pipeline(state.get("cfg") or {})
     tokenizer = (state.get("cfg") or {}).get("tokenizer")
     if isinstance(tokenizer, dict) and tokenizer.get("source_lang"):
         return tokenizer["source_lang"], tokenizer.get("target_lang") or "en"
     if state.get("args") is not None:
         return args.get("source_lang") or "en", args.get("target_lang") or "en"
     return "en", "en"
+
+
+MOSES_OPTIONS = ("moses_no_escape", "moses_no_dash_splits")  # fairseq's Moses options the tokenizer does not take
+
+
+def check_text_pipeline(cfg):
+    """The converted tokenizer is Moses with fairseq's default options and subword-nmt with the "@@" joiner: a cfg
+    whose tokenizer or BPE section asks for anything else is a ValueError naming it."""
+    tokenizer, bpe = cfg.get("tokenizer"), cfg.get("bpe")
+    if isinstance(tokenizer, dict):
+        if tokenizer.get("_name") not in (None, "moses"):
+            raise ValueError(f"the checkpoint's tokenizer is {tokenizer.get('_name')!r}: the converted tokenizer "
+                             "reproduces fairseq's moses tokenizer only")
+        options = [name for name in MOSES_OPTIONS if tokenizer.get(name)]
+        if options:
+            raise ValueError(f"the checkpoint's Moses tokenizer sets {options}: the converted tokenizer runs Moses with "
+                             "fairseq's defaults (escaping, aggressive dash splits)")
+    if isinstance(bpe, dict) and (bpe.get("_name") not in (None, "subword_nmt")
+                                  or bpe.get("bpe_separator", "@@") != "@@"):
+        raise ValueError(f"the checkpoint's BPE is {bpe.get('_name')!r} with separator "
+                         f"{bpe.get('bpe_separator', '@@')!r}: the converted tokenizer applies subword-nmt codes "
+                         "joined by '@@'")
 
 
 def build_tokenizer(src_dir, languages, source_dict, target_dict, **special_tokens):
@@ -430,6 +454,8 @@ def save_folder(model, tokenizer, out_dir, state, src_dir, title, paper, details
     model.generation_config = generation_config(gen, model.config)
     card = model_card(src_dir, title, paper, args, gen, tokenizer.bpe is not None, details)
     out_dir = Path(out_dir)
+    if out_dir.exists() and any(out_dir.iterdir()):  # its files would mix with the new ones (a stale bpecodes)
+        raise FileExistsError(f"{out_dir} exists and is not empty: convert into a new folder")
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
     (out_dir / "README.md").write_text(card, encoding="utf-8")

@@ -46,17 +46,20 @@ def _parse_dict_line(line, path, number):
 
 
 def load_fairseq_dictionary(path):
-    """A fairseq ``dict.txt`` -> {token: id} with ids 0..3 for ``<s> <pad> </s> <unk>`` and the file's entries
-    from id 4 in order. A repeated token is an error unless its line carries ``#fairseq:overwrite`` (fairseq's rule);
-    then it keeps its first id."""
-    vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS)}
+    """A fairseq ``dict.txt`` -> (symbols, indices): every id's token (ids 0..3 ``<s> <pad> </s> <unk>``, then the
+    file's entries from id 4 in order; its length is the dictionary's size) and {token: id}. A repeated token is an
+    error unless its line carries ``#fairseq:overwrite``; then, as fairseq's ``add_symbol(overwrite=True)``, it takes
+    a new id, and its earlier id keeps its place."""
+    symbols = list(SPECIAL_TOKENS)
+    indices = {token: i for i, token in enumerate(symbols)}
     with open(path, encoding="utf-8") as handle:
         for number, line in enumerate(handle, 1):
             word, overwrite = _parse_dict_line(line, path, number)
-            if word in vocab and not overwrite:
+            if word in indices and not overwrite:
                 raise ValueError(f"{path}, line {number}: duplicate token {word!r} (without {OVERWRITE_FLAG})")
-            vocab.setdefault(word, len(vocab))
-    return vocab
+            indices[word] = len(symbols)
+            symbols.append(word)
+    return symbols, indices
 
 
 def _moses():
@@ -112,9 +115,9 @@ class FairseqMosesBpeTokenizer(PreTrainedTokenizer):
         self.source_dict_file, self.target_dict_file = source_dict_file, target_dict_file
         self.bpe_codes_file = bpe_codes_file
         self.source_lang, self.target_lang = source_lang, target_lang
-        self.source_vocab = load_fairseq_dictionary(source_dict_file)
-        self.target_vocab = load_fairseq_dictionary(target_dict_file)
-        self.target_tokens = {i: token for token, i in self.target_vocab.items()}
+        self.source_symbols, self.source_vocab = load_fairseq_dictionary(source_dict_file)
+        target_symbols, self.target_vocab = load_fairseq_dictionary(target_dict_file)
+        self.target_tokens = dict(enumerate(target_symbols))
         self.bpe = _subword_nmt_bpe(bpe_codes_file) if bpe_codes_file else None
         self._moses_tokenizers, self._moses_detokenizer = {}, None
         self.encoder, self.lang = self.source_vocab, source_lang
@@ -127,7 +130,7 @@ class FairseqMosesBpeTokenizer(PreTrainedTokenizer):
     @property
     def vocab_size(self):
         """The source dictionary's size (as FSMTTokenizer: the encoder's vocabulary)."""
-        return len(self.source_vocab)
+        return len(self.source_symbols)
 
     def get_vocab(self):
         return dict(self.source_vocab)
@@ -149,6 +152,17 @@ class FairseqMosesBpeTokenizer(PreTrainedTokenizer):
         if self._moses_detokenizer is None:
             self._moses_detokenizer = _moses().MosesDetokenizer(lang=self.target_lang)
         return self._moses_detokenizer.detokenize(text.split())
+
+    def tokenize(self, text, **kwargs):
+        """fairseq's encode_line on raw text: Moses and BPE over all of it (a "</s>" or "<unk>" written in the text
+        is text, which Moses escapes, as fairseq does), only a document model's separator (sep_token) kept as one
+        token between the parts around it."""
+        separator = self.special_tokens_map.get("sep_token")
+        parts = text.split(separator) if separator else [text]
+        tokens = self._tokenize(parts[0])
+        for part in parts[1:]:
+            tokens += [separator, *self._tokenize(part)]
+        return tokens
 
     def _tokenize(self, text, **kwargs):
         """text -> BPE pieces ("Wie@@", "der@@", "sehen")."""

@@ -374,6 +374,64 @@ def test_unsupported_option_is_refused_by_name(releases, tmp_path):
         convert_fairseq_checkpoint(copy, tmp_path / "out")
 
 
+def test_a_used_output_folder_is_refused(releases, tmp_path):
+    """Converting into a folder with files would mix them with the new ones (a release without bpecodes converted
+    where one with bpecodes was: the stale codes would BPE the input the new tokenizer expects as BPE'd text)."""
+    from talk_hf.convert_fairseq import convert_fairseq_checkpoint
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "bpecodes").write_text("stale\n")
+    with pytest.raises(FileExistsError, match="exists and is not empty: convert into a new folder"):
+        convert_fairseq_checkpoint(releases["lightconv.no_glu.iwslt14"][0], out)
+    assert [p.name for p in out.iterdir()] == ["bpecodes"]
+
+
+@pytest.mark.parametrize("section,value,match", [
+    ("tokenizer", {"_name": "space"}, "tokenizer is 'space'"),
+    ("tokenizer", {"_name": "moses", "source_lang": "de", "moses_no_escape": True}, r"sets \['moses_no_escape'\]"),
+    ("bpe", {"_name": "sentencepiece"}, "BPE is 'sentencepiece'"),
+    ("bpe", {"_name": "subword_nmt", "bpe_separator": "##"}, "separator '##'"),
+])
+def test_a_text_pipeline_the_tokenizer_would_not_reproduce_is_refused(releases, tmp_path, section, value, match):
+    from talk_hf.convert_fairseq import convert_fairseq_checkpoint
+
+    folder = releases["dynamicconv.glu.wmt16"][0]
+    copy = tmp_path / "release"
+    copy.mkdir()
+    for path in folder.iterdir():
+        if path.is_file():
+            (copy / path.name).write_bytes(path.read_bytes())
+    state = torch.load(folder / "model.pt", weights_only=False)
+    state["cfg"][section] = value
+    torch.save(state, copy / "model.pt")
+    with pytest.raises(ValueError, match=match):
+        convert_fairseq_checkpoint(copy, tmp_path / "out")
+
+
+def test_special_token_text_is_tokenised_as_fairseq_does(releases):
+    """fairseq's encode_line runs Moses over all of the text: "</s>", "<s>" or "<unk>" written in a sentence are
+    escaped text, not control ids."""
+    from transformers import AutoTokenizer
+
+    folder, _, _, converted = releases["lightconv.no_glu.iwslt14"]
+    hub, tokenizer = hub_interface(folder), AutoTokenizer.from_pretrained(converted)
+    for text in ("A </s> B <s> C <pad>", "Ein Hund <unk> rennt.", "<s>Durchgestrichen</s> bleibt Text."):
+        assert tokenizer(text)["input_ids"] == hub.encode(text).tolist()
+
+
+def test_an_overwritten_dictionary_entry_takes_a_new_id_as_in_fairseq(tmp_path):
+    from fairseq.data import Dictionary
+
+    from talk_hf.tokenization_fairseq import load_fairseq_dictionary
+
+    path = tmp_path / "dict.txt"
+    path.write_text("a 5\nb 4\na 3 #fairseq:overwrite\nc 2\n", encoding="utf-8")
+    reference = Dictionary.load(str(path))
+    symbols, indices = load_fairseq_dictionary(path)
+    assert symbols == reference.symbols and indices == reference.indices and len(symbols) == len(reference) == 8
+
+
 class RunsCode:
     """Unpickling this runs a shell command (pickle calls what __reduce__ names)."""
 
