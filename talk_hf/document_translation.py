@@ -131,6 +131,13 @@ def translate_document(model, tokenizer, document, window=4, **kwargs):
     return translate_documents(model, tokenizer, [document], window=window, **kwargs)[0]
 
 
+def is_talk_hf_model(model):
+    """Whether `model` is a talk_hf model: of this package's classes, or of a copy of their code (a folder or Hub
+    repository loaded with trust_remote_code=True brings its own RecurrentPreTrainedModel)."""
+    return isinstance(model, RecurrentPreTrainedModel) or any(
+        cls.__name__ == RecurrentPreTrainedModel.__name__ for cls in type(model).__mro__)
+
+
 def _check_generation(window, batch_size, generate_kwargs):
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
         raise ValueError(f"window must be a positive number of sentences, got {window!r}")
@@ -316,7 +323,7 @@ def translate_document_streaming(model, tokenizer, document, window=4, sep_token
     _warn_if_training(model)
     if generate_kwargs.get("num_beams", 1) != 1:
         raise ValueError("streaming carries one decoder state from sentence to sentence: num_beams must be 1")
-    if not (isinstance(model, RecurrentPreTrainedModel) and model.config.is_encoder_decoder):
+    if not (is_talk_hf_model(model) and model.config.is_encoder_decoder):
         raise ValueError("streaming document translation carries a fixed-size decoder state: it needs a talk_hf "
                          f"encoder-decoder, got {type(model).__name__} (translate_documents works with any)")
     sentences, = _checked_documents([document], tokenizer, sep_token)

@@ -255,12 +255,24 @@ class RecurrentLayer(LinearAttentionAndFullAttentionLayer):
 STATIC_LAYER_TYPE_MAPPING[LAYER_TYPE] = RecurrentLayer
 
 
+def is_foreign_recurrent_layer(layer):
+    """Whether `layer` is a RecurrentLayer of another copy of this module (the same layer type, another class)."""
+    return getattr(layer, "_layer_type", None) == LAYER_TYPE and not isinstance(layer, RecurrentLayer)
+
+
 def recurrent_layers(cache, num_layers):
     """The `num_layers` RecurrentLayers of `cache` (one side of it), filling a cache created without a config
     (`DynamicCache()`, still empty) with them; any other cache layout is refused, naming what was found."""
     if len(cache.layers) == 0 and getattr(cache, "layer_class_to_replicate", None) is not None:
         cache.layers.extend(RecurrentLayer() for _ in range(num_layers))
-    found = [type(layer).__name__ for layer in cache.layers if not isinstance(layer, RecurrentLayer)]
+    for i, layer in enumerate(cache.layers):
+        # the layer class of another copy of this code (remote code loaded from a second revision or folder
+        # registers its own copy under the same layer type, and the cache classes build the last one registered):
+        # an empty one is replaced by this copy's, a filled one (a continued generation) kept
+        if is_foreign_recurrent_layer(layer) and not layer.is_initialized:
+            cache.layers[i] = RecurrentLayer()
+    found = [f"{type(layer).__module__}.{type(layer).__name__}" for layer in cache.layers
+             if getattr(layer, "_layer_type", None) != LAYER_TYPE]
     if len(cache.layers) != num_layers or found:
         raise ValueError(
             f"a talk_hf decoder with {num_layers} layers keeps a fixed-size state per layer in RecurrentLayer cache "

@@ -110,6 +110,36 @@ def test_lm_remote_code_without_the_package(lm_tokenizer, tmp_path):
     assert out.strip() == str(expected.tolist())
 
 
+def test_remote_code_of_two_folders_in_one_process(tokenizer, lm_tokenizer, tmp_path):
+    """Each folder brings its own copy of the code, and the cache classes build the layer class registered last:
+    a model loaded first still generates once another folder's model is loaded, and streaming document translation
+    takes a model whose classes come from such a copy."""
+    from talk_hf import translate_document_streaming
+
+    seq2seq, lm = sized("talk", tokenizer), sized("talk_lm", lm_tokenizer)
+    for model, tok, name in ((seq2seq, tokenizer, "seq2seq"), (lm, lm_tokenizer, "lm")):
+        model.save_pretrained(tmp_path / name)
+        tok.save_pretrained(tmp_path / name)
+    source = tokenizer(["Zwei junge Männer spielen Fußball."], return_tensors="pt")
+    expected = seq2seq.generate(**source, max_new_tokens=4, min_new_tokens=4)
+    document = ["Ein Hund rennt.", "Er bellt."]
+    streamed = translate_document_streaming(seq2seq, tokenizer, document, window=2, max_new_tokens=3)
+    out = run_isolated(
+        f"""
+        from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer, pipeline
+        seq2seq = AutoModelForSeq2SeqLM.from_pretrained({str(tmp_path / "seq2seq")!r}, trust_remote_code=True)
+        AutoModelForCausalLM.from_pretrained({str(tmp_path / "lm")!r}, trust_remote_code=True)
+        tok = AutoTokenizer.from_pretrained({str(tmp_path / "seq2seq")!r}, trust_remote_code=True)
+        source = tok(["Zwei junge Männer spielen Fußball."], return_tensors="pt")
+        print(seq2seq.generate(**source, max_new_tokens=4, min_new_tokens=4).tolist())
+        translator = pipeline("document-translation", model={str(tmp_path / "seq2seq")!r}, trust_remote_code=True)
+        print(translator({document!r}, window=2, streaming=True, max_new_tokens=3)["translations"])
+        """,
+        tmp_path,
+    )
+    assert out.strip().splitlines() == [str(expected.tolist()), str(streamed)]
+
+
 def test_remote_code_uses_kernels_when_the_package_is_installed(tokenizer, tmp_path):
     """Without talk_hf imported, remote code still finds the compiled extension if the package is installed."""
     folder = tmp_path / "model"
