@@ -616,19 +616,22 @@ class RecurrentSeq2SeqModel(RecurrentPreTrainedModel):
         return self.decoder.embed.embed_tokens
 
     def set_input_embeddings(self, value):
-        """`value` becomes `shared` and the decoder's embedding, and the encoder's where it shares the vocabulary:
-        `value` itself when tied (`tie_word_embeddings`), else its own embedding resized to value's rows (its trained
-        rows kept, as `resize_token_embeddings` resizes); an encoder with its own source vocabulary
-        (`tie_encoder_embeddings` False) keeps its embedding."""
-        self.shared = value
+        """`value` becomes the decoder's embedding; when tied (`tie_word_embeddings`) it is `shared` and the encoder's
+        too, where the encoder shares the vocabulary. Untied, `shared` and an encoder of the same vocabulary keep
+        their own embeddings, resized to value's rows (trained rows kept, as `resize_token_embeddings` resizes; one
+        tensor under two untied names would be saved once). An encoder with its own source vocabulary
+        (`tie_encoder_embeddings` False) keeps its embedding, its size recorded in `encoder_vocab_size`."""
+        tied, rows = self.config.tie_word_embeddings, value.num_embeddings
         self.decoder.embed.embed_tokens = value
+        self.shared = value if tied else self._resized(self.shared, rows)
+        encoder = self.encoder.embed.embed_tokens
         if not self.config.tie_encoder_embeddings:
-            return
-        if self.config.tie_word_embeddings:
-            self.encoder.embed.embed_tokens = value
-        elif self.encoder.embed.embed_tokens.num_embeddings != value.num_embeddings:
-            self.encoder.embed.embed_tokens = self._get_resized_embeddings(self.encoder.embed.embed_tokens,
-                                                                           value.num_embeddings)
+            self.config.encoder_vocab_size = encoder.num_embeddings
+        else:
+            self.encoder.embed.embed_tokens = value if tied else self._resized(encoder, rows)
+
+    def _resized(self, embedding, rows):
+        return embedding if embedding.num_embeddings == rows else self._get_resized_embeddings(embedding, rows)
 
     def get_encoder(self):
         return self.encoder

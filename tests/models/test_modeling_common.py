@@ -397,19 +397,26 @@ def test_logits_to_keep_takes_a_count_or_positions(name):
 
 
 @pytest.mark.parametrize("embeddings", [dict(), dict(encoder_vocab_size=40, tie_encoder_embeddings=False),
-                                        dict(tie_word_embeddings=False)], ids=["tied", "source-vocab", "untied"])
-def test_resize_token_embeddings_keeps_every_trained_row(embeddings):
+                                        dict(tie_encoder_embeddings=False), dict(tie_word_embeddings=False)],
+                         ids=["tied", "source-vocab", "own-source-embedding", "untied"])
+def test_resize_token_embeddings_keeps_every_trained_row(embeddings, tmp_path):
     """Resizing the vocabulary keeps what the model computes for the old ids, whether the encoder shares the
-    embedding, has its own source vocabulary (converted fairseq models; it keeps its size) or its own copy."""
+    embedding, has its own source vocabulary (converted fairseq models; it keeps its size) or its own copy; and the
+    resized model saves and loads as it is."""
     model = make("talk", **embeddings)
     source, target = torch.randint(5, 40, (2, 7)), torch.randint(5, 40, (2, 5))
     encoded = model.get_encoder()(input_ids=source).last_hidden_state
     logits = model(input_ids=source, decoder_input_ids=target).logits
     model.resize_token_embeddings(VOCAB + 7, mean_resizing=False)
     torch.testing.assert_close(model.get_encoder()(input_ids=source).last_hidden_state, encoded)
-    torch.testing.assert_close(model(input_ids=source, decoder_input_ids=target).logits[..., :VOCAB], logits)
+    resized = model(input_ids=source, decoder_input_ids=target).logits
+    torch.testing.assert_close(resized[..., :VOCAB], logits)
     encoder_rows = model.get_encoder().embed.embed_tokens.num_embeddings
-    assert encoder_rows == (40 if "encoder_vocab_size" in embeddings else VOCAB + 7)
+    own_source = embeddings.get("tie_encoder_embeddings", True) is False  # keeps its rows, recorded in the config
+    assert encoder_rows == (embeddings.get("encoder_vocab_size", VOCAB) if own_source else VOCAB + 7)
+    model.save_pretrained(tmp_path)
+    reloaded = type(model).from_pretrained(tmp_path).eval()
+    torch.testing.assert_close(reloaded(input_ids=source, decoder_input_ids=target).logits, resized)
 
 
 @pytest.mark.parametrize("reentrant", [False, True], ids=["non-reentrant", "reentrant"])
