@@ -707,6 +707,16 @@ class RecurrentLMHead(RecurrentPreTrainedModel, GenerationMixin):
     def set_input_embeddings(self, value):
         self.model.set_input_embeddings(value)
 
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """transformers' save_pretrained; a folder that carries its code (`_auto_class` set) also names the base
+        model in its auto_map, so that AutoModel loads it with trust_remote_code=True, as it loads transformers' own
+        generation models' checkpoints (the base model's class is in the same modeling file)."""
+        if self._auto_class is not None:
+            module = type(self.model).__module__.rsplit(".", 1)[-1]
+            self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}),
+                                    "AutoModel": f"{module}.{type(self.model).__name__}"}
+        return super().save_pretrained(save_directory, *args, **kwargs)
+
 
 class RecurrentSeq2SeqLM(RecurrentLMHead):
     """Encoder-decoder generation head over a RecurrentSeq2SeqModel."""

@@ -83,12 +83,15 @@ def test_seq2seq_remote_code_without_the_package(name, tokenizer, tmp_path):
         print(ids.tolist())
         translator = pipeline("translation", model={str(folder)!r}, trust_remote_code=True)
         print(translator({text!r}, max_new_tokens=4, min_new_tokens=4))
+        from transformers import AutoModel
+        print(type(AutoModel.from_pretrained({str(folder)!r}, trust_remote_code=True)).__name__)
         """,
         tmp_path,
     )
     lines = out.strip().splitlines()
     assert lines[0] == str(expected.tolist())
     assert "translation_text" in lines[1]
+    assert lines[2] == type(model.model).__name__  # the base model, as AutoModel loads transformers' own
 
 
 def test_lm_remote_code_without_the_package(lm_tokenizer, tmp_path):
