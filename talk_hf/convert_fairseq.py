@@ -441,6 +441,10 @@ def read_dictionaries(src_dir, args, weights, extra=0):
     """The release's two dictionaries, checked against the embeddings -> (source path, target path, source rows,
     target rows); extra: special symbols the model's dictionaries have beyond fairseq's four (not in the files)."""
     source_dict, target_dict = find_dictionaries(src_dir, args)
+    if args.get("share_all_embeddings") and (load_fairseq_dictionary(source_dict)[0]
+                                             != load_fairseq_dictionary(target_dict)[0]):
+        raise ValueError(f"share_all_embeddings=True needs one dictionary for both sides, but {source_dict.name} and "
+                         f"{target_dict.name} differ (fairseq refuses to build such a model)")
     source_rows, target_rows = embedding_rows(weights)
     check_vocab_size(source_dict, source_rows - extra, "encoder")
     check_vocab_size(target_dict, target_rows - extra, "decoder")

@@ -182,10 +182,14 @@ class FairseqMosesBpeTokenizer(PreTrainedTokenizer):
         return self.moses_detokenize(text) if self.bpe is not None else text
 
     def _decode(self, token_ids, skip_special_tokens=False, clean_up_tokenization_spaces=None, **kwargs):
-        """Target ids -> text. skip_special_tokens drops <s>, <pad> and </s> but keeps <unk> (fairseq's
-        Dictionary.string prints it)."""
+        """Target ids -> text. skip_special_tokens drops <s>, <pad>, </s> and a document model's separator but keeps
+        <unk> (fairseq's Dictionary.string prints it; rfa-doc-mt's drops the separator)."""
         token_ids = [token_ids] if isinstance(token_ids, int) else list(token_ids)
-        skipped = {self.bos_token_id, self.pad_token_id, self.eos_token_id} if skip_special_tokens else set()
+        skipped = set()
+        if skip_special_tokens:
+            skipped = {self.bos_token_id, self.pad_token_id, self.eos_token_id}
+            if self.special_tokens_map.get("sep_token"):
+                skipped.add(self.sep_token_id)
         return self.convert_tokens_to_string([self._convert_id_to_token(i) for i in token_ids if i not in skipped])
 
     def build_inputs_with_special_tokens(self, token_ids_0, token_ids_1=None):

@@ -409,6 +409,24 @@ def test_a_text_pipeline_the_tokenizer_would_not_reproduce_is_refused(releases, 
         convert_fairseq_checkpoint(copy, tmp_path / "out")
 
 
+def test_shared_embeddings_with_two_different_dictionaries_are_refused(releases, tmp_path):
+    """share_all_embeddings needs one dictionary (fairseq refuses to build the model otherwise): the converter does
+    not make one tokenizer map two dictionaries into one embedding."""
+    from talk_hf.convert_fairseq import convert_fairseq_checkpoint
+
+    folder = releases["dynamicconv.glu.wmt16"][0]
+    copy = tmp_path / "release"
+    copy.mkdir()
+    for path in folder.iterdir():
+        if path.is_file():
+            (copy / path.name).write_bytes(path.read_bytes())
+    target = next(p for p in sorted(copy.glob("dict.*.txt")) if p.name != "dict.de.txt")
+    lines = target.read_text(encoding="utf-8").splitlines()
+    target.write_text("\n".join([lines[1], lines[0], *lines[2:]]) + "\n", encoding="utf-8")  # two ids swapped
+    with pytest.raises(ValueError, match="share_all_embeddings=True needs one dictionary for both sides"):
+        convert_fairseq_checkpoint(copy, tmp_path / "out")
+
+
 def test_special_token_text_is_tokenised_as_fairseq_does(releases):
     """fairseq's encode_line runs Moses over all of the text: "</s>", "<s>" or "<unk>" written in a sentence are
     escaped text, not control ids."""

@@ -357,6 +357,10 @@ def test_config_tokenizer_and_fp16_checkpoint(tmp_path):
     tokenizer = AutoTokenizer.from_pretrained(converted)
     assert tokenizer.sep_token == "[@@SEP@@]" and tokenizer.sep_token_id == SEP
     assert tokenizer("w0 w1 [@@SEP@@] w2")["input_ids"] == [5, 6, SEP, 7, layout.EOS]
+    # as rfa-doc-mt's DocTranslationDictionary.string, skipping special tokens drops the separator (kept otherwise:
+    # document translation splits decoded windows at it)
+    assert tokenizer.decode([5, SEP, 6, layout.EOS], skip_special_tokens=True) == "w0 w1"
+    assert tokenizer.decode([5, SEP, 6]) == "w0 [@@SEP@@] w1"
     saved = layout.converted_state(converted)
     assert torch.equal(saved["model.decoder.layers.1.mixer.gate.weight"],
                        state["decoder.layers.1.module.self_attn.module.g_proj.weight"].float())
