@@ -79,6 +79,16 @@ class TalkHfConfigMixin:
     up, so `pipeline("translation", model=repo, trust_remote_code=True)` works without the package."""
 
     PRESETS = {}
+    LAYER_LISTS = ()  # (per-layer list field, the field counting its layers) pairs
+
+    def check_layer_lists(self):
+        """Each per-layer list has one entry per layer; __post_init__ builds them, but a layer count set afterwards
+        (`from_pretrained(path, encoder_layers=3)` sets it on the built config) needs its lists set too."""
+        for name, count in self.LAYER_LISTS:
+            entries, layers = len(getattr(self, name)), getattr(self, count)
+            if entries != layers:
+                raise ValueError(f"{name} has {entries} entries but {count} is {layers}: set {name} too, one entry "
+                                 "per layer")
 
     @property
     def layer_types(self):

@@ -47,6 +47,7 @@ class DynamicConvConfig(TalkHfConfigMixin, PreTrainedConfig):
     """
 
     model_type = "dynamic_conv"
+    LAYER_LISTS = (("encoder_kernel_sizes", "encoder_layers"), ("decoder_kernel_sizes", "decoder_layers"))
     keys_to_ignore_at_inference = ["cache", "past_key_values"]
     attribute_map = {
         "hidden_size": "d_model",
@@ -133,6 +134,7 @@ class DynamicConvLMConfig(TalkHfConfigMixin, PreTrainedConfig):
     """
 
     model_type = "dynamic_conv_lm"
+    LAYER_LISTS = (("decoder_kernel_sizes", "decoder_layers"),)
     keys_to_ignore_at_inference = ["cache", "past_key_values"]
     attribute_map = {"hidden_size": "d_model", "num_hidden_layers": "decoder_layers"}
     PRESETS = {"lm": {}}

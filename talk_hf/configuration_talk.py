@@ -46,6 +46,8 @@ class TalkConfig(TalkHfConfigMixin, PreTrainedConfig):
     """
 
     model_type = "talk"
+    LAYER_LISTS = (("encoder_max_offsets", "encoder_layers"), ("encoder_max_right_offsets", "encoder_layers"),
+                   ("decoder_max_offsets", "decoder_layers"))
     keys_to_ignore_at_inference = ["cache", "past_key_values"]
     attribute_map = {
         "hidden_size": "d_model",
@@ -136,6 +138,7 @@ class TalkLMConfig(TalkHfConfigMixin, PreTrainedConfig):
     """
 
     model_type = "talk_lm"
+    LAYER_LISTS = (("decoder_max_offsets", "decoder_layers"),)
     keys_to_ignore_at_inference = ["cache", "past_key_values"]
     attribute_map = {"hidden_size": "d_model", "num_hidden_layers": "decoder_layers"}
     PRESETS = {

@@ -496,6 +496,10 @@ class RecurrentPreTrainedModel(PreTrainedModel):
     _is_stateful = True  # the state cannot be rolled back: assisted decoding is refused
     accepts_loss_kwargs = False  # the loss is a mean: Trainer must scale it for gradient accumulation
 
+    def __init__(self, config, *args, **kwargs):
+        config.check_layer_lists()
+        super().__init__(config, *args, **kwargs)
+
     def create_masks_for_generate(self, config=None, inputs_embeds=None, attention_mask=None, **kwargs):
         """generate() asks models with a compileable cache for their masks: the decoders need only the new tokens'
         columns of the 2D mask, whose shape then stays (B, 1) at every decoding step."""

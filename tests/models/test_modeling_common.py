@@ -387,6 +387,18 @@ def test_resize_token_embeddings_keeps_tying(name):
     assert model(**inputs).logits.shape[-1] == VOCAB + 7
 
 
+@pytest.mark.parametrize("name,count,lists", [("talk", "encoder_layers", "encoder_max_offsets"),
+                                              ("dynamic_conv", "decoder_layers", "decoder_kernel_sizes"),
+                                              ("talk_lm", "decoder_layers", "decoder_max_offsets")])
+def test_a_layer_count_set_without_its_per_layer_lists_is_refused_by_name(name, count, lists, tmp_path):
+    """from_pretrained(path, <count>=N) sets the count on a built config, past the lists' own checks."""
+    config_class = ALL[name][0]
+    make(name).config.save_pretrained(tmp_path)
+    config = config_class.from_pretrained(tmp_path, **{count: 3})
+    with pytest.raises(ValueError, match=f"{lists} has 2 entries but {count} is 3: set {lists} too"):
+        ALL[name][2](config)
+
+
 @pytest.mark.parametrize("name", list(LM))
 def test_logits_to_keep_takes_a_count_or_positions(name):
     model = make(name)
