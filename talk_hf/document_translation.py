@@ -103,8 +103,11 @@ def translate_documents_counted(model, tokenizer, documents, window=4, batch_siz
     docs = _checked_documents(documents, tokenizer, sep_token)
     separator = _separator_id(tokenizer, sep_token) if window > 1 else None
     stops = _stop_ids(model, separator)
+    given = _given_new_tokens(generate_kwargs)
     generate_kwargs, new_tokens = _per_sentence(model, generate_kwargs)
-    fit = _WindowFit(model, tokenizer, sep_token, new_tokens)
+    # a limit taken from the generation config (Marian's max_length is its 512 positions) is cut to the positions a
+    # window leaves; only a given max_new_tokens shortens windows to make room for it
+    fit = _WindowFit(model, tokenizer, sep_token, new_tokens if given is not None else 1, limit=new_tokens)
     done = [[] for _ in docs]  # the token ids kept for each translated sentence
     shortened = 0
     for i in range(max(map(len, docs), default=0)):
@@ -114,7 +117,7 @@ def translate_documents_counted(model, tokenizer, documents, window=4, batch_siz
         shortened += sum(start > first for start in starts)
         sources = [join_sentences(docs[d][start : i + 1], sep_token) for d, start in zip(rows, starts)]
         prefixes = [_forced_prefix(done[d][start:i], separator) for d, start in zip(rows, starts)]
-        for d, ids in zip(rows, _generate_windows(model, tokenizer, sources, prefixes, stops, batch_size,
+        for d, ids in zip(rows, _generate_windows(model, tokenizer, sources, prefixes, stops, batch_size, fit,
                                                   generate_kwargs)):
             done[d].append(ids)
     if shortened:
@@ -157,6 +160,21 @@ def _check_generation(window, batch_size, generate_kwargs):
         if name in generate_kwargs:
             raise ValueError(f"{name} would count the forced prefix of the sentences before: pass {per_sentence}, "
                              "which applies to each new sentence")
+
+
+def _given_new_tokens(generate_kwargs):
+    """max_new_tokens as the caller gave it (an argument, or in a generation config passed), else None."""
+    passed = generate_kwargs.get("generation_config")
+    return generate_kwargs.get("max_new_tokens", getattr(passed, "max_new_tokens", None))
+
+
+def _with_new_tokens(generate_kwargs, new_tokens):
+    """generate_kwargs (as `_per_sentence` made them) with another max_new_tokens."""
+    if "generation_config" not in generate_kwargs:
+        return {**generate_kwargs, "max_new_tokens": new_tokens}
+    config = copy.deepcopy(generate_kwargs["generation_config"])
+    config.update(max_new_tokens=new_tokens)
+    return {**generate_kwargs, "generation_config": config}
 
 
 def _per_sentence(model, generate_kwargs, **settings):
@@ -213,11 +231,13 @@ def _window_start(i, window):
 class _WindowFit:
     """Where a window must start for its source and decoder input to fit the model's positions (None: any length).
 
-    The decoder input is the start token, the forced prefix and the new sentence: up to `new_tokens` tokens."""
+    The decoder input is the start token, the forced prefix and the new sentence, for which a window leaves room
+    for `new_tokens` tokens; the sentence may take up to `limit` (default `new_tokens`) within the positions left."""
 
-    def __init__(self, model, tokenizer, sep_token, new_tokens):
+    def __init__(self, model, tokenizer, sep_token, new_tokens, limit=None):
         self.encoder_positions, self.decoder_positions = _position_limits(model.config)
         self.tokenizer, self.sep_token, self.new_tokens = tokenizer, sep_token, new_tokens
+        self.limit = new_tokens if limit is None else limit
         if self.decoder_positions is not None and self._decoder_length(0) > self.decoder_positions:
             raise ValueError(
                 f"a sentence may take {self._decoder_length(0)} decoder positions (its start token and "
@@ -225,6 +245,12 @@ class _WindowFit:
 
     def _decoder_length(self, prefix):
         return 1 + prefix + self.new_tokens
+
+    def new_tokens_after(self, prefix):
+        """A sentence's max_new_tokens after a forced prefix of `prefix` ids: the limit, within the positions left."""
+        if self.decoder_positions is None:
+            return self.limit
+        return min(self.limit, self.decoder_positions - 1 - prefix)
 
     def _source_length(self, sentences):
         return len(self.tokenizer(join_sentences(sentences, self.sep_token))["input_ids"])
@@ -289,8 +315,9 @@ def _kept(new_ids, stops):
 
 
 @torch.no_grad()
-def _generate_windows(model, tokenizer, sources, prefixes, stops, batch_size, generate_kwargs):
-    """Translate windows (source text, forced prefix ids) -> the kept ids of each window's new sentence, in order."""
+def _generate_windows(model, tokenizer, sources, prefixes, stops, batch_size, fit, generate_kwargs):
+    """Translate windows (source text, forced prefix ids) -> the kept ids of each window's new sentence, in order;
+    each group's max_new_tokens cut to the decoder positions its prefix leaves (`fit`)."""
     start, pad = _decoder_start(model), model.generation_config.pad_token_id
     ends = stops | ({pad} if pad is not None else set())
     groups = {}
@@ -298,11 +325,12 @@ def _generate_windows(model, tokenizer, sources, prefixes, stops, batch_size, ge
         groups.setdefault(len(prefix), []).append(row)
     kept = [None] * len(sources)
     for length, rows in sorted(groups.items()):
+        group_kwargs = _with_new_tokens(generate_kwargs, fit.new_tokens_after(length))
         for first in range(0, len(rows), batch_size):
             chunk = rows[first : first + batch_size]
             inputs = tokenizer([sources[r] for r in chunk], return_tensors="pt", padding=True).to(model.device)
             decoder_input_ids = torch.tensor([[start, *prefixes[r]] for r in chunk], device=model.device)
-            out = model.generate(**inputs, decoder_input_ids=decoder_input_ids, **generate_kwargs)
+            out = model.generate(**inputs, decoder_input_ids=decoder_input_ids, **group_kwargs)
             for r, ids in zip(chunk, out[:, length + 1 :].tolist()):
                 kept[r] = _kept(ids, ends)
     return kept

@@ -5,6 +5,7 @@ import warnings
 
 import pytest
 import torch
+from transformers import LogitsProcessor, LogitsProcessorList
 
 from talk_hf import ContextShortenedWarning, translate_document, translate_document_streaming, translate_documents
 from talk_hf.tokenization import SEP_ID, SEP_TOKEN, join_sentences, train_joint_bpe
@@ -281,3 +282,32 @@ def test_document_translation_pipeline(tokenizer):
     assert translator(DOCUMENTS, window=3, batch_size=2, **GREEDY) == several
     with pytest.raises(ValueError, match="batch_size applies to sliding windows"):
         translator(DOCUMENTS, window=3, batch_size=2, streaming=True, max_new_tokens=4)
+
+
+
+class EndsSentencesAfter(LogitsProcessor):
+    """Forces </s> once the new sentence (the tokens after the decoder input's last <sep>) has `n` tokens."""
+
+    def __init__(self, n, eos):
+        self.n, self.eos = n, eos
+
+    def __call__(self, input_ids, scores):
+        for row, ids in enumerate(input_ids.tolist()):
+            start = max((i for i, t in enumerate(ids) if t == SEP_ID), default=0)
+            if len(ids) - 1 - start >= self.n:
+                scores[row] = torch.where(torch.arange(scores.shape[1]) == self.eos, 0.0, -float("inf"))
+        return scores
+
+
+def test_a_configured_limit_as_long_as_the_positions_keeps_the_context(tokenizer):
+    """Hub Marian models set max_length to their positions (512): a limit taken from the generation config is cut
+    to the positions each window leaves, so no window drops its context for it (a given max_new_tokens still makes
+    room)."""
+    model = model_for("marian", tokenizer, seed=4, max_position_embeddings=40)
+    model.generation_config.max_length = 40
+    stop = dict(num_beams=1, logits_processor=LogitsProcessorList([EndsSentencesAfter(3, tokenizer.eos_token_id)]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no ContextShortenedWarning
+        got = translate_documents(model, tokenizer, DOCUMENTS, window=3, **stop)
+    assert got == translate_documents(model, tokenizer, DOCUMENTS, window=3, max_new_tokens=8, **stop)
+    assert sum(bool(t) for doc in got for t in doc) > len(DOCUMENTS)  # the sentences have words
