@@ -78,17 +78,19 @@ class DocumentTranslationPipeline(Pipeline):
     _load_tokenizer = True
 
     def _sanitize_parameters(self, window=None, streaming=None, **generate_kwargs):
-        forward = {"generate_kwargs": generate_kwargs}
+        """Forward parameters, generation arguments among them, each its own key: the pipeline merges a call's over
+        those given when it was built, key by key."""
+        forward = dict(generate_kwargs)
         forward.update({k: v for k, v in (("window", window), ("streaming", streaming)) if v is not None})
         return {}, forward, {}
 
     def preprocess(self, document):
         return {"sentences": document_sentences(document)}
 
-    def _forward(self, model_inputs, window=4, streaming=False, generate_kwargs=None):
+    def _forward(self, model_inputs, window=4, streaming=False, **generate_kwargs):
         translate = translate_document_streaming if streaming else translate_document
         return {"translations": translate(self.model, self.tokenizer, model_inputs["sentences"], window=window,
-                                          **(generate_kwargs or {}))}
+                                          **generate_kwargs)}
 
     def postprocess(self, model_outputs):
         return {"translations": model_outputs["translations"]}
@@ -100,10 +102,12 @@ class DocumentTranslationPipeline(Pipeline):
             and not any("\n" in s for s in documents)
         )
         documents = [documents] if single else list(documents)
+        batch_size = self._batch_size if batch_size is None else batch_size
         if batch_size is None:
             results = super().__call__(documents, **kwargs)
-        else:
-            results = self._translate_batched(documents, batch_size, **kwargs)
+        else:  # the settings given when the pipeline was built, then this call's
+            results = self._translate_batched(documents, batch_size,
+                                              **{**self._forward_params, **self._sanitize_parameters(**kwargs)[1]})
         return results[0] if single else results
 
     def _translate_batched(self, documents, batch_size, window=4, streaming=False, **generate_kwargs):

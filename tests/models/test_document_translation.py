@@ -282,6 +282,14 @@ def test_document_translation_pipeline(tokenizer):
     assert translator(DOCUMENTS, window=3, batch_size=2, **GREEDY) == several
     with pytest.raises(ValueError, match="batch_size applies to sliding windows"):
         translator(DOCUMENTS, window=3, batch_size=2, streaming=True, max_new_tokens=4)
+    # settings given when the pipeline is built hold for every call, merged key by key with a call's own
+    built = pipeline("document-translation", model=model, tokenizer=tokenizer, window=3, max_new_tokens=6,
+                     num_beams=1, do_sample=False)
+    assert built(DOCUMENTS) == several and built(DOCUMENTS, batch_size=2) == several
+    assert built(DOCUMENTS, max_new_tokens=3) == [{"translations": t} for t in translate_documents(
+        model, tokenizer, DOCUMENTS, window=3, max_new_tokens=3, num_beams=1)]
+    batched = pipeline("document-translation", model=model, tokenizer=tokenizer, batch_size=2, **GREEDY)
+    assert batched(DOCUMENTS, window=3) == several
 
 
 
