@@ -8,15 +8,15 @@ sentence of every document and d-BLEU over whole documents.
 
     python scripts/results_doc_zh_en.py --output_dir runs/doc_zh_en
 
-Two stages, each resumable (run the command again and it continues), as in scripts/results_multi30k.py: tune (every row
-at every point of one grid of learning rates x warm-ups, --grid_steps updates each, chosen on the dev loss among the
-points whose dev source gain reaches --grid_min_source_gain; the test documents are translated by the final runs only,
-and by every grid point too with --grid_test; grid.md, short_budget.md) and final (one run per row at its setting until
-the dev loss stops improving for --patience validations or --max_steps; results.md, valid_loss.png). With
---init_from_sentence_level a row of window > 1 starts from the final model of its family's window-1 row (RFA-doc rows
-from the ungated one: its gate weights keep their initialisation), which must have run first. With --setting
-LEARNING_RATE WARMUP_STEPS there is no grid: every row trains at that one setting for the same budget (a fixed-budget
-comparison, marked fixed_setting).
+Two stages, each resumable (run the command again, with --resume for the final stage, and it continues), as in
+scripts/results_multi30k.py: tune (every row at every point of one grid of learning rates x warm-ups, --grid_steps
+updates each, chosen on the dev loss among the points whose dev source gain reaches --grid_min_source_gain; the test
+documents are translated by the final runs only, and by every grid point too with --grid_test; grid.md, short_budget.md)
+and final (one run per row at its setting until the dev loss stops improving for --patience validations or --max_steps;
+results.md, valid_loss.png). With --init_from_sentence_level a row of window > 1 starts from the final model of its
+family's window-1 row (RFA-doc rows from the ungated one: its gate weights keep their initialisation), which must have
+run first. With --setting LEARNING_RATE WARMUP_STEPS there is no grid: every row trains at that one setting for the same
+budget (a fixed-budget comparison, marked fixed_setting).
 
 The grid's budget and its source-gain threshold come from docs/benchmarks.md ("The document rows' grid on one
 GPU"): after 300 updates no point read its source yet, and the lowest dev loss belonged to learning rates at which

@@ -6,7 +6,8 @@ and the same 128-token blocks for both models, the same tokens per update, train
 
     python scripts/results_lm.py --output_dir runs/lm --corpora wikitext2 tinyshakespeare
 
-Two stages, each resumable (run the command again and it continues), as in scripts/results_multi30k.py:
+Two stages, each resumable (run the command again, with --resume for the final stage, and it continues), as in
+scripts/results_multi30k.py:
 - tune: every model trains at every point of one grid of peak learning rates x warm-ups for the same short budget
   (--grid_steps updates); the point with the lowest validation loss is the model's setting (grid.json, grid.md,
   short_budget.md);

@@ -4,7 +4,7 @@ transformers Marian baseline, same data, same tokens per update, near-equal para
 
     python scripts/results_multi30k.py --data runs/demo/data --output_dir runs/results
 
-Two stages, each resumable (run the command again and it continues):
+Two stages, each resumable (run the command again, with --resume for the final stage, and it continues):
 - tune: every model trains at every point of one grid of peak learning rates x warm-ups for the same short budget
   (--grid_steps updates); the point whose final weights have the lowest validation loss is the model's setting.
   Every run is scored on test2016 too, and recorded in grid.json as it finishes; grid.md lists them all and

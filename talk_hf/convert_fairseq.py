@@ -365,8 +365,8 @@ def check_text_pipeline(cfg):
                              "reproduces fairseq's moses tokenizer only")
         options = [name for name in MOSES_OPTIONS if tokenizer.get(name)]
         if options:
-            raise ValueError(f"the checkpoint's Moses tokenizer sets {options}: the converted tokenizer runs Moses with "
-                             "fairseq's defaults (escaping, aggressive dash splits)")
+            raise ValueError(f"the checkpoint's Moses tokenizer sets {options}: the converted tokenizer runs Moses "
+                             "with fairseq's defaults (escaping, aggressive dash splits)")
     if isinstance(bpe, dict) and (bpe.get("_name") not in (None, "subword_nmt")
                                   or bpe.get("bpe_separator", "@@") != "@@"):
         raise ValueError(f"the checkpoint's BPE is {bpe.get('_name')!r} with separator "
@@ -451,6 +451,13 @@ def read_dictionaries(src_dir, args, weights, extra=0):
     return source_dict, target_dict, source_rows, target_rows
 
 
+def check_new_folder(out_dir):
+    """A converted model goes into a new (or empty) folder: files already there would mix with its own (a stale
+    bpecodes would make its tokenizer BPE the input again)."""
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise FileExistsError(f"{out_dir} exists and is not empty: convert into a new folder")
+
+
 def save_folder(model, tokenizer, out_dir, state, src_dir, title, paper, details):
     """Give the converted model the checkpoint's decoding settings and write it, its tokenizer and its card
     (README.md: `title`, `paper`, `details` lines) to out_dir -> out_dir (Path)."""
@@ -458,8 +465,7 @@ def save_folder(model, tokenizer, out_dir, state, src_dir, title, paper, details
     model.generation_config = generation_config(gen, model.config)
     card = model_card(src_dir, title, paper, args, gen, tokenizer.bpe is not None, details)
     out_dir = Path(out_dir)
-    if out_dir.exists() and any(out_dir.iterdir()):  # its files would mix with the new ones (a stale bpecodes)
-        raise FileExistsError(f"{out_dir} exists and is not empty: convert into a new folder")
+    check_new_folder(out_dir)
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
     (out_dir / "README.md").write_text(card, encoding="utf-8")
@@ -495,7 +501,8 @@ def convert_fairseq_checkpoint(src_dir, out_dir):
     unsupported options and for a checkpoint whose pickle names a global outside ALLOWED_GLOBALS -> out_dir (Path)."""
     from . import convert_fairseq_rfa, convert_fairseq_talk
 
-    src_dir = Path(src_dir)
+    src_dir, out_dir = Path(src_dir), Path(out_dir)
+    check_new_folder(out_dir)
     state = load_checkpoint(src_dir / "model.pt")
     arch = architecture(model_args(state))
     if arch in LIGHTCONV_ARCHS:

@@ -27,6 +27,7 @@ length.
 """
 
 import copy
+import re
 import sys
 import warnings
 
@@ -38,10 +39,10 @@ from .versions import CACHE_NAME
 
 
 def document_sentences(document):
-    """A document as its list of sentences: a list of str as given, a str split at its line breaks ("\n") into its
-    non-blank lines."""
+    """A document as its list of sentences: a list of str as given, a str split at its line breaks ("\n", "\r\n" or
+    "\r", as files are read) into its non-blank lines."""
     if isinstance(document, str):
-        return [line.strip() for line in document.split("\n") if line.strip()]
+        return [line.strip() for line in re.split(r"\r\n|\r|\n", document) if line.strip()]
     if not isinstance(document, (list, tuple)) or not all(isinstance(s, str) for s in document):
         raise TypeError(
             f"a document is a list of sentences (str) or a str with one sentence per line, got {document!r}"
@@ -178,9 +179,10 @@ def _with_new_tokens(generate_kwargs, new_tokens):
 
 
 def _per_sentence(model, generate_kwargs, **settings):
-    """-> (generate_kwargs with the limits of one new sentence made explicit, its max_new_tokens): num_return_sequences 1 and max_new_tokens
-    (given, else from the generation config passed or the model's: max_new_tokens, else max_length less the start
-    token, else generate()'s default of 20), max_length None (a configured total would count the forced prefix),
+    """-> (generate_kwargs with the limits of one new sentence made explicit, its max_new_tokens):
+    num_return_sequences 1 and max_new_tokens (given, else from the generation config passed or the model's:
+    max_new_tokens, else max_length less the start token, else generate()'s default of 20), max_length None (a
+    configured total would count the forced prefix),
     and `settings`; set on a copy of the generation config when one is passed (generate() takes a config or
     generation arguments, not both)."""
     passed = generate_kwargs.get("generation_config")

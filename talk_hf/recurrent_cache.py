@@ -269,7 +269,8 @@ def recurrent_layers(cache, num_layers):
         # the layer class of another copy of this code (remote code loaded from a second revision or folder
         # registers its own copy under the same layer type, and the cache classes build the last one registered):
         # an empty one is replaced by this copy's, a filled one (a continued generation) kept
-        if is_foreign_recurrent_layer(layer) and not layer.is_initialized:
+        filled = layer.is_initialized or any(getattr(layer, "has_previous_state", ()))
+        if is_foreign_recurrent_layer(layer) and not filled:
             cache.layers[i] = RecurrentLayer()
     found = [f"{type(layer).__module__}.{type(layer).__name__}" for layer in cache.layers
              if getattr(layer, "_layer_type", None) != LAYER_TYPE]

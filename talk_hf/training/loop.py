@@ -349,9 +349,14 @@ class Trainer:
         return self.output_dir / "checkpoints" / f"step-{self.state.best_step}"
 
     def run_record(self):
-        """RUN_SETTINGS and the training data's size: what RUN_FILE holds."""
-        return {**self.config.run_settings(), "train_examples": len(self.train_dataset),
-                "train_tokens": int(sum(self.train_dataset["num_tokens"][:]))}
+        """RUN_SETTINGS, the processes (each takes its own batches) and the training data's size, and for the cosine
+        schedule its length: what RUN_FILE holds."""
+        record = {**self.config.run_settings(), "num_processes": self.accelerator.num_processes,
+                  "train_examples": len(self.train_dataset),
+                  "train_tokens": int(sum(self.train_dataset["num_tokens"][:]))}
+        if self.config.schedule == "cosine":  # its decay spans max_steps
+            record["max_steps"] = self.config.max_steps
+        return record
 
     def start_fresh(self):
         """A new run: its folder must hold no earlier run (whose checkpoints and metrics it would mix with its own);

@@ -125,8 +125,8 @@ def grid_search(ident, grid, train, results_path, shard=(0, 1)):
 
     shard=(index, count): train only the points whose place in the grid's order is `index` modulo `count`, so that
     `count` processes share one grid; a shard whose points are recorded while others' are missing returns (the
-    recorded rows, None), and the shard that completes a grid trains its share of the grid's extension (`count` processes started
-    again train the rest)."""
+    recorded rows, None), and the shard that completes a grid trains its share of the grid's extension (`count`
+    processes started again train the rest)."""
     key = (*ident, *GRID_FIELDS)
     index, count = shard
     while True:
@@ -173,6 +173,10 @@ FINAL_AVERAGE_LAST = 3  # a final run's model: the mean of its last 3 checkpoint
 class MissingRunError(ValueError):
     """A stage needs a run that has not been made yet (a final run before its grid, a row before the row it starts
     from): the runners print it as an error message, without a traceback."""
+
+
+class FinalRunExistsError(ValueError):
+    """A final run's folder holds a run and --resume was not given: printed as MissingRunError is."""
 
 
 def add_arguments(parser, learning_rates, warmup_steps, grid_steps, max_steps, eval_every, patience, extensions=2,
@@ -282,6 +286,9 @@ def final(out, ident, grid, train, max_steps, eval_every, patience, resume=False
     if resume and not any((folder / "checkpoints").glob("step-*")):
         shutil.rmtree(folder, ignore_errors=True)  # stopped before its first checkpoint: nothing to continue
         resume = False
+    elif not resume and folder.exists() and any(folder.iterdir()):
+        raise FinalRunExistsError(f"{folder} holds a final run: --resume continues it (a finished one is tabulated "
+                                  "again); remove the folder to train it afresh")
     row = train(ident, folder, setting["learning_rate"], setting["warmup_steps"], max_steps=max_steps,
                 eval_every=eval_every, save_every=eval_every, patience=patience, resume=resume,
                 keep_checkpoints=FINAL_AVERAGE_LAST, average_last=FINAL_AVERAGE_LAST)
@@ -322,7 +329,7 @@ def run_and_tabulate(args, out, idents, train, table_idents, grid_columns, final
     grid = grid_of(args)
     try:
         run_stages(args, out, idents, train, grid_train)
-    except MissingRunError as err:
+    except (MissingRunError, FinalRunExistsError) as err:
         write_tables(out, grid, table_idents, grid_columns, final_columns)
         raise SystemExit(f"error: {err}") from err
     tables = write_tables(out, grid, table_idents, grid_columns, final_columns)

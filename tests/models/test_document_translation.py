@@ -260,6 +260,9 @@ def test_bad_documents_are_refused_by_name(tokenizer):
     # one sentence per line: only "\n" breaks a line (str.splitlines would also break at U+2028, form feeds, ...)
     assert translate_document(model, tokenizer, "a dog\u2028runs .\nit barks .", window=2, **GREEDY) == \
         translate_document(model, tokenizer, ["a dog\u2028runs .", "it barks ."], window=2, **GREEDY)
+    lines = ["a dog runs .", "it barks .", "the cat runs away ."]  # as files break lines: \n, \r\n or \r
+    assert translate_document(model, tokenizer, "a dog runs .\r\nit barks .\rthe cat runs away .", window=2,
+                              **GREEDY) == translate_document(model, tokenizer, lines, window=2, **GREEDY)
 
 
 def test_document_translation_pipeline(tokenizer):

@@ -109,6 +109,13 @@ def test_a_resumed_run_keeps_its_settings(data, tmp_path, changed):
     assert run(data, tmp_path, max_steps=3, resume=True).state.global_step == 3
 
 
+def test_a_cosine_schedule_keeps_its_length_on_resume(data, tmp_path):
+    """The cosine decay spans max_steps: a resumed cosine run may not change it (inverse_sqrt runs may)."""
+    run(data, tmp_path, max_steps=2, schedule="cosine")
+    with pytest.raises(ValueError, match=r"max_steps 2 \(now 4\)"):
+        run(data, tmp_path, max_steps=4, schedule="cosine", resume=True)
+
+
 def test_other_training_data_is_refused_on_resume(data, tmp_path):
     tokenizer, dataset = data
     run(data, tmp_path, max_steps=2)

@@ -80,7 +80,8 @@ def test_a_missing_test_split_fails_before_training(run, tmp_path):
     root, _ = run
     with pytest.raises(FileNotFoundError, match="nope"):
         script("train").main(["--data", str(root / "data"), "--model", "talk", "--set", *TINY, "--output_dir",
-                              str(tmp_path / "talk"), "--max_tokens", "512", "--max_steps", "2", "--test_split", "nope"])
+                              str(tmp_path / "talk"), "--max_tokens", "512", "--max_steps", "2",
+                              "--test_split", "nope"])
     assert not (tmp_path / "talk").exists()  # nothing trained
 
 

@@ -12,6 +12,7 @@ from talk_hf.training.evaluation import corpus_chrf
 from talk_hf.training.plot import curve, plot_runs, read_metrics
 from talk_hf.training.run import record_result
 from talk_hf.training.tuning import (
+    FinalRunExistsError,
     Grid,
     MissingRunError,
     add_arguments,
@@ -187,6 +188,14 @@ def test_a_resumed_final_run_without_a_checkpoint_starts_afresh(tmp_path):
 
     run_stages(parser.parse_args(["--setting", "2e-3", "300", "--resume"]), tmp_path, [{"model": "a"}], train)
     assert seen == [(False, False)]
+
+
+def test_a_final_run_is_not_trained_over_without_resume(tmp_path):
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, [1e-3], [100], grid_steps=5, max_steps=7, eval_every=2, patience=3)
+    (tmp_path / "final" / "a" / "checkpoints" / "step-2").mkdir(parents=True)
+    with pytest.raises(FinalRunExistsError, match="holds a final run: --resume continues it"):
+        run_stages(parser.parse_args(["--setting", "2e-3", "300"]), tmp_path, [{"model": "a"}], None)
 
 
 def test_the_final_stage_waits_for_the_extended_grid(tmp_path):
