@@ -90,7 +90,7 @@ def build_model_for_ids(kind, ids, preset=None, config_file=None, overrides=None
     """`build_model` without a tokenizer: `ids` holds vocab_size and the pad/bos/eos token ids (see `token_ids`)."""
     if kind not in KINDS:
         raise ValueError(f"unknown model kind {kind!r}; choose one of {KINDS}")
-    values = json.loads(Path(config_file).read_text(encoding="utf-8-sig")) if config_file else {}
+    values = read_config_file(config_file, kind) if config_file else {}
     values.update(overrides or {})
     fixed = {**(TALK_HF_MODELS[kind][2] if kind in TALK_HF_MODELS else {}), **ids}
     _check_fields(kind, values, fixed)
@@ -102,6 +102,18 @@ def build_model_for_ids(kind, ids, preset=None, config_file=None, overrides=None
         values.setdefault("decoder_start_token_id", ids["eos_token_id"])
     config = config_class.from_preset(preset, **values) if preset else config_class(**values)
     return model_class(config)
+
+
+def read_config_file(path, kind):
+    """A JSON config file's values. A saved config.json's keys that are not config fields go: `auto_map`, and
+    `model_type`, which must be the kind's."""
+    values = json.loads(Path(path).read_text(encoding="utf-8-sig"))
+    values.pop("auto_map", None)
+    model_type = values.pop("model_type", None)
+    expected = TALK_HF_MODELS[kind][0].model_type if kind in TALK_HF_MODELS else None
+    if model_type is not None and model_type != expected:
+        raise ValueError(f"{path} is a {model_type!r} config, not one of model kind {kind!r}")
+    return values
 
 
 def config_fields(kind):

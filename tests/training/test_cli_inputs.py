@@ -73,6 +73,20 @@ def test_build_model_refuses_unknown_fields_of_a_config_file(tmp_path):
         build_model_for_ids("talk", IDS, config_file=config)
 
 
+def test_a_saved_config_json_builds_the_same_model(tmp_path):
+    """A model's own config.json (with model_type and, saved with its code, auto_map) is a config file: the same
+    sizes; one of another model type is refused by name."""
+    model = build_model_for_ids("talk", IDS, overrides=dict(d_model=16, encoder_layers=1, decoder_layers=2,
+                                                            encoder_ffn_dim=32, decoder_ffn_dim=32))
+    model.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["model_type"] == "talk" and "auto_map" in saved
+    again = build_model_for_ids("talk", IDS, config_file=tmp_path / "config.json")
+    assert (again.config.d_model, again.config.decoder_layers, again.config.encoder_ffn_dim) == (16, 2, 32)
+    with pytest.raises(ValueError, match="is a 'talk' config, not one of model kind 'dynamic_conv'"):
+        build_model_for_ids("dynamic_conv", IDS, config_file=tmp_path / "config.json")
+
+
 @pytest.mark.parametrize("kind, overrides", [
     ("talk", dict(vocab_size=50)), ("marian", dict(pad_token_id=0)), ("lightconv", dict(conv_type="dynamic"))])
 def test_build_model_refuses_fields_the_kind_and_tokenizer_set(kind, overrides):
