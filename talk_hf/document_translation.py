@@ -50,7 +50,7 @@ def document_sentences(document):
     return list(document)
 
 
-def _checked_documents(documents, tokenizer, sep_token):
+def checked_documents(documents, tokenizer, sep_token=SEP_TOKEN):
     """Each document's sentences (`document_sentences`); a blank sentence, or one holding the separator token (which
     would split it in two inside a window), is a ValueError naming it."""
     has_separator = tokenizer.convert_tokens_to_ids(sep_token) not in (None, tokenizer.unk_token_id)
@@ -101,7 +101,7 @@ def translate_documents_counted(model, tokenizer, documents, window=4, batch_siz
         raise TypeError("documents is a list of documents (each a list of sentences or a str with one sentence per "
                         "line), got one str: translate_document translates a single document")
     _warn_if_training(model)
-    docs = _checked_documents(documents, tokenizer, sep_token)
+    docs = checked_documents(documents, tokenizer, sep_token)
     separator = _separator_id(tokenizer, sep_token) if window > 1 else None
     stops = _stop_ids(model, separator)
     given = _given_new_tokens(generate_kwargs)
@@ -356,7 +356,7 @@ def translate_document_streaming(model, tokenizer, document, window=4, sep_token
     if not (is_talk_hf_model(model) and model.config.is_encoder_decoder):
         raise ValueError("streaming document translation carries a fixed-size decoder state: it needs a talk_hf "
                          f"encoder-decoder, got {type(model).__name__} (translate_documents works with any)")
-    sentences, = _checked_documents([document], tokenizer, sep_token)
+    sentences, = checked_documents([document], tokenizer, sep_token)
     separator = _separator_id(tokenizer, sep_token)
     stops = _stop_ids(model, separator)
     generate_kwargs, _ = _per_sentence(model, generate_kwargs, num_beams=1, eos_token_id=sorted(stops),

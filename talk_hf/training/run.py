@@ -9,7 +9,7 @@ from pathlib import Path
 from datasets import load_from_disk
 from transformers import AutoTokenizer
 
-from ..document_translation import translate_document_streaming, translate_documents_counted
+from ..document_translation import checked_documents, translate_document_streaming, translate_documents_counted
 from ..environment import device_description
 from ..metrics.document_bleu.document_bleu import document_scores
 from ..tokenization import split_sentences
@@ -137,6 +137,8 @@ def train_run(data_dir, kind, train_config, preset=None, config_file=None, overr
     tokenizer = AutoTokenizer.from_pretrained(Path(data_dir) / "tokenizer")
     train, valid = load_prepared(data_dir, train_split), load_prepared(data_dir, valid_split)
     test = load_prepared(data_dir, test_split) if test_split else None  # a missing split fails before training
+    if test is not None and document_level:  # what document translation refuses (blank sentences), before training
+        checked_documents(split_documents(test)[0], tokenizer)
     model = build_model(kind, tokenizer, preset=preset, config_file=config_file, overrides=overrides)
     kept_initialisation = initialise_from(model, init_from) if init_from is not None else None
     is_seq2seq = model.config.is_encoder_decoder
