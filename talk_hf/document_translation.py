@@ -201,9 +201,9 @@ def _per_sentence(model, generate_kwargs, **settings):
     settings = {"num_return_sequences": 1, "max_new_tokens": new_tokens, "max_length": None, **settings}
     if passed is None:
         return {**generate_kwargs, **settings}, new_tokens
-    config = copy.deepcopy(passed)
-    config.update(**settings)
-    return {**{k: v for k, v in generate_kwargs.items() if k not in settings}, "generation_config": config}, new_tokens
+    config = copy.deepcopy(passed)  # the generation arguments go into it too: generate() takes one or the other
+    others = config.update(**{k: v for k, v in generate_kwargs.items() if k != "generation_config"}, **settings)
+    return {**others, "generation_config": config}, new_tokens
 
 
 def _warn_if_training(model):
@@ -351,7 +351,8 @@ def translate_document_streaming(model, tokenizer, document, window=4, sep_token
     """
     _check_generation(window, 1, generate_kwargs)
     _warn_if_training(model)
-    if generate_kwargs.get("num_beams", 1) != 1:
+    passed = generate_kwargs.get("generation_config")
+    if generate_kwargs.get("num_beams", getattr(passed, "num_beams", None) or 1) != 1:
         raise ValueError("streaming carries one decoder state from sentence to sentence: num_beams must be 1")
     if not (is_talk_hf_model(model) and model.config.is_encoder_decoder):
         raise ValueError("streaming document translation carries a fixed-size decoder state: it needs a talk_hf "

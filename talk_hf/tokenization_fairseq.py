@@ -19,6 +19,7 @@ dictionary to a multiple of 8 when the file has them.
 """
 
 import os
+import re
 import shutil
 
 from transformers import PreTrainedTokenizer
@@ -155,14 +156,15 @@ class FairseqMosesBpeTokenizer(PreTrainedTokenizer):
 
     def tokenize(self, text, **kwargs):
         """fairseq's encode_line on raw text: Moses and BPE over all of it (a "</s>" or "<unk>" written in the text
-        is text, which Moses escapes, as fairseq does), only a document model's separator (sep_token) kept as one
-        token between the parts around it."""
-        separator = self.special_tokens_map.get("sep_token")
-        parts = text.split(separator) if separator else [text]
-        tokens = self._tokenize(parts[0])
-        for part in parts[1:]:
-            tokens += [separator, *self._tokenize(part)]
-        return tokens
+        is text, which Moses escapes, as fairseq does); a document model's separator (sep_token) and tokens added
+        with `add_tokens` are kept whole between the parts around them."""
+        whole = [t for t in self.added_tokens_encoder if t not in self.all_special_tokens]
+        whole += [self.special_tokens_map["sep_token"]] if self.special_tokens_map.get("sep_token") else []
+        if not whole:
+            return self._tokenize(text)
+        pattern = "(" + "|".join(re.escape(t) for t in sorted(whole, key=len, reverse=True)) + ")"
+        parts = re.split(pattern, text)  # text, a kept token, text, ...
+        return [t for i, part in enumerate(parts) for t in ([part] if i % 2 else self._tokenize(part))]
 
     def _tokenize(self, text, **kwargs):
         """text -> BPE pieces ("Wie@@", "der@@", "sehen")."""

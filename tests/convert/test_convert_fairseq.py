@@ -436,6 +436,10 @@ def test_special_token_text_is_tokenised_as_fairseq_does(releases):
     hub, tokenizer = hub_interface(folder), AutoTokenizer.from_pretrained(converted)
     for text in ("A </s> B <s> C <pad>", "Ein Hund <unk> rennt.", "<s>Durchgestrichen</s> bleibt Text."):
         assert tokenizer(text)["input_ids"] == hub.encode(text).tolist()
+    tokenizer.add_tokens(["<neu>"])  # a token added for fine-tuning stays whole
+    ids = tokenizer("Ein <neu> Hund")["input_ids"]
+    added = tokenizer.convert_tokens_to_ids("<neu>")
+    assert ids == [*hub.encode("Ein").tolist()[:-1], added, *hub.encode("Hund").tolist()] and added > 4
 
 
 def test_an_overwritten_dictionary_entry_takes_a_new_id_as_in_fairseq(tmp_path):

@@ -218,6 +218,12 @@ def test_one_translation_per_sentence_whatever_the_generation_config_asks(tokeni
         assert translate_documents(model, tokenizer, DOCUMENTS, window=2, batch_size=3, generation_config=asked) \
             == alone
     assert asked.num_return_sequences == 2  # the caller's config is left as it was
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # generation arguments beside a config go into its copy
+        assert translate_documents(model, tokenizer, DOCUMENTS, window=2, batch_size=3, num_beams=2,
+                                   generation_config=GenerationConfig(max_new_tokens=5)) == alone
+    with pytest.raises(ValueError, match="num_beams must be 1"):  # asked for in a config as in an argument
+        translate_document_streaming(model, tokenizer, SENTENCES, generation_config=GenerationConfig(num_beams=2))
     model.generation_config.num_beams, model.generation_config.num_return_sequences = 2, 2
     assert translate_documents(model, tokenizer, DOCUMENTS, **kwargs) == alone
 
