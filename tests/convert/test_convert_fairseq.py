@@ -340,13 +340,19 @@ def test_cli_output_loads_with_and_without_talk_hf(releases, tmp_path):
 # Refusals
 
 
-def rewrite_checkpoint(folder, tmp_path, change):
-    """A copy of the release folder whose checkpoint's args were changed by change(args) (saved with torch.save)."""
+def copy_release(folder, tmp_path):
+    """A copy of the release folder's files in tmp_path/release."""
     copy = tmp_path / "release"
     copy.mkdir()
     for path in folder.iterdir():
         if path.is_file():
             (copy / path.name).write_bytes(path.read_bytes())
+    return copy
+
+
+def rewrite_checkpoint(folder, tmp_path, change):
+    """A copy of the release folder whose checkpoint's args were changed by change(args) (saved with torch.save)."""
+    copy = copy_release(folder, tmp_path)
     state = torch.load(folder / "model.pt", weights_only=False)
     args = argparse.Namespace(**vars(state["cfg"]["model"]))
     change(args)
@@ -397,11 +403,7 @@ def test_a_text_pipeline_the_tokenizer_would_not_reproduce_is_refused(releases, 
     from talk_hf.convert_fairseq import convert_fairseq_checkpoint
 
     folder = releases["dynamicconv.glu.wmt16"][0]
-    copy = tmp_path / "release"
-    copy.mkdir()
-    for path in folder.iterdir():
-        if path.is_file():
-            (copy / path.name).write_bytes(path.read_bytes())
+    copy = copy_release(folder, tmp_path)
     state = torch.load(folder / "model.pt", weights_only=False)
     state["cfg"][section] = value
     torch.save(state, copy / "model.pt")
@@ -415,11 +417,7 @@ def test_shared_embeddings_with_two_different_dictionaries_are_refused(releases,
     from talk_hf.convert_fairseq import convert_fairseq_checkpoint
 
     folder = releases["dynamicconv.glu.wmt16"][0]
-    copy = tmp_path / "release"
-    copy.mkdir()
-    for path in folder.iterdir():
-        if path.is_file():
-            (copy / path.name).write_bytes(path.read_bytes())
+    copy = copy_release(folder, tmp_path)
     target = next(p for p in sorted(copy.glob("dict.*.txt")) if p.name != "dict.de.txt")
     lines = target.read_text(encoding="utf-8").splitlines()
     target.write_text("\n".join([lines[1], lines[0], *lines[2:]]) + "\n", encoding="utf-8")  # two ids swapped
