@@ -53,7 +53,7 @@ def document_sentences(document):
 def checked_documents(documents, tokenizer, sep_token=SEP_TOKEN):
     """Each document's sentences (`document_sentences`); a blank sentence, or one holding the separator token (which
     would split it in two inside a window), is a ValueError naming it."""
-    has_separator = tokenizer.convert_tokens_to_ids(sep_token) not in (None, tokenizer.unk_token_id)
+    has_separator = _token_id(tokenizer, sep_token) is not None
     docs = [document_sentences(d) for d in documents]
     for d, sentences in enumerate(docs):
         for k, sentence in enumerate(sentences):
@@ -182,9 +182,8 @@ def _per_sentence(model, generate_kwargs, **settings):
     """-> (generate_kwargs with the limits of one new sentence made explicit, its max_new_tokens):
     num_return_sequences 1 and max_new_tokens (given, else from the generation config passed or the model's:
     max_new_tokens, else max_length less the start token, else generate()'s default of 20), max_length None (a
-    configured total would count the forced prefix),
-    and `settings`; set on a copy of the generation config when one is passed (generate() takes a config or
-    generation arguments, not both)."""
+    configured total would count the forced prefix), and `settings`; set on a copy of the generation config when one
+    is passed (generate() takes a config or generation arguments, not both)."""
     passed = generate_kwargs.get("generation_config")
     configs = [c for c in (passed, model.generation_config) if c is not None]
     new_tokens = generate_kwargs.get("max_new_tokens")
@@ -284,12 +283,18 @@ def _decoder_start(model):
     return model.config.decoder_start_token_id if start is None else start
 
 
+def _token_id(tokenizer, token):
+    """The id of `token` in the tokenizer's vocabulary, or None when it has none (unknown tokens map to unk)."""
+    ids = tokenizer.convert_tokens_to_ids([token])
+    return None if not ids or ids[0] is None or ids[0] == tokenizer.unk_token_id else ids[0]
+
+
 def _separator_id(tokenizer, sep_token):
-    ids = tokenizer.convert_tokens_to_ids([sep_token])
-    if not ids or ids[0] is None or ids[0] == tokenizer.unk_token_id:
+    separator = _token_id(tokenizer, sep_token)
+    if separator is None:
         raise ValueError(f"the tokenizer has no {sep_token!r} token, which joins the sentences of a window; "
                          "use window=1 or a tokenizer (and model) trained with it")
-    return ids[0]
+    return separator
 
 
 def _stop_ids(model, separator):

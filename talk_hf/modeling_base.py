@@ -521,6 +521,16 @@ class RecurrentPreTrainedModel(PreTrainedModel):
                 "re-download or re-upload model.safetensors"
             ) from err
 
+    def _resize_token_embeddings(self, new_num_tokens, pad_to_multiple_of=None, mean_resizing=True):
+        """transformers' resize, with `mean_resizing` kept on the base model for the untied embeddings its
+        `set_input_embeddings` resizes beside the decoder's (transformers hands that method the new embedding only)."""
+        base = self.base_model
+        base._mean_resizing = mean_resizing
+        try:
+            return super()._resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
+        finally:
+            del base._mean_resizing
+
     def _init_weights(self, module):
         """fairseq initialisation: N(0, d^-1/2) embeddings with a zero pad row, xavier-uniform linears, zero biases;
         a module of one family that is initialised otherwise does it in its own `init_parameters(config)` (with
@@ -635,7 +645,9 @@ class RecurrentSeq2SeqModel(RecurrentPreTrainedModel):
             self.encoder.embed.embed_tokens = value if tied else self._resized(encoder, rows)
 
     def _resized(self, embedding, rows):
-        return embedding if embedding.num_embeddings == rows else self._get_resized_embeddings(embedding, rows)
+        if embedding.num_embeddings == rows:
+            return embedding
+        return self._get_resized_embeddings(embedding, rows, mean_resizing=getattr(self, "_mean_resizing", True))
 
     def get_encoder(self):
         return self.encoder

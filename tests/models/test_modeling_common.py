@@ -431,6 +431,21 @@ def test_resize_token_embeddings_keeps_every_trained_row(embeddings, tmp_path):
     torch.testing.assert_close(reloaded(input_ids=source, decoder_input_ids=target).logits, resized)
 
 
+@pytest.mark.parametrize("mean_resizing", [False, True])
+def test_resize_token_embeddings_initialises_an_untied_encoder_as_asked(mean_resizing):
+    """The encoder's own copy of the vocabulary gets its new rows as the decoder's do: from the old rows' mean and
+    covariance, or from the initialiser (mean 0) with mean_resizing=False."""
+    model = make("talk", tie_word_embeddings=False)
+    with torch.no_grad():
+        for embedding in (model.get_encoder().embed.embed_tokens, model.get_input_embeddings()):
+            embedding.weight.normal_(5.0, 0.1)
+    model.resize_token_embeddings(VOCAB + 7, mean_resizing=mean_resizing)
+    for embedding in (model.get_encoder().embed.embed_tokens, model.get_input_embeddings()):
+        new_rows = embedding.weight[VOCAB:]
+        assert new_rows.shape[0] == 7
+        assert abs(new_rows.mean().item() - (5.0 if mean_resizing else 0.0)) < 0.5
+
+
 @pytest.mark.parametrize("reentrant", [False, True], ids=["non-reentrant", "reentrant"])
 @pytest.mark.parametrize("name", ["talk", "lightconv", "rfa_doc-nogate", "dynamic_conv_lm"])
 def test_gradient_checkpointing_gives_the_same_gradients(name, reentrant):
