@@ -134,7 +134,7 @@ class TalkLMConfig(TalkHfConfigMixin, PreTrainedConfig):
     Args:
         decoder_max_offsets (`list[int]`): per-layer maximum left reach (default [1, 3, 7, 15, 15, ...]).
         decoder_heads (`int`): TaLK offset heads. label_smoothing (`float`): applied inside the model's loss
-            (Trainer's label smoother does not shift labels for registered LMs).
+            (Trainer's `label_smoothing_factor` does the same from outside; use one of the two).
     """
 
     model_type = "talk_lm"

@@ -31,6 +31,7 @@ from transformers.modeling_outputs import (
     Seq2SeqModelOutput,
 )
 from transformers.cache_utils import EncoderDecoderCache
+from transformers.loss.loss_utils import ForMaskedLMLoss
 from transformers.utils import can_return_tuple, logging
 
 from .backend import needs_grad
@@ -494,7 +495,7 @@ class RecurrentPreTrainedModel(PreTrainedModel):
     _no_split_modules = ["EncoderLayer", "DecoderLayer"]
     _skip_keys_device_placement = ["cache", "past_key_values"]
     _is_stateful = True  # the state cannot be rolled back: assisted decoding is refused
-    accepts_loss_kwargs = False  # the loss is a mean: Trainer must scale it for gradient accumulation
+    accepts_loss_kwargs = True  # the losses take Trainer's num_items_in_batch: accumulation sums over all tokens
 
     def __init__(self, config, *args, **kwargs):
         config.check_layer_lists()
@@ -564,9 +565,13 @@ def refuse_attention_weights(config, kwargs):
         )
 
 
-def language_model_loss(logits, labels):
-    """Mean cross-entropy over positions whose label is not -100; logits (B, T, V), labels (B, T)."""
-    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100)
+def language_model_loss(logits, labels, num_items_in_batch=None, ignore_index=-100, **kwargs):
+    """Cross-entropy over the positions whose label is not `ignore_index`, the labels taken as they stand (a
+    seq2seq decoder's inputs are the labels shifted right): their mean, or their sum over `num_items_in_batch`
+    (Trainer's count of labels over every micro-batch of a gradient-accumulation step, so that accumulating equals
+    one large batch). transformers' ForMaskedLMLoss; logits (B, T, V), labels (B, T) -> scalar."""
+    return ForMaskedLMLoss(logits, labels, logits.shape[-1], num_items_in_batch=num_items_in_batch,
+                           ignore_index=ignore_index)
 
 
 def token_embedding(config):
@@ -799,7 +804,7 @@ class RecurrentSeq2SeqLM(RecurrentLMHead):
             output_attentions=kwargs.get("output_attentions"),
         )
         logits = self.lm_head(outputs.last_hidden_state)
-        loss = language_model_loss(logits, labels) if labels is not None else None
+        loss = language_model_loss(logits, labels, **kwargs) if labels is not None else None
         return Seq2SeqLMOutput(
             loss=loss,
             logits=logits,
@@ -877,14 +882,15 @@ class RecurrentCausalLM(RecurrentLMHead):
     def causal_lm_loss(self, logits, labels, shift_labels=None, **kwargs):
         """transformers' causal-LM loss (`self.loss_function`, ForCausalLMLoss: labels shifted inside, or
         `shift_labels` as given; -100 ignored). With the config's label_smoothing, transformers' LabelSmoother
-        instead (ForCausalLMLoss has no smoothing; transformers' Trainer does not shift the labels of registered LMs
-        for its own smoother, so the LM configs carry it). logits (B, T, V) -> scalar."""
+        instead (ForCausalLMLoss has no smoothing). Both take `ignore_index` and Trainer's `num_items_in_batch`.
+        logits (B, T, V) -> scalar."""
         smoothing = self.config.label_smoothing
         if not smoothing:
             return self.loss_function(logits, labels, self.config.vocab_size, shift_labels=shift_labels, **kwargs)
         from transformers.trainer_pt_utils import LabelSmoother  # the Trainer's utilities: imported when needed
 
-        smoother, logits = LabelSmoother(epsilon=smoothing), {"logits": logits.float()}
+        smoother = LabelSmoother(epsilon=smoothing, ignore_index=kwargs.get("ignore_index", -100))
+        logits = {"logits": logits.float()}
         batch_items = kwargs.get("num_items_in_batch")
         if shift_labels is not None:
             return smoother(logits, shift_labels, num_items_in_batch=batch_items)

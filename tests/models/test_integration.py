@@ -286,6 +286,55 @@ def test_trainer_trains_a_causal_lm_and_reloads(name, lm_tokenizer, tmp_path):
 
 
 
+def _one_sgd_step(model, dataset, collator, batch, accumulation, tmp_path, **settings):
+    """The parameters after one Trainer update of plain SGD (lr 1, no clipping) over `batch` x `accumulation`
+    examples."""
+    args = TrainingArguments(output_dir=str(tmp_path / f"run{batch}x{accumulation}"), optim="sgd", learning_rate=1.0,
+                             lr_scheduler_type="constant", max_grad_norm=0.0, max_steps=1,
+                             per_device_train_batch_size=batch, gradient_accumulation_steps=accumulation,
+                             report_to="none", use_cpu=True, save_strategy="no", **settings)
+    Trainer(model=model, args=args, train_dataset=dataset, data_collator=collator).train()
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("name", ["talk", "rfa_doc", "talk_lm"])
+def test_trainer_gradient_accumulation_equals_one_large_batch(name, tokenizer, lm_tokenizer, tmp_path):
+    """Two micro-batches of 2 with very different label counts update the model as one batch of 4: every label
+    weighs the same (Trainer's num_items_in_batch reaches the loss), not every micro-batch's mean."""
+    lm = name in LM
+    tok = lm_tokenizer if lm else tokenizer
+    by_length = sorted(pairs(), key=lambda pair: len(pair[1]))
+    texts = by_length[:2] + by_length[-2:]
+    if lm:
+        dataset = Dataset.from_dict({"input_ids": [tok(t)["input_ids"] for _, t in texts]})
+        collator = DataCollatorForLanguageModeling(tok, mlm=False)
+    else:
+        dataset = Dataset.from_dict(dict(tok([s for s, _ in texts], text_target=[t for _, t in texts])))
+        collator = DataCollatorForSeq2Seq(tok, label_pad_token_id=-100)
+    # RFA-doc draws new random features at every training forward unless told not to
+    settings = dict(vocab_size=len(tok), **({"resample_random_features": False} if name == "rfa_doc" else {}))
+    after = [_one_sgd_step(make(name, **settings), dataset, collator, batch, accumulation, tmp_path)
+             for batch, accumulation in ((4, 1), (2, 2))]
+    before = {n: p.detach() for n, p in make(name, **settings).named_parameters()}
+    for key in before:
+        torch.testing.assert_close(after[1][key] - before[key], after[0][key] - before[key], rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", list(LM))
+def test_trainer_label_smoothing_shifts_a_causal_lms_labels(name, lm_tokenizer, tmp_path):
+    """Trainer's own label smoother (label_smoothing_factor) trains a talk_hf LM on the next token, as the
+    model's config-level smoothing does: the two updates are the same."""
+    texts = [pair[1] for pair in pairs()[:4]]
+    dataset = Dataset.from_dict({"input_ids": [lm_tokenizer(t)["input_ids"] for t in texts]})
+    collator = DataCollatorForLanguageModeling(lm_tokenizer, mlm=False)
+    by_trainer = _one_sgd_step(sized(name, lm_tokenizer), dataset, collator, 4, 1, tmp_path,
+                               label_smoothing_factor=0.1)
+    by_config = _one_sgd_step(make(name, vocab_size=len(lm_tokenizer), label_smoothing=0.1), dataset, collator, 4, 1,
+                              tmp_path)
+    for key, value in by_config.items():
+        torch.testing.assert_close(by_trainer[key], value, rtol=1e-4, atol=1e-6)
+
+
 def test_seq2seq_trainer_scores_document_windows_with_document_bleu(tokenizer, tmp_path):
     """An RFA-doc model evaluated by Seq2SeqTrainer on document windows, with talk_hf's document_metrics as
     compute_metrics: document-level BLEU of the generated windows' last sentences."""

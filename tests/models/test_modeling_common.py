@@ -126,6 +126,11 @@ def test_lm_loss_takes_labels_or_pre_shifted_targets(name, smoothing):
         torch.testing.assert_close(model(ids, labels=ids).loss, expected(shifted_ids))
         torch.testing.assert_close(model(ids, shift_labels=targets).loss, expected(targets))
         torch.testing.assert_close(model(ids, shift_labels=shifted_ids).loss, model(ids, labels=ids).loss)
+        ignored = int(targets[1, 2])  # ignore_index names the id to leave out, with or without smoothing
+        other = targets.masked_fill(targets == -100, ignored)
+        torch.testing.assert_close(model(ids, shift_labels=other, ignore_index=ignored).loss,
+                                   F.cross_entropy(logits.flatten(0, 1), other.flatten(), ignore_index=ignored,
+                                                   label_smoothing=smoothing))
 
 
 def test_labels_build_decoder_inputs_and_ignore_padding():
