@@ -1,6 +1,8 @@
 """Validation helpers and named presets shared by the talk_hf configs. Every check raises ValueError naming the
 config field, so a wrong value fails when the config is built, not deep inside a forward pass."""
 
+import math
+
 from transformers.activations import ACT2FN
 
 from .pipeline_translation import register_pipelines  # noqa: F401  (importing it registers the tasks)
@@ -37,6 +39,13 @@ def check_probability(config, *names):
             raise ValueError(f"{name} must be a probability in [0, 1), got {value!r}")
 
 
+def check_finite(config, *names):
+    for name in names:
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ValueError(f"{name} must be a finite number, got {value!r}")
+
+
 def check_divisible(name, value, heads_name, heads):
     if value % heads:
         raise ValueError(f"{name}={value} must be divisible by {heads_name}={heads}")
@@ -59,6 +68,9 @@ def check_source_embeddings(config):
     `position_offset`, as converted fairseq models set them (talk_hf/convert_fairseq.py)."""
     if config.encoder_vocab_size is not None:
         check_positive(config, "encoder_vocab_size")
+        if config.pad_token_id is not None and not config.pad_token_id < config.encoder_vocab_size:
+            raise ValueError(f"pad_token_id={config.pad_token_id} is outside the source vocabulary "
+                             f"(encoder_vocab_size={config.encoder_vocab_size}), whose padding row it names")
     tied = config.tie_word_embeddings and config.tie_encoder_embeddings
     if tied and config.encoder_vocab_size not in (None, config.vocab_size):
         raise ValueError(
@@ -80,6 +92,16 @@ class TalkHfConfigMixin:
 
     PRESETS = {}
     LAYER_LISTS = ()  # (per-layer list field, the field counting its layers) pairs
+
+    @classmethod
+    def from_dict(cls, config_dict, **kwargs):
+        """transformers' from_dict, which sets keyword overrides (`from_pretrained(path, pad_token_id=9)`) on the
+        config it built; the result is then checked as a new config is, so a wrong override is a ValueError naming
+        its field here rather than a failure inside a model."""
+        result = super().from_dict(config_dict, **kwargs)
+        config = result[0] if isinstance(result, tuple) else result
+        cls(**config.to_dict())
+        return result
 
     def check_layer_lists(self):
         """Each per-layer list has one entry per layer; __post_init__ builds them, but a layer count set afterwards

@@ -8,6 +8,7 @@ from .configuration_common import (
     TalkHfConfigMixin,
     check_activation,
     check_divisible,
+    check_finite,
     check_positive,
     check_probability,
     check_source_embeddings,
@@ -101,8 +102,12 @@ class RfaDocConfig(TalkHfConfigMixin, PreTrainedConfig):
             raise ValueError(f"sentential_gate must be one of {GATES}, got {self.sentential_gate!r}")
         if self.sentential_gate != "none" and self.sep_token_id is None:
             raise ValueError("sentential_gate needs sep_token_id (the sentence separator)")
+        check_finite(self, "gate_bias_init", "rfa_eps", "rfa_init_scale")
         if not self.rfa_eps > 0 or not self.rfa_init_scale > 0:
             raise ValueError(f"rfa_eps and rfa_init_scale must be > 0, got {self.rfa_eps}, {self.rfa_init_scale}")
+        seed = self.random_feature_seed
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+            raise ValueError(f"random_feature_seed must be an int in [0, 2**63) (a torch.Generator seed), got {seed!r}")
         check_probability(self, "dropout", "attention_dropout", "activation_dropout")
         check_activation(self)
         check_token_ids(self, "pad_token_id", "bos_token_id", "decoder_start_token_id", "sep_token_id")

@@ -396,12 +396,16 @@ def test_resize_token_embeddings_keeps_tying(name):
                                               ("dynamic_conv", "decoder_layers", "decoder_kernel_sizes"),
                                               ("talk_lm", "decoder_layers", "decoder_max_offsets")])
 def test_a_layer_count_set_without_its_per_layer_lists_is_refused_by_name(name, count, lists, tmp_path):
-    """from_pretrained(path, <count>=N) sets the count on a built config, past the lists' own checks."""
+    """A count set on a built config (as transformers' from_dict sets overrides) is past the lists' own checks: the
+    model refuses it; from_pretrained(path, <count>=N) checks the config it loads."""
     config_class = ALL[name][0]
     make(name).config.save_pretrained(tmp_path)
-    config = config_class.from_pretrained(tmp_path, **{count: 3})
+    config = config_class.from_pretrained(tmp_path)
+    setattr(config, count, 3)
     with pytest.raises(ValueError, match=f"{lists} has 2 entries but {count} is 3: set {lists} too"):
         ALL[name][2](config)
+    with pytest.raises(ValueError, match=f"{lists} has 2 entries but there are 3 layers"):
+        config_class.from_pretrained(tmp_path, **{count: 3})
 
 
 @pytest.mark.parametrize("name", list(LM))
@@ -522,16 +526,24 @@ BAD_CONFIGS = [
     ("rfa_doc", dict(sentential_gate="avg"), "sentential_gate"),
     ("rfa_doc", dict(sep_token_id=None), "sep_token_id"),
     ("rfa_doc", dict(rfa_eps=0.0), "rfa_eps"),
+    ("rfa_doc", dict(rfa_eps=float("inf")), "rfa_eps must be a finite number"),
+    ("rfa_doc", dict(gate_bias_init=float("nan")), "gate_bias_init must be a finite number"),
+    ("rfa_doc", dict(random_feature_seed=2**64), "random_feature_seed must be an int in"),
+    ("rfa_doc", dict(encoder_vocab_size=1, tie_encoder_embeddings=False), "outside the source vocabulary"),
     ("talk_lm", dict(decoder_max_offsets=[1]), "decoder_max_offsets has 1 entries"),
     ("dynamic_conv_lm", dict(weight_dropout=2.0), "weight_dropout"),
 ]
 
 
 @pytest.mark.parametrize("name,overrides,match", BAD_CONFIGS)
-def test_config_validation_names_the_field(name, overrides, match):
+def test_config_validation_names_the_field(name, overrides, match, tmp_path):
+    """Whether the bad value is given to the config or as an override when a saved one is loaded."""
     config_class, _, _, kwargs = ALL[name]
     with pytest.raises(ValueError, match=match):
         config_class(**{**kwargs, **overrides})
+    config_class(**kwargs).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=match):
+        config_class.from_pretrained(tmp_path, **overrides)
 
 
 def test_presets():
