@@ -35,44 +35,49 @@ def devices():
     return _DEVICES
 
 
-def _register():
-    ops = torch.ops.talk_hf
+def _dense(t):
+    """A new uninitialised contiguous tensor of t's shape, dtype and device. The kernels return such tensors (they
+    work on contiguous copies of their inputs), so the fake kernels must too, whatever the inputs' strides: compiled
+    graphs lay out what follows an op by its fake kernel's strides."""
+    return t.new_empty(t.shape)
 
+
+def _register_fakes():
     @torch.library.register_fake("talk_hf::talk_conv_fwd")
     def _(x, offset_left, offset_right, max_left, max_right):
-        return torch.empty_like(x)
+        return _dense(x)
 
     @torch.library.register_fake("talk_hf::talk_conv_bwd")
     def _(grad_out, x, offset_left, offset_right, max_left, max_right):
-        grad_right = torch.empty_like(offset_left) if offset_right is not None else offset_left.new_empty(0)
-        return torch.empty_like(x), torch.empty_like(offset_left), grad_right
+        grad_right = _dense(offset_left) if offset_right is not None else offset_left.new_empty(0)
+        return _dense(x), _dense(offset_left), grad_right
 
     @torch.library.register_fake("talk_hf::talk_conv_step")
     def _(x, offset_left, state, max_left):
-        return torch.empty_like(x), torch.empty_like(state)
+        return _dense(x), _dense(state)
 
     @torch.library.register_fake("talk_hf::dynamic_conv_fwd")
     def _(x, weight, padding_left, softmax=False, seed=None, weight_dropout=0.0):
-        return torch.empty_like(x)
+        return _dense(x)
 
     @torch.library.register_fake("talk_hf::dynamic_conv_step")
     def _(x, weight, state, softmax=False):
-        return torch.empty_like(x), torch.empty_like(state)
+        return _dense(x), _dense(state)
 
     @torch.library.register_fake("talk_hf::dynamic_conv_bwd")
     def _(grad_out, x, weight, padding_left, softmax=False, seed=None, weight_dropout=0.0):
-        return torch.empty_like(x), torch.empty_like(weight)
+        return _dense(x), _dense(weight)  # the weight gradient is per position, also for an expanded weight
 
     @torch.library.register_fake("talk_hf::rfa_causal_fwd")
     def _(q, k, v, decay, initial_state, eps, chunk, tf32=False):
         B, T, H, F = q.shape
         state = v.new_empty(B, H, F, v.shape[-1] + 1)
         num_chunks = -(-T // chunk) if chunk > 0 else 0  # chunk 0: no states saved (no backward)
-        return v.new_empty(v.shape), state, v.new_empty(B, H, num_chunks, F, v.shape[-1] + 1)
+        return _dense(v), state, v.new_empty(B, H, num_chunks, F, v.shape[-1] + 1)
 
     @torch.library.register_fake("talk_hf::rfa_causal_step_")
     def _(q, k, v, decay, state, eps):
-        return v.new_empty(v.shape)
+        return _dense(v)
 
     @torch.library.register_fake("talk_hf::rfa_feature_map")
     def _(x, projection, tau):
@@ -80,9 +85,38 @@ def _register():
 
     @torch.library.register_fake("talk_hf::rfa_causal_bwd")
     def _(grad_out, grad_state, q, k, v, decay, initial_state, checkpoints, eps, chunk, tf32=False):
-        grad_decay = torch.empty_like(decay) if decay is not None else q.new_empty(0)
-        grad_state = torch.empty_like(initial_state) if initial_state is not None else q.new_empty(0)
-        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), grad_decay, grad_state
+        grad_decay = _dense(decay) if decay is not None else q.new_empty(0)
+        grad_state = _dense(initial_state) if initial_state is not None else q.new_empty(0)
+        return _dense(q), _dense(k), _dense(v), grad_decay, grad_state
+
+
+# The backward ops, the public ops whose gradients they compute, and the PyTorch forms that have second derivatives.
+_BACKWARDS = {
+    "talk_conv_bwd": ("talk_conv", "talk_hf.ops.talk_conv_ref"),
+    "dynamic_conv_bwd": ("dynamic_conv / light_conv", "talk_hf.ops.dynamic_conv_ref"),
+    "rfa_causal_bwd": ("rfa_causal", "talk_hf.ops.rfa_causal_chunked or talk_hf.ops.rfa_causal_ref"),
+}
+
+
+def _refuse_second_order(name, public, reference):
+    """Give the backward op `name` a derivative that raises: the kernels compute first-order gradients only, and an
+    op without a derivative would otherwise contribute silent zeros to a second-order gradient (create_graph=True)."""
+
+    def backward(ctx, *grads):
+        raise RuntimeError(
+            f"talk_hf::{name}: the compiled kernels of {public} have no second-order gradients (double backward "
+            f"through their backward); use {reference}, or set TALK_HF_FORCE_REFERENCE=1, for higher-order "
+            "gradients"
+        )
+
+    torch.library.register_autograd(f"talk_hf::{name}", backward)
+
+
+def _register():
+    ops = torch.ops.talk_hf
+    _register_fakes()
+    for name, (public, reference) in _BACKWARDS.items():
+        _refuse_second_order(name, public, reference)
 
     def talk_setup(ctx, inputs, output):
         x, offset_left, offset_right, ctx.max_left, ctx.max_right = inputs
@@ -162,5 +196,6 @@ def dynamic_conv_step(x, weight, state, softmax):
 
 def dynamic_conv(x, weight, padding_left, softmax, seed=None, weight_dropout=0.0):
     """Compiled dynamic convolution; weight (B, T, H, K) (LightConv kernels arrive expanded; logits when softmax);
-    DropConnect with probability weight_dropout and the mask of `seed` (unused, and may be None, when it is 0)."""
+    DropConnect with probability weight_dropout and the mask of `seed` (unused, and may be None, when it is 0). A
+    weight with strides 0 over B and T is read as its one (H, K) kernel, with one mask for every position."""
     return torch.ops.talk_hf.dynamic_conv_fwd(x, weight, padding_left, softmax, seed, float(weight_dropout))

@@ -15,11 +15,24 @@ except ImportError:
     _kernels = None
 
 FORCE_REFERENCE_ENV = "TALK_HF_FORCE_REFERENCE"
+_ON = ("1", "true", "yes", "on")
+_OFF = ("", "0", "false", "no", "off")
 _warned = set()
 
 
 def _forced_reference():
-    return os.environ.get(FORCE_REFERENCE_ENV, "0") not in ("", "0")
+    """TALK_HF_FORCE_REFERENCE read as a boolean: 1/true/yes/on force the references, 0/false/no/off, empty or unset
+    do not (case-insensitive, surrounding spaces ignored); any other value raises ValueError."""
+    raw = os.environ.get(FORCE_REFERENCE_ENV, "")
+    value = raw.strip().lower()
+    if value in _ON:
+        return True
+    if value in _OFF:
+        return False
+    raise ValueError(
+        f"{FORCE_REFERENCE_ENV}={raw!r} is not a boolean: set it to one of {'/'.join(_ON)} to force the pure-PyTorch "
+        f"references, or to one of {'/'.join(_OFF[1:])} (or leave it empty or unset) for the compiled kernels"
+    )
 
 
 def compiled_devices():

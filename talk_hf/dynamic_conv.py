@@ -125,13 +125,20 @@ def _taps(weight, x, softmax, weight_dropout=0.0, seed=None):
     return w * _dropconnect_factors(seed, weight.shape, weight_dropout, acc) if weight_dropout > 0 else w
 
 
+def _window_padding(T, K, padding_left):
+    """Zeros to add in front of and behind T positions so that tap k of position t reads padded index
+    t + k + (front - P), always in range, and so that the padded sequence holds at least one window of K taps
+    (for T = 0 too). -> (front, back)."""
+    front = max(padding_left, 0)
+    return front, max(K - 1 - padding_left, K - T - front, 0)
+
+
 def _dynamic_conv_ref(x, weight, padding_left, softmax=False, weight_dropout=0.0, seed=None):
     B, T, C = x.shape
     H, K = weight.shape[-2:]
     acc = accumulation_dtype(x.dtype)
     w = _expand_weight(_taps(weight, x, softmax, weight_dropout, seed), x)
-    # Zero-pad so that tap k of position t reads padded index t + k + (pad_front - P), always in range.
-    pad_front, pad_back = max(padding_left, 0), max(K - 1 - padding_left, 0)
+    pad_front, pad_back = _window_padding(T, K, padding_left)
     xp = torch.nn.functional.pad(x.to(acc), (0, 0, pad_front, pad_back))
     start = pad_front - padding_left
     windows = xp.unfold(1, K, 1)[:, start : start + T]  # (B, T, C, K)
@@ -143,13 +150,26 @@ def dynamic_conv(x, weight, padding_left, softmax=False, weight_dropout=0.0, see
     """Dynamic (weight (B, T, H, K)) or lightweight (weight (H, K)) convolution; compiled kernel when built for
     x's device, else `dynamic_conv_ref`. softmax=True: weight holds logits, normalised over K inside the op.
     weight_dropout: DropConnect probability on the normalised taps (pass it only in training), its mask given by
-    `seed` (a one-element int64 tensor on x's device; None: `draw_seed`). x: (B, T, C) -> (B, T, C).
+    `seed` (a one-element int64 tensor on x's device; None: `draw_seed`) and of weight's shape: a mask per position
+    for a (B, T, H, K) weight, an expanded view of one kernel included, one mask for an (H, K) kernel.
+    x: (B, T, C) -> (B, T, C).
     Differentiable w.r.t. x and weight."""
     _check_conv_args(x, weight, padding_left, softmax, weight_dropout, seed)
     seed = _seed(seed, weight_dropout, x)
     if not use_kernels(x):
         return _dynamic_conv_ref(x, weight, padding_left, softmax, weight_dropout, seed)
+    if weight_dropout > 0 and _is_expanded_kernel(weight):
+        weight = weight.contiguous()  # a mask per position, as documented: the kernels would draw one (H, K) mask
     return _kernels.dynamic_conv(x, _expand_weight(weight, x), padding_left, softmax, seed, weight_dropout)
+
+
+def _is_expanded_kernel(weight):
+    """True for a (B, T, H, K) weight with strides 0 over B and T (one (H, K) kernel expanded over more than one
+    position), which the compiled kernels read as an (H, K) LightConv kernel (csrc/checks.h conv_weight), with a
+    single DropConnect mask."""
+    if weight.dim() != 4 or weight.shape[0] * weight.shape[1] < 2:
+        return False
+    return weight.stride(0) == 0 and weight.stride(1) == 0
 
 
 def light_conv(x, weight, padding_left, softmax=False, weight_dropout=0.0, seed=None):
@@ -195,13 +215,22 @@ def dynamic_conv_step(x, weight, state, softmax=False, weight_dropout=0.0, seed=
     return _dynamic_conv_step_ref(x, weight, state, softmax, weight_dropout, _seed(seed, weight_dropout, x))
 
 
+def _step_windows(xp, K):
+    """xp: (B, K - 1 + T_new, C) -> (B, T_new, C, K): the K inputs each new token reads. Without a new token unfold
+    would find no whole window, so one zero row goes behind first (its window is cut)."""
+    T = xp.shape[1] - (K - 1)
+    if T == 0:
+        xp = torch.nn.functional.pad(xp, (0, 0, 0, 1))
+    return xp.unfold(1, K, 1)[:, :T]
+
+
 def _dynamic_conv_step_ref(x, weight, state, softmax=False, weight_dropout=0.0, seed=None):
     """`dynamic_conv_step` in PyTorch ops (differentiable); state in x's dtype. Only the new tokens' windows."""
     B, T, C = x.shape
     H, K = weight.shape[-2:]
     acc = accumulation_dtype(x.dtype)
     xp = torch.cat([state, x], dim=1)  # (B, K - 1 + T_new, C): tap k of new token t reads xp[t + k]
-    windows = xp.to(acc).unfold(1, K, 1).reshape(B, T, H, C // H, K)
+    windows = _step_windows(xp.to(acc), K).reshape(B, T, H, C // H, K)
     taps = _expand_weight(_taps(weight, x, softmax, weight_dropout, seed), x)
     out = torch.einsum("bthrk,bthk->bthr", windows, taps)
     return out.reshape(B, T, C).to(x.dtype), xp[:, xp.shape[1] - (K - 1) :]

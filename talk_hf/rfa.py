@@ -188,14 +188,25 @@ def _rfa_causal_recurrence(q, k, v, decay, initial_state, eps):
     acc = _acc_dtype(q, k, v, initial_state)
     values = _with_ones(v, acc)
     state = rfa_init_state(B, H, F, v.shape[-1], q.device, acc) if initial_state is None else initial_state.to(acc)
+    if T == 0:
+        return _rfa_no_step(q.to(acc), k.to(acc), values, decay, state, eps, v.dtype)
     outs = []
     for t in range(T):
         state = state + k[:, t].to(acc).unsqueeze(-1) * values[:, t].unsqueeze(-2)
         outs.append(_normalise(torch.einsum("bhf,bhfe->bhe", q[:, t].to(acc), state), eps))
         if decay is not None:
             state = state * decay[:, t].to(acc).view(B, H, 1, 1)
-    out = torch.stack(outs, dim=1) if outs else v.new_zeros(B, 0, H, v.shape[-1], dtype=acc)
-    return out.to(v.dtype), state
+    return torch.stack(outs, dim=1).to(v.dtype), state
+
+
+def _rfa_no_step(q, k, values, decay, state, eps, dtype):
+    """The recurrence over T = 0 steps, written as its sums and products over no step: out (B, 0, H, d) in `dtype`
+    and the final state (B, H, F, d + 1), equal to `state`, both connected to every input (with zero gradients), as
+    the compiled op's outputs are. q, k: (B, 0, H, F); values: (B, 0, H, d + 1); decay: (B, 0, H) or None."""
+    state = state + torch.einsum("bthf,bthe->bhfe", k, values)  # adds zeros
+    if decay is not None:
+        state = state * decay.to(state.dtype).prod(1).unsqueeze(-1).unsqueeze(-1)  # multiplies by ones
+    return _normalise(torch.einsum("bthf,bhfe->bthe", q, state), eps).to(dtype), state
 
 
 def rfa_causal(q, k, v, decay=None, initial_state=None, eps=DEFAULT_EPS, chunk_size=64):
@@ -238,8 +249,8 @@ def _rfa_causal_compiled(q, k, v, decay, initial_state, eps, chunk_size):
 
 
 def rfa_causal_chunked(q, k, v, decay=None, initial_state=None, eps=DEFAULT_EPS, chunk_size=64):
-    """Causal RFA in chunked matmul form, pure PyTorch (the fallback of `rfa_causal`); arguments and results as
-    `rfa_causal`."""
+    """Causal RFA in chunked matmul form, pure PyTorch (the fallback of `rfa_causal`), in chunks of
+    min(chunk_size, T) steps; arguments and results as `rfa_causal`."""
     _check_causal_args(q, k, v, decay, initial_state, chunk_size)
     return _rfa_causal_chunked(q, k, v, decay, initial_state, eps, chunk_size)
 
@@ -249,7 +260,7 @@ def _rfa_causal_chunked(q, k, v, decay, initial_state, eps, chunk_size):
         return _rfa_causal_recurrence(q, k, v, decay, initial_state, eps)
     B, T, H, F = q.shape
     acc = _acc_dtype(q, k, v, initial_state)
-    C = chunk_size
+    C = min(chunk_size, T)  # a chunk longer than the sequence would only add padded steps
     N = -(-T // C)
     pad = N * C - T  # padded steps have zero keys and decay 1: they change nothing and their outputs are cut
 
@@ -268,7 +279,7 @@ def _rfa_causal_chunked(q, k, v, decay, initial_state, eps, chunk_size):
         entering.append(state)
         state = chunk_decay[:, :, n] * state + updates[:, :, n]
     inter = (qc * from_start.unsqueeze(-1)) @ torch.stack(entering, dim=2)
-    out = _normalise(intra + inter, eps).permute(0, 2, 3, 1, 4).reshape(B, N * C, H, -1)[:, :T]
+    out = _normalise(intra + inter, eps).permute(0, 2, 3, 1, 4).reshape(B, N * C, H, v.shape[-1])[:, :T]
     return out.to(v.dtype), state
 
 

@@ -153,8 +153,6 @@ def talk_conv_step(x, offset_left, state, max_left):
 def _talk_conv_step_ref(x, offset_left, state, max_left):
     """`talk_conv_step` in PyTorch ops (differentiable); state in the accumulation dtype."""
     B, T, C = x.shape
-    if T == 0:  # no new token: the state as it is (as the compiled op returns it)
-        return x.new_empty(B, 0, C), state
     H = offset_left.shape[-1]
     rows = talk_conv_state_size(max_left)
     acc = state.dtype
@@ -167,5 +165,7 @@ def _talk_conv_step_ref(x, offset_left, state, max_left):
     hi = lo + (frac > 0).long()
     left = _interpolate(ext, lo, hi, frac)
     out = (ext[:, rows:] - left) / (max_left + 1)
+    if T == 0:  # no new token: the state as it is (as the compiled op returns it)
+        return out.reshape(B, T, C).to(x.dtype), state
     new_state = ext[:, -rows:] - ext[:, -rows - 1 : -rows]  # relative to the row before it, as the state is
     return out.reshape(B, T, C).to(x.dtype), new_state.reshape(B, rows, C)

@@ -2,10 +2,12 @@
 when the extension is missing (one warning, same results, never zeros)."""
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
 
+import pytest
 import torch
 
 from talk_hf import ops
@@ -71,3 +73,28 @@ def test_forced_reference_is_silent_and_exact():
         TALK_HF_FORCE_REFERENCE="1",
     )
     assert out.strip() == "ok"
+
+
+@pytest.mark.parametrize("value", ["1", "true", "True", "YES", "on", " On "])
+def test_force_reference_accepts_the_usual_words_for_on(value, monkeypatch):
+    monkeypatch.setenv("TALK_HF_FORCE_REFERENCE", value)
+    assert ops.backend("cpu") == "reference"
+
+
+@pytest.mark.parametrize("value", [None, "", "0", "false", "FALSE", "no", "No", "off", "OFF "])
+def test_force_reference_accepts_the_usual_words_for_off(value, monkeypatch):
+    if value is None:
+        monkeypatch.delenv("TALK_HF_FORCE_REFERENCE", raising=False)
+    else:
+        monkeypatch.setenv("TALK_HF_FORCE_REFERENCE", value)
+    assert ops.backend("cpu") == ("compiled" if "cpu" in ops.compiled_devices() else "reference")
+
+
+@pytest.mark.parametrize("value", ["2", "enable", "n", "1.0"])
+def test_force_reference_refuses_other_values(value, monkeypatch):
+    monkeypatch.setenv("TALK_HF_FORCE_REFERENCE", value)
+    named = re.escape(f"TALK_HF_FORCE_REFERENCE={value!r}")
+    with pytest.raises(ValueError, match=rf"{named}.*1/true/yes/on.*0/false/no/off"):
+        ops.backend("cpu")
+    with pytest.raises(ValueError, match="TALK_HF_FORCE_REFERENCE"):
+        ops.talk_conv(torch.randn(1, 3, 2), torch.rand(1, 3, 1), None, 1, 0)

@@ -238,6 +238,128 @@ def test_torch_compile_matches_eager():
     torch.testing.assert_close(compiled(x, w), ops.dynamic_conv(x, w, 4) + 1)
 
 
+def transposed(t):
+    """t's values in a dense layout whose last two dimensions are swapped in memory (not contiguous, no gaps)."""
+    return t.transpose(-1, -2).contiguous().transpose(-1, -2)
+
+
+def test_opcheck_with_transposed_inputs():
+    """The fake kernels return what the kernels return, contiguous tensors, whatever the inputs' strides."""
+    x = transposed(torch.randn(2, 7, 6)).requires_grad_()
+    logits = transposed(torch.randn(2, 7, 3, 4)).requires_grad_()
+    seed = torch.tensor(5)
+    fwd, bwd = torch.ops.talk_hf.dynamic_conv_fwd.default, torch.ops.talk_hf.dynamic_conv_bwd.default
+    torch.library.opcheck(fwd, (x, logits, 3, True))
+    torch.library.opcheck(fwd, (x, logits, 3, False, seed, 0.2))
+    grad_out = transposed(torch.randn(2, 7, 6))
+    torch.library.opcheck(bwd, (grad_out, x.detach(), logits.detach(), 1, True))
+    torch.library.opcheck(bwd, (grad_out, x.detach(), logits.detach(), 1, True, seed, 0.2))
+    torch.library.opcheck(torch.ops.talk_hf.dynamic_conv_step.default,
+                          (x.detach()[:, :2], logits.detach()[:, :2], transposed(torch.randn(2, 3, 6)), True))
+
+
+def test_torch_compile_of_a_channels_first_input():
+    """Inductor lays out what follows the op by the fake kernel's strides: a (B, C, T) input transposed to (B, T, C),
+    then a reshape that depends on the output's layout; forward and backward."""
+    x, logits = torch.randn(2, 6, 9), torch.randn(2, 9, 3, 5)
+
+    def fn(a, b):
+        return ops.dynamic_conv(a.transpose(1, 2), b, 4, True).reshape(2, -1)
+
+    want, want_grads = grads(fn, x, logits)
+    # No compile caches: they key a graph by its ops, not by the ops' fake kernels, so a graph compiled with other
+    # fake kernels (another version of this package) would be reused.
+    with torch._inductor.config.patch(force_disable_caches=True):
+        got, got_grads = grads(torch.compile(fn, fullgraph=True), x, logits)
+    torch.testing.assert_close(got, want)
+    for a, b in zip(got_grads, want_grads):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("light", [False, True], ids=["dynamic", "light"])
+def test_second_order_gradients_of_the_kernel_raise(light):
+    """The kernel's backward has no derivative of its own: a second derivative through it raises instead of being
+    zero, and names the reference, which has one."""
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(1, 5, 4, dtype=torch.float64, generator=g, requires_grad=True)
+    shape = (2, 3) if light else (1, 5, 2, 3)
+    w = torch.randn(*shape, dtype=torch.float64, generator=g, requires_grad=True)
+    out = ops.dynamic_conv(x, w, 2, True)
+    (gx,) = torch.autograd.grad(out.square().sum(), x, create_graph=True)
+    torch.testing.assert_close(gx, torch.autograd.grad(out.square().sum(), x, retain_graph=True)[0])
+    with pytest.raises(RuntimeError, match=r"dynamic_conv_bwd.*second-order.*dynamic_conv_ref.*"
+                                           r"TALK_HF_FORCE_REFERENCE=1"):
+        torch.autograd.grad(gx.sum(), w)
+    (gx,) = torch.autograd.grad(ops.dynamic_conv_ref(x, w, 2, True).square().sum(), x, create_graph=True)
+    assert torch.autograd.grad(gx.sum(), w)[0].abs().sum() > 0
+
+
+@SOFTMAX
+def test_dropconnect_mask_of_an_expanded_weight_is_per_position(softmax, monkeypatch):
+    """A (B, T, H, K) weight that is an expand()ed view (strides 0 over B and T) gets a mask per position, as
+    documented and as the reference draws it, so both backends and the same weight made contiguous agree, in the
+    output and the gradients; an (H, K) LightConv kernel keeps its one mask, and without DropConnect the expanded
+    weight reaches the kernel as it is (read in place)."""
+    g = torch.Generator().manual_seed(21)
+    B, T, C, H, K = 2, 6, 8, 2, 3
+    x, kernel = torch.randn(B, T, C, dtype=torch.float64, generator=g), torch.randn(H, K, dtype=torch.float64)
+    seed = torch.tensor(1234)
+
+    def conv(fn, dense=False):
+        return lambda a, k: fn(a, k.expand(B, T, H, K).contiguous() if dense else k.expand(B, T, H, K), K - 1,
+                               softmax, 0.3, seed)
+
+    want, want_grads = grads(conv(ops.dynamic_conv_ref), x, kernel)
+    for name, fn in [("kernel", conv(ops.dynamic_conv)), ("kernel, contiguous weight", conv(ops.dynamic_conv, True))]:
+        got, got_grads = grads(fn, x, kernel)
+        assert_close(got, want, name=name)
+        for grad, expected in zip(got_grads, want_grads):
+            assert_close(grad, expected, name=f"{name} gradient")
+    light = ops.light_conv(x, kernel, K - 1, softmax, 0.3, seed)
+    assert_close(light, ops.dynamic_conv_ref(x, kernel, K - 1, softmax, 0.3, seed), name="light")
+    assert (light - want).abs().max() > 0.1  # one (H, K) mask is another function
+    from talk_hf import dynamic_conv as module
+
+    strides = []
+    kernel_op = module._kernels.dynamic_conv
+    monkeypatch.setattr(module._kernels, "dynamic_conv", lambda a, w, *rest: strides.append(w.stride()[:2])
+                        or kernel_op(a, w, *rest))
+    ops.dynamic_conv(x, kernel.expand(B, T, H, K), K - 1, softmax)
+    assert strides == [(0, 0)]
+
+
+@pytest.mark.parametrize("backend", ["compiled", "reference"])
+@pytest.mark.parametrize("light", [False, True], ids=["dynamic", "light"])
+@pytest.mark.parametrize("B,T", [(0, 7), (2, 0), (0, 0)])
+def test_empty_batch_or_sequence(B, T, light, backend, monkeypatch):
+    """Zero sizes give empty outputs of the compiled op's shapes, connected to the graph (a backward runs), in the
+    compiled op, the reference and the forced-reference path of the public op, with and without DropConnect, for
+    any padding; a decoding step over no token keeps the state."""
+    K = 4
+    x = torch.randn(B, T, 6)
+    w = torch.randn(3, K) if light else torch.randn(B, T, 3, K)
+    compiled_shape = torch.ops.talk_hf.dynamic_conv_fwd(x, w.expand(B, T, 3, K), K - 1, True).shape
+    if backend == "reference":
+        monkeypatch.setenv("TALK_HF_FORCE_REFERENCE", "1")
+    for P in (K - 1, 1, 0, -2, 6):
+        for p in (0.0, 0.3):
+            for fn in (ops.dynamic_conv, ops.dynamic_conv_ref):
+                out, (gx, gw) = grads(lambda a, b: fn(a, b, P, True, p, torch.tensor(3)), x, w)
+                assert (out.shape, gx.shape, gw.shape) == (compiled_shape, x.shape, w.shape), (fn.__name__, P, p)
+    for k in (1, K):
+        state = torch.randn(B, k - 1, 6)
+        step_weight = w[..., :k]
+        compiled = torch.ops.talk_hf.dynamic_conv_step(x, step_weight.expand(B, T, 3, k), state, True)
+        for p in (0.0, 0.3):
+            inputs = [t.clone().requires_grad_() for t in (x, step_weight, state)]
+            out, new_state = ops.dynamic_conv_step(*inputs, True, p)
+            (out.sum() + new_state.sum()).backward()
+            assert (out.shape, new_state.shape) == (compiled[0].shape, compiled[1].shape)
+            assert [t.grad.shape for t in inputs] == [t.shape for t in inputs]
+            if T == 0:
+                assert torch.equal(new_state, state)
+
+
 BAD_INPUTS = [
     (lambda x, w: ops.dynamic_conv(x[0], w, 1), ValueError, "x must have 3 dimensions"),
     (lambda x, w: ops.dynamic_conv(x, w[0], 1), ValueError, "weight must be"),

@@ -550,6 +550,103 @@ def test_key_norm_rescale():
     torch.testing.assert_close(scale[1, :, :, 0], torch.exp(exponent - exponent.amax(0)))
 
 
+def transposed(t):
+    """t's values in a dense layout whose last two dimensions are swapped in memory (not contiguous, no gaps)."""
+    return t.transpose(-1, -2).contiguous().transpose(-1, -2)
+
+
+def test_backward_opcheck_with_transposed_inputs():
+    """The backward's fake kernel returns what the kernel returns, contiguous gradients, whatever the strides."""
+    g = torch.Generator().manual_seed(15)
+    q, k = transposed(features(2, 9, 2, 4, g, torch.float32)), transposed(features(2, 9, 2, 4, g, torch.float32))
+    v, decay = transposed(torch.randn(2, 9, 2, 3, generator=g)), transposed(gate(2, 9, 2, g, torch.float32))
+    initial = transposed(torch.randn(2, 2, 4, 4, generator=g) * 0.1)
+    checkpoints = torch.ops.talk_hf.rfa_causal_fwd(q, k, v, decay, initial, 0.1, 4)[2]
+    torch.library.opcheck(torch.ops.talk_hf.rfa_causal_bwd.default,
+                          (transposed(torch.randn(2, 9, 2, 3)), transposed(torch.randn(2, 2, 4, 4)), q, k, v, decay,
+                           initial, checkpoints, 0.1, 4))
+
+
+def test_second_order_gradients_of_the_kernels_raise():
+    """The kernels' backward has no derivative of its own: a second derivative through it raises instead of being
+    zero, and names the PyTorch forms, which have one."""
+    g = torch.Generator().manual_seed(16)
+    q, k = features(1, 6, 2, 4, g).requires_grad_(), features(1, 6, 2, 4, g).requires_grad_()
+    v, decay = torch.randn(1, 6, 2, 3, generator=g, dtype=torch.float64).requires_grad_(), gate(1, 6, 2, g)
+    out, _ = ops.rfa_causal_compiled(q, k, v, decay, chunk_size=4)
+    (gq,) = torch.autograd.grad(out.square().sum(), q, create_graph=True)
+    torch.testing.assert_close(gq, torch.autograd.grad(out.square().sum(), q, retain_graph=True)[0])
+    with pytest.raises(RuntimeError, match=r"rfa_causal_bwd.*second-order.*rfa_causal_chunked.*rfa_causal_ref.*"
+                                           r"TALK_HF_FORCE_REFERENCE=1"):
+        torch.autograd.grad(gq.sum(), v)
+    (gq,) = torch.autograd.grad(ops.rfa_causal_chunked(q, k, v, decay)[0].square().sum(), q, create_graph=True)
+    assert torch.autograd.grad(gq.sum(), v)[0].abs().sum() > 0
+
+
+@pytest.mark.parametrize("backend", ["compiled", "reference"])
+@pytest.mark.parametrize("gated", [False, True], ids=["plain", "gated"])
+@pytest.mark.parametrize("B,T", [(0, 7), (2, 0), (0, 0)])
+def test_empty_batch_or_sequence(B, T, gated, backend, monkeypatch):
+    """Zero sizes give the compiled op's shapes (a sequence of no token: the initial state as the final one),
+    connected to the graph (a backward runs, whichever input requires grad), in every form and the forced-reference
+    path of `rfa_causal`."""
+    g = torch.Generator().manual_seed(17)
+    H, F, d = 2, 4, 3
+    q, k, v = torch.rand(B, T, H, F, generator=g), torch.rand(B, T, H, F, generator=g), torch.randn(B, T, H, d)
+    decay = gate(B, T, H, g, torch.float32) if gated else None
+    initial = torch.rand(B, H, F, d + 1, generator=g)
+    want = torch.ops.talk_hf.rfa_causal_fwd(q, k, v, decay, initial, 0.1, 4)[:2]
+    if backend == "reference":
+        monkeypatch.setenv("TALK_HF_FORCE_REFERENCE", "1")
+    forms = {"rfa_causal": ops.rfa_causal, "chunked": ops.rfa_causal_chunked, "ref": ops.rfa_causal_ref}
+    if backend == "compiled":
+        forms["compiled"] = ops.rfa_causal_compiled
+    inputs = (q, k, v, decay, initial)
+    for name, form in forms.items():
+        for i in [i for i, t in enumerate(inputs) if t is not None]:  # each input alone requires grad
+            given = [t if j != i else t.clone().requires_grad_() for j, t in enumerate(inputs)]
+            out, state = form(*given)
+            assert (out.shape, state.shape) == (want[0].shape, want[1].shape), name
+            (out.sum() + state.sum()).backward()
+            assert given[i].grad.shape == inputs[i].shape, (name, i)
+            if T == 0:
+                assert torch.equal(state, initial), name
+    features_in = torch.randn(B, T, H, 8, requires_grad=True)
+    assert ops.rfa_feature_map(features_in, torch.randn(H, 3, 8)).shape == (B, T, H, 6)
+
+
+@pytest.mark.parametrize("T", [2, 10])
+def test_a_chunk_longer_than_the_sequence_is_cut_to_it(T):
+    """The chunked form works on chunks of min(chunk_size, T) steps: a huge chunk_size gives the results of
+    chunk_size = T (the same operations), equal to the recurrence, and allocates nothing of its size."""
+    g = torch.Generator().manual_seed(18)
+    B, H, F, d = 2, 2, 4, 3
+    q, k = features(B, T, H, F, g, torch.float32), features(B, T, H, F, g, torch.float32)
+    v, decay = torch.randn(B, T, H, d, generator=g), gate(B, T, H, g, torch.float32)
+
+    class LargestTensor(TorchDispatchMode):
+        numel = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(t, torch.Tensor):
+                    self.numel = max(self.numel, t.numel())
+            return out
+
+    with LargestTensor() as mode:
+        huge = rfa_causal_chunked(q, k, v, decay, chunk_size=1024)
+    assert mode.numel <= B * H * T * T * (F + d + 1)
+    exact = rfa_causal_chunked(q, k, v, decay, chunk_size=T)
+    assert all(torch.equal(a, b) for a, b in zip(huge, exact))
+    reference = ops.rfa_causal_ref(q.double(), k.double(), v.double(), decay.double())
+    for a, b in zip(huge, reference):
+        assert rel_err(a, b) <= REL_TOL[torch.float32]
+    default = ops.rfa_causal(q.requires_grad_(), k, v, decay)  # the training path, default chunk_size
+    for a, b in zip(huge, default):
+        torch.testing.assert_close(a, b.detach())
+
+
 BAD_INPUTS = [
     (lambda q, v: ops.rfa_causal(q[0], q, v), ValueError, "q must have 4 dimensions"),
     (lambda q, v: ops.rfa_causal(q, q[:, :3], v), ValueError, "k must have the shape of q"),

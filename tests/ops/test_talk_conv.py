@@ -326,6 +326,94 @@ def test_torch_compile_matches_eager():
     torch.testing.assert_close(compiled(x, ol, orr), ops.talk_conv(x, ol, orr, 4, 4) * 2)
 
 
+def transposed(t):
+    """t's values in a dense layout whose last two dimensions are swapped in memory (not contiguous, no gaps)."""
+    return t.transpose(-1, -2).contiguous().transpose(-1, -2)
+
+
+def test_opcheck_with_transposed_inputs():
+    """The fake kernels return what the kernels return, contiguous tensors, whatever the inputs' strides."""
+    x = transposed(torch.randn(2, 7, 6))
+    ol, orr = transposed(offsets(2, 7, 3, dtype=torch.float32)), transposed(offsets(2, 7, 3, dtype=torch.float32))
+    fwd = torch.ops.talk_hf.talk_conv_fwd.default
+    torch.library.opcheck(fwd, (x.requires_grad_(), ol.requires_grad_(), orr.requires_grad_(), 3, 2))
+    torch.library.opcheck(fwd, (x, ol, None, 3, 0))
+    grad_out = transposed(torch.randn(2, 7, 6))
+    torch.library.opcheck(torch.ops.talk_hf.talk_conv_bwd.default,
+                          (grad_out, x.detach(), ol.detach(), orr.detach(), 3, 2))
+    torch.library.opcheck(torch.ops.talk_hf.talk_conv_step.default,
+                          (x.detach(), ol.detach(), transposed(torch.randn(2, 5, 6)), 3))
+
+
+def test_torch_compile_of_a_channels_first_input():
+    """Inductor lays out what follows the op by the fake kernel's strides: a (B, C, T) input transposed to (B, T, C),
+    then a reshape that depends on the output's layout; forward and backward."""
+    x, ol = torch.randn(2, 6, 9), offsets(2, 9, 3, dtype=torch.float32)
+
+    def fn(a, b):
+        return ops.talk_conv(a.transpose(1, 2), b, None, 4, 0).reshape(2, -1)
+
+    want, want_grads = grads(fn, x, ol)
+    # No compile caches: they key a graph by its ops, not by the ops' fake kernels, so a graph compiled with other
+    # fake kernels (another version of this package) would be reused.
+    with torch._inductor.config.patch(force_disable_caches=True):
+        got, got_grads = grads(torch.compile(fn, fullgraph=True), x, ol)
+    torch.testing.assert_close(got, want)
+    for a, b in zip(got_grads, want_grads):
+        torch.testing.assert_close(a, b)
+
+
+def test_second_order_gradients_of_the_kernel_raise():
+    """The kernels' backward has no derivative of its own: a second derivative through it raises instead of being
+    zero, and names the references, which have one."""
+    x = torch.randn(1, 5, 4, dtype=torch.float64, requires_grad=True)
+    ol = offsets(1, 5, 2).requires_grad_()
+    for causal in (False, True):
+        orr, max_right = (None, 0) if causal else (ol, 1)
+        out = ops.talk_conv(x, ol, orr, 2, max_right)
+        (gx,) = torch.autograd.grad(out.square().sum(), x, create_graph=True)
+        torch.testing.assert_close(gx, torch.autograd.grad(out.square().sum(), x, retain_graph=True)[0])
+        with pytest.raises(RuntimeError, match=r"talk_conv_bwd.*second-order.*talk_conv_ref.*"
+                                               r"TALK_HF_FORCE_REFERENCE=1"):
+            torch.autograd.grad(gx.sum(), ol)
+        (gx,) = torch.autograd.grad(ops.talk_conv_ref(x, ol, orr, 2, max_right).square().sum(), x, create_graph=True)
+        assert torch.autograd.grad(gx.sum(), ol)[0].abs().sum() > 0
+
+
+def grads_of_every_output(fn, *inputs):
+    """fn's outputs (a tensor or a tuple) and the gradients of the sum of all their entries w.r.t. every input."""
+    inputs = [t.detach().clone().requires_grad_() for t in inputs]
+    outputs = fn(*inputs)
+    outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+    sum(out.sum() for out in outputs).backward()
+    return [out.detach() for out in outputs], [t.grad for t in inputs]
+
+
+@pytest.mark.parametrize("backend", ["compiled", "reference"])
+@pytest.mark.parametrize("B,T", [(0, 7), (2, 0), (0, 0)])
+def test_empty_batch_or_sequence(B, T, backend, monkeypatch):
+    """Zero sizes give empty outputs of the compiled op's shapes, connected to the graph (a backward runs), in the
+    compiled op, the references and the forced-reference path of the public ops; a step over no token keeps the
+    state."""
+    x, ol = torch.randn(B, T, 6), offsets(B, T, 3, dtype=torch.float32)
+    state = torch.randn(B, 4, 6)
+    shapes = [tuple(t.shape) for t in (*torch.ops.talk_hf.talk_conv_step(x, ol, state, 2), ol)]
+    if backend == "reference":
+        monkeypatch.setenv("TALK_HF_FORCE_REFERENCE", "1")
+    calls = {
+        "encoder": lambda a, b: ops.talk_conv(a, b, b, 2, 3),
+        "causal": lambda a, b: ops.talk_conv(a, b, None, 2, 0),
+        "reference": lambda a, b: ops.talk_conv_ref(a, b, b, 2, 3),
+    }
+    for name, call in calls.items():
+        (out,), (gx, gol) = grads_of_every_output(call, x, ol)
+        assert (out.shape, gx.shape, gol.shape) == (x.shape, x.shape, ol.shape), name
+    (out, new_state), (_, gol, _) = grads_of_every_output(lambda *a: ops.talk_conv_step(*a, 2), x, ol, state)
+    assert [tuple(t.shape) for t in (out, new_state, gol)] == shapes
+    if T == 0:
+        assert torch.equal(new_state, state)
+
+
 BAD_INPUTS = [
     (lambda x, o: ops.talk_conv(x[0], o, o, 2, 2), ValueError, "x must have 3 dimensions"),
     (lambda x, o: ops.talk_conv(x, torch.rand(2, 5, 4), torch.rand(2, 5, 4), 2, 2), ValueError, "divisible"),
