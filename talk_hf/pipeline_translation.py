@@ -4,8 +4,19 @@
 transformers 5 removed the first two tasks; importing this module registers them again, and the third. Every talk_hf
 config module imports it, so the tasks exist as soon as a talk_hf config is loaded, from the package or as Hub
 remote code (`pipeline("translation", model=repo, trust_remote_code=True)` without the talk_hf package).
+
+The translation and summarization pipelines take what transformers 4's did: the model config's `prefix` and its
+`task_specific_params` for the task (a prefix and generation settings), `src_lang`/`tgt_lang` for tokenizers that
+build translation inputs (`_build_translation_inputs`: mBART, NLLB, M2M100, ...), `return_tensors`, `return_text`,
+`clean_up_tokenization_spaces` and `generate_kwargs={...}`. transformers 5's `pipeline()` refuses task names such as
+"translation_de_to_en" before a pipeline class is looked up, so the languages are given as `src_lang`/`tgt_lang`;
+a pipeline built directly (`TranslationPipeline(model, tokenizer, task="translation_de_to_en")`) reads them from
+the task name.
 """
 
+import warnings
+
+import torch
 from transformers import AutoModelForSeq2SeqLM, Pipeline
 from transformers.pipelines import PIPELINE_REGISTRY, REMOVED_TASKS
 
@@ -16,50 +27,182 @@ from .document_translation import (
     translate_documents,
 )
 
+LENGTH_SETTINGS = ("max_length", "max_new_tokens")
 
-class TranslationPipeline(Pipeline):
-    """Text(s) in, [{"translation_text": ...}] out; generation kwargs (num_beams, max_new_tokens, max_length,
-    length_penalty, num_return_sequences, ...) pass through to `model.generate`; truncation (default True) cuts a
-    source at the tokenizer's model_max_length."""
+
+def translation_languages(task):
+    """"translation_de_to_en" -> ("de", "en"); any other task name -> None."""
+    parts = (task or "").split("_")
+    if len(parts) == 4 and parts[0] == "translation" and parts[2] == "to":
+        return parts[1], parts[3]
+    return None
+
+
+def given(**settings):
+    """The settings that are not None."""
+    return {key: value for key, value in settings.items() if value is not None}
+
+
+def generation_arguments(generate_kwargs, kwargs):
+    """A `generate_kwargs={...}` dict and the generation keywords given beside it, the latter winning (as
+    transformers' speech recognition pipeline merges them)."""
+    if generate_kwargs is None:
+        return kwargs
+    if not isinstance(generate_kwargs, dict):
+        raise TypeError(f"generate_kwargs must be a dict of generate() arguments, got {type(generate_kwargs).__name__}")
+    return {**generate_kwargs, **kwargs}
+
+
+class Text2TextPipeline(Pipeline):
+    """Text(s) in, [{"<return_name>_text": ...}] out, with a seq2seq model's `generate()`: the pipeline behind
+    TranslationPipeline and SummarizationPipeline.
+
+    The model config's `prefix` is put before every input, unless the config's `task_specific_params` for the task
+    give one; the other settings there (num_beams, max_length, ...) are generation defaults under those of the
+    pipeline and of each call (a `generation_config` passed replaces them; a length set by the caller, max_length or
+    max_new_tokens, replaces theirs). Keyword arguments: truncation (default True: a source is cut at the
+    tokenizer's model_max_length); return_tensors (token ids under "<return_name>_token_ids"); return_text (default:
+    not return_tensors); clean_up_tokenization_spaces (for decoding; default: the tokenizer's); generate_kwargs (a
+    dict); any other keyword goes to `model.generate` (num_beams, max_new_tokens, num_return_sequences, ...)."""
 
     _load_processor = False
     _load_image_processor = False
     _load_feature_extractor = False
     _load_tokenizer = True
-    output_key = "translation_text"
+    default_task = None
+    return_name = None
 
-    def _sanitize_parameters(self, truncation=None, **generate_kwargs):
-        return ({} if truncation is None else {"truncation": truncation}), generate_kwargs, {}
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.task_name, task_params = self._task_settings()
+        self.prefix = task_params.pop("prefix", getattr(self.model.config, "prefix", None))
+        self.task_generate_kwargs = task_params
+
+    def _task_settings(self):
+        """-> (the task, a copy of the config's task_specific_params for it): the "translation" task of a model
+        whose params have no "translation" entry takes their first "translation_XX_to_YY" one, with a warning (as
+        transformers 4's pipeline() did)."""
+        task = self.task or self.default_task
+        params = getattr(self.model.config, "task_specific_params", None) or {}
+        if task == "translation" and task not in params:
+            pairs = [name for name in params if translation_languages(name)]
+            if pairs:
+                warnings.warn(f'the "translation" task uses the model\'s task_specific_params["{pairs[0]}"] '
+                              f"(its prefix and generation settings); of {pairs}", UserWarning, stacklevel=3)
+                task = pairs[0]
+        return task, dict(params.get(task) or {})
+
+    def _sanitize_parameters(self, truncation=None, return_tensors=None, return_text=None,
+                             clean_up_tokenization_spaces=None, generate_kwargs=None, **kwargs):
+        postprocess = given(return_tensors=return_tensors, return_text=return_text,
+                            clean_up_tokenization_spaces=clean_up_tokenization_spaces)
+        # a call's output settings go over those given when the pipeline was built (none while it is being built)
+        check_outputs({**getattr(self, "_postprocess_params", {}), **postprocess})
+        return given(truncation=truncation), generation_arguments(generate_kwargs, kwargs), postprocess
 
     def preprocess(self, text, truncation=True):
+        return self._encode(self._prefixed(text), truncation=truncation)
+
+    def _prefixed(self, text):
         if not isinstance(text, str):
             raise TypeError(f"{type(self).__name__} takes a string or a list of strings, got {type(text).__name__}")
-        return self.tokenizer(text, return_tensors="pt", truncation=truncation)
+        return (self.prefix or "") + text
+
+    def _encode(self, text, truncation):
+        inputs = self.tokenizer(text, return_tensors="pt", truncation=truncation)
+        inputs.pop("token_type_ids", None)  # a tokenizer output that generate() does not take
+        return inputs
 
     def _forward(self, model_inputs, **generate_kwargs):
         """-> {"output_ids": (inputs, sequences per input, T)}: the pipeline's batches split along the first axis,
         so each input keeps its own num_return_sequences rows."""
-        output_ids = self.model.generate(**model_inputs, **generate_kwargs)
+        model_inputs = {key: unbatched(value) for key, value in model_inputs.items()}
+        output_ids = self.model.generate(**model_inputs, **self._with_task_settings(generate_kwargs))
         inputs = model_inputs["input_ids"].shape[0]
         return {"output_ids": output_ids.reshape(inputs, output_ids.shape[0] // inputs, *output_ids.shape[1:])}
 
-    def postprocess(self, model_outputs):
-        texts = self.tokenizer.batch_decode(model_outputs["output_ids"][0], skip_special_tokens=True)
-        return [{self.output_key: text.strip()} for text in texts]
+    def _with_task_settings(self, generate_kwargs):
+        """The generation arguments over the task's settings (see the class docstring)."""
+        if "generation_config" in generate_kwargs:
+            return generate_kwargs
+        defaults = self.task_generate_kwargs
+        if any(key in generate_kwargs for key in LENGTH_SETTINGS):
+            defaults = {key: value for key, value in defaults.items() if key not in LENGTH_SETTINGS}
+        return {**defaults, **generate_kwargs}
+
+    def postprocess(self, model_outputs, return_tensors=False, return_text=None, clean_up_tokenization_spaces=None):
+        return_text = not return_tensors if return_text is None else return_text
+        decode = {} if clean_up_tokenization_spaces is None else {
+            "clean_up_tokenization_spaces": clean_up_tokenization_spaces}
+        records = []
+        for ids in model_outputs["output_ids"][0]:
+            record = {f"{self.return_name}_token_ids": ids} if return_tensors else {}
+            if return_text:
+                text = self.tokenizer.decode(ids, skip_special_tokens=True, **decode)
+                record[f"{self.return_name}_text"] = text.strip()
+            records.append(record)
+        return records
 
     def __call__(self, inputs, **kwargs):
-        """A string -> [{"translation_text": ...}]; a list of strings -> one dict per input (a list of dicts per
-        input when num_return_sequences > 1)."""
+        """A string -> [{"<return_name>_text": ...}]; a list of strings -> one dict per input (a list of dicts per
+        input when num_return_sequences > 1); an empty list -> []."""
+        if isinstance(inputs, list) and not inputs:  # the settings are still checked
+            self._sanitize_parameters(**{k: v for k, v in kwargs.items() if k not in ("batch_size", "num_workers")})
+            return []
         result = super().__call__(inputs, **kwargs)
         if isinstance(inputs, list) and all(len(r) == 1 for r in result):
             return [r[0] for r in result]
         return result
 
 
-class SummarizationPipeline(TranslationPipeline):
-    """As TranslationPipeline, with outputs under "summary_text"."""
+def unbatched(value):
+    """A setting that a tokenizer adds to each input (NLLB's forced_bos_token_id, an int) comes out of the pipeline's
+    batching as a list of equal values: one value again. Tensors and other values pass unchanged."""
+    if not isinstance(value, list) or not value or isinstance(value[0], torch.Tensor):
+        return value
+    return value[0] if value.count(value[0]) == len(value) else value
 
-    output_key = "summary_text"
+
+def check_outputs(postprocess):
+    """Refuse return_text=False without return_tensors=True: nothing would be returned."""
+    if postprocess.get("return_text") is False and not postprocess.get("return_tensors"):
+        raise ValueError("return_text=False without return_tensors=True leaves nothing to return; pass "
+                         "return_tensors=True for the token ids")
+
+
+class TranslationPipeline(Text2TextPipeline):
+    """Text(s) in, [{"translation_text": ...}] out (see Text2TextPipeline for the keyword arguments), and
+    src_lang/tgt_lang for a tokenizer that builds translation inputs (`_build_translation_inputs`, as mBART's, NLLB's
+    and M2M100's do); a "translation_XX_to_YY" task name gives their defaults."""
+
+    default_task = "translation"
+    return_name = "translation"
+
+    def _sanitize_parameters(self, src_lang=None, tgt_lang=None, **kwargs):
+        preprocess, forward, postprocess = super()._sanitize_parameters(**kwargs)
+        languages = given(src_lang=src_lang, tgt_lang=tgt_lang)
+        if languages and not hasattr(self.tokenizer, "_build_translation_inputs"):
+            named = ", ".join(f"{key}={value!r}" for key, value in languages.items())
+            raise ValueError(f"{named}: {type(self.tokenizer).__name__} does not take source and target languages (it "
+                             "has no _build_translation_inputs, as multilingual tokenizers such as NLLB's have); leave "
+                             "them out for a single-pair model")
+        return {**preprocess, **languages}, forward, postprocess
+
+    def preprocess(self, text, truncation=True, src_lang=None, tgt_lang=None):
+        text = self._prefixed(text)
+        build = getattr(self.tokenizer, "_build_translation_inputs", None)
+        if build is None:
+            return self._encode(text, truncation=truncation)
+        task_src, task_tgt = translation_languages(self.task_name) or (None, None)
+        return build(text, return_tensors="pt", truncation=truncation, src_lang=src_lang or task_src,
+                     tgt_lang=tgt_lang or task_tgt)
+
+
+class SummarizationPipeline(Text2TextPipeline):
+    """As TranslationPipeline without languages, with outputs under "summary_text"."""
+
+    default_task = "summarization"
+    return_name = "summary"
 
 
 class DocumentTranslationPipeline(Pipeline):

@@ -32,18 +32,24 @@ def translate(model, tokenizer, sources, num_beams=4, length_penalty=1.0, max_ne
     return outputs
 
 
-def corpus_bleu(hypotheses, references):
-    """sacreBLEU over detokenised text -> (score, signature string as sacreBLEU prints it)."""
+def check_pairs(hypotheses, references):
+    """Refuse hypotheses and references of different lengths, or none at all."""
     if len(hypotheses) != len(references):
         raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
+    if not hypotheses:
+        raise ValueError("no hypotheses to score (an empty corpus has no BLEU or chrF)")
+
+
+def corpus_bleu(hypotheses, references):
+    """sacreBLEU over detokenised text -> (score, signature string as sacreBLEU prints it)."""
+    check_pairs(hypotheses, references)
     metric = sacrebleu.metrics.BLEU()
     return metric.corpus_score(hypotheses, [references]).score, str(metric.get_signature())
 
 
 def corpus_chrf(hypotheses, references):
     """sacreBLEU's chrF (character n-gram F-score, chrF2) over detokenised text -> (score, signature string)."""
-    if len(hypotheses) != len(references):
-        raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
+    check_pairs(hypotheses, references)
     metric = sacrebleu.metrics.CHRF()
     return metric.corpus_score(hypotheses, [references]).score, str(metric.get_signature())
 
@@ -65,13 +71,24 @@ def document_metrics(tokenizer, doc_ids, sep_token=SEP_TOKEN):
         return last_sentences(tokenizer.batch_decode(ids, skip_special_tokens=False), sep_token)
 
     def compute_metrics(prediction):
-        hyps, refs = texts(prediction.predictions), texts(prediction.label_ids)
+        hyps, refs = texts(generated_ids(prediction.predictions)), texts(prediction.label_ids)
         if len(hyps) != len(doc_ids):
             raise ValueError(f"{len(hyps)} predictions for an evaluation set of {len(doc_ids)} rows (doc_ids)")
         scores = document_scores(group_documents(hyps, doc_ids), group_documents(refs, doc_ids))
         return {"bleu": scores["bleu"], "d_bleu": scores["d_bleu"]}
 
     return compute_metrics
+
+
+def generated_ids(predictions):
+    """The token ids of a Seq2SeqTrainer's predictions, (rows, T) integers; anything else (the logits, a tuple of
+    arrays, that it predicts without generating) is a ValueError."""
+    if isinstance(predictions, tuple) or not np.issubdtype(np.asarray(predictions).dtype, np.integer):
+        got = "a tuple" if isinstance(predictions, tuple) else f"{np.asarray(predictions).dtype} values"
+        raise ValueError(f"document_metrics needs generated token ids (integers), got {got}: evaluate with "
+                         "Seq2SeqTrainingArguments(predict_with_generate=True), whose predictions are the generated "
+                         "ids rather than logits")
+    return predictions
 
 
 def rouge(summaries, references):
@@ -90,5 +107,8 @@ def rouge(summaries, references):
 
 
 def perplexity(mean_loss):
-    """exp of a token-level mean cross-entropy (natural log)."""
-    return math.exp(mean_loss)
+    """exp of a token-level mean cross-entropy (natural log); inf past the largest float."""
+    try:
+        return math.exp(mean_loss)
+    except OverflowError:
+        return float("inf")

@@ -1,0 +1,189 @@
+"""The translation and summarization pipelines take what transformers 4's did: the config's prefix and
+task_specific_params, src_lang/tgt_lang, return_tensors/return_text/clean_up_tokenization_spaces, a generate_kwargs
+dict, and an empty list of inputs."""
+
+import copy
+import warnings
+
+import pytest
+import torch
+from transformers import pipeline
+
+from talk_hf import SummarizationPipeline, TranslationPipeline
+from talk_hf.tokenization import train_joint_bpe
+from tests.models.tiny import make
+
+SENTENCES = ["a dog runs in the park .", "it barks at a cat .", "the cat runs away .", "a man sees the dog .",
+             "translate English to German : summarize : he calls it home ."]
+SHORT = dict(max_new_tokens=3, min_new_tokens=3)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return train_joint_bpe(SENTENCES * 3, vocab_size=80, min_frequency=1)
+
+
+def tiny(tokenizer, **config):
+    return make("talk", vocab_size=len(tokenizer), **config)
+
+
+def recording(model):
+    """The model, whose generate() calls are recorded in the returned list as (encoder text, other kwargs)."""
+    calls, generate = [], model.generate
+
+    def record(*args, **kwargs):
+        settings = {k: v for k, v in kwargs.items() if k not in ("input_ids", "attention_mask")}
+        calls.append((kwargs["input_ids"], settings))
+        return generate(*args, **kwargs)
+
+    model.generate = record
+    return calls
+
+
+def encoded(tokenizer, calls):
+    return [tokenizer.decode(ids[0], skip_special_tokens=True) for ids, _ in calls]
+
+
+# --- task prefixes and task_specific_params ------------------------------------------------------------------------
+
+
+def test_the_configs_prefix_is_put_before_each_input(tokenizer):
+    model = tiny(tokenizer, prefix="translate English to German: ")
+    calls = recording(model)
+    translator = pipeline("translation", model=model, tokenizer=tokenizer)
+    translator(["a dog runs .", "the cat ."], batch_size=2, **SHORT)
+    [(ids, _)] = calls  # both inputs in one generate() call, each prefixed
+    expected = tokenizer(["translate English to German: a dog runs .", "translate English to German: the cat ."],
+                         padding=True, return_tensors="pt")["input_ids"]
+    assert torch.equal(ids, expected)
+
+
+def test_the_tasks_params_give_its_prefix_and_generation_defaults(tokenizer):
+    params = {"summarization": {"prefix": "summarize: ", "num_beams": 2, "max_length": 7},
+              "translation": {"prefix": "translate English to German: ", "num_beams": 3}}
+    model = tiny(tokenizer, prefix="unused: ", task_specific_params=copy.deepcopy(params))
+    calls = recording(model)
+    summarizer = pipeline("summarization", model=model, tokenizer=tokenizer)
+    summarizer("a dog runs .")
+    assert encoded(tokenizer, calls)[-1].startswith("summarize") and calls[-1][1]["num_beams"] == 2
+    assert calls[-1][1]["max_length"] == 7
+    summarizer("a dog runs .", num_beams=1, **SHORT)  # the call's settings win; its length replaces the task's
+    assert calls[-1][1]["num_beams"] == 1 and "max_length" not in calls[-1][1]
+    pipeline("translation", model=model, tokenizer=tokenizer)("a dog runs .", **SHORT)
+    assert encoded(tokenizer, calls)[-1].startswith("translate English to German") and calls[-1][1]["num_beams"] == 3
+    assert model.config.task_specific_params == params  # read, not consumed
+
+
+def test_translation_takes_the_first_language_pair_of_the_params_with_a_warning(tokenizer):
+    params = {"translation_en_to_de": {"prefix": "translate English to German: ", "num_beams": 2},
+              "translation_en_to_fr": {"prefix": "translate English to French: "}}
+    model = tiny(tokenizer, task_specific_params=params)
+    calls = recording(model)
+    with pytest.warns(UserWarning, match="translation_en_to_de"):
+        translator = pipeline("translation", model=model, tokenizer=tokenizer)
+    translator("a dog runs .", **SHORT)
+    assert encoded(tokenizer, calls)[-1].startswith("translate English to German") and calls[-1][1]["num_beams"] == 2
+
+
+def test_a_translation_pair_task_name_picks_its_params_and_languages(tokenizer):
+    params = {"translation_de_to_en": {"prefix": "translate German to English: "}}
+    model = tiny(tokenizer, task_specific_params=params)
+    calls = recording(model)
+    translator = TranslationPipeline(model=model, tokenizer=tokenizer, task="translation_de_to_en")
+    translator("a dog runs .", **SHORT)
+    assert encoded(tokenizer, calls)[-1].startswith("translate German to English")
+    languages = multilingual(tokenizer)
+    TranslationPipeline(model=model, tokenizer=languages, task="translation_de_to_en")("a dog runs .", **SHORT)
+    assert languages.asked == [("de", "en")]
+
+
+# --- src_lang / tgt_lang -------------------------------------------------------------------------------------------
+
+
+def multilingual(tokenizer):
+    """A copy of `tokenizer` that builds translation inputs as NLLB's does: the target language forced first."""
+    languages = copy.deepcopy(tokenizer)
+    languages.asked = []
+
+    def build(raw_inputs, return_tensors, src_lang, tgt_lang, **kwargs):
+        languages.asked.append((src_lang, tgt_lang))
+        inputs = languages(raw_inputs, return_tensors=return_tensors, **kwargs)
+        inputs["forced_bos_token_id"] = languages.convert_tokens_to_ids("a")
+        return inputs
+
+    languages._build_translation_inputs = build
+    return languages
+
+
+def test_languages_go_to_a_tokenizer_that_builds_translation_inputs(tokenizer):
+    languages = multilingual(tokenizer)
+    model = tiny(tokenizer)
+    calls = recording(model)
+    translator = pipeline("translation", model=model, tokenizer=languages)
+    out = translator(["a dog runs .", "the cat ."], src_lang="en", tgt_lang="a", max_new_tokens=3, batch_size=2)
+    assert languages.asked == [("en", "a")] * 2 and len(out) == 2
+    assert calls[-1][1]["forced_bos_token_id"] == languages.convert_tokens_to_ids("a")
+
+
+def test_languages_for_a_tokenizer_without_them_are_refused_by_name(tokenizer):
+    translator = pipeline("translation", model=tiny(tokenizer), tokenizer=tokenizer)
+    with pytest.raises(ValueError, match=r"src_lang='de', tgt_lang='en'.*_build_translation_inputs"):
+        translator("a dog runs .", src_lang="de", tgt_lang="en", **SHORT)
+    with pytest.raises(ValueError, match=r"tgt_lang='en'"):
+        pipeline("translation", model=tiny(tokenizer), tokenizer=tokenizer, tgt_lang="en")
+
+
+# --- outputs -------------------------------------------------------------------------------------------------------
+
+
+def test_return_tensors_and_return_text(tokenizer):
+    model = tiny(tokenizer)
+    translator = pipeline("translation", model=model, tokenizer=tokenizer)
+    ids = model.generate(**tokenizer(["a dog runs ."], return_tensors="pt"), **SHORT)[0]
+    text = tokenizer.decode(ids, skip_special_tokens=True).strip()
+    [tensors] = translator("a dog runs .", return_tensors=True, **SHORT)
+    assert set(tensors) == {"translation_token_ids"} and torch.equal(tensors["translation_token_ids"], ids)
+    [both] = translator("a dog runs .", return_tensors=True, return_text=True, **SHORT)
+    assert both["translation_text"] == text and torch.equal(both["translation_token_ids"], ids)
+    assert translator("a dog runs .", return_text=True, **SHORT) == [{"translation_text": text}]
+    with pytest.raises(ValueError, match="return_text=False without return_tensors=True"):
+        translator("a dog runs .", return_text=False, **SHORT)
+    built = pipeline("summarization", model=model, tokenizer=tokenizer, return_tensors=True)
+    assert set(built("a dog runs .", return_text=True, **SHORT)[0]) == {"summary_token_ids", "summary_text"}
+    assert set(built("a dog runs .", return_text=False, **SHORT)[0]) == {"summary_token_ids"}
+
+
+def test_clean_up_tokenization_spaces_goes_to_decoding(tokenizer):
+    cleaning = copy.deepcopy(tokenizer)
+    asked, decode = [], cleaning.decode
+    cleaning.decode = lambda *args, **kwargs: asked.append(kwargs.get("clean_up_tokenization_spaces")) or decode(
+        *args, **kwargs)
+    translator = pipeline("translation", model=tiny(tokenizer), tokenizer=cleaning)
+    for value in (True, False):
+        translator("a dog runs .", clean_up_tokenization_spaces=value, **SHORT)
+        assert asked[-1] is value
+
+
+def test_a_generate_kwargs_dict_joins_the_generation_arguments(tokenizer):
+    translator = pipeline("translation", model=tiny(tokenizer), tokenizer=tokenizer)
+    direct = translator("a dog runs .", num_beams=2, **SHORT)
+    assert translator("a dog runs .", generate_kwargs=dict(num_beams=2, **SHORT)) == direct
+    assert translator("a dog runs .", generate_kwargs=dict(num_beams=2, max_new_tokens=9), **SHORT) == direct
+    built = pipeline("translation", model=tiny(tokenizer), tokenizer=tokenizer, generate_kwargs=dict(num_beams=2))
+    assert built("a dog runs .", **SHORT) == direct
+    with pytest.raises(TypeError, match="generate_kwargs must be a dict"):
+        translator("a dog runs .", generate_kwargs=[("num_beams", 2)])
+
+
+@pytest.mark.parametrize("task", ["translation", "summarization"])
+def test_an_empty_list_of_inputs_gives_an_empty_list(task, tokenizer):
+    pipe = pipeline(task, model=tiny(tokenizer), tokenizer=tokenizer)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert pipe([], **SHORT) == [] and pipe([], batch_size=2) == []
+
+
+def test_the_pipelines_keep_their_output_keys(tokenizer):
+    model = tiny(tokenizer)
+    assert isinstance(pipeline("summarization", model=model, tokenizer=tokenizer), SummarizationPipeline)
+    assert set(pipeline("summarization", model=model, tokenizer=tokenizer)("a dog .", **SHORT)[0]) == {"summary_text"}
