@@ -23,7 +23,7 @@ from pathlib import Path
 from talk_hf.training import tuning
 from talk_hf.training.corpora import load_wikitext2, read_lines
 from talk_hf.training.loop import TrainConfig
-from talk_hf.training.prepare import SUMMARY_FILE, prepare_lm_data
+from talk_hf.training.prepare import prepare_lm_data, prepare_once
 from talk_hf.training.run import train_run
 from talk_hf.training.tables import RUN_COLUMNS
 
@@ -64,11 +64,10 @@ def corpus_texts(corpus):
 
 
 def prepare(out, corpus, block_size, vocab_size):
-    """out/data_<corpus>/ (kept when already prepared)."""
+    """out/data_<corpus>/ (kept when already prepared; shards started together prepare it once)."""
     folder = out / f"data_{corpus}"
-    if not (folder / SUMMARY_FILE).exists():
-        prepare_lm_data(folder, corpus_texts(corpus), block_size=block_size, vocab_size=vocab_size)
-    return folder
+    return prepare_once(folder, lambda: prepare_lm_data(folder, corpus_texts(corpus), block_size=block_size,
+                                                        vocab_size=vocab_size))
 
 
 GRID_COLUMNS = [

@@ -332,10 +332,17 @@ class Trainer:
                 f.write(json.dumps(record) + "\n")
 
     def save_checkpoint(self):
-        path = self.output_dir / "checkpoints" / f"step-{self.state.global_step}"
+        """checkpoints/step-N, written as partial-step-N and renamed once every process has written its part: a
+        process killed while saving leaves no incomplete step-N for --resume to load."""
+        folder = self.output_dir / "checkpoints"
+        path, partial = folder / f"step-{self.state.global_step}", folder / f"partial-step-{self.state.global_step}"
         self.state.micro_step = self.accelerator.step
-        self.accelerator.save_state(str(path))
-        self.accelerator.wait_for_everyone()  # every process has written its part before old ones are removed
+        self.accelerator.save_state(str(partial))
+        self.accelerator.wait_for_everyone()  # every process has written its part before it is renamed
+        if self.accelerator.is_main_process:
+            shutil.rmtree(path, ignore_errors=True)
+            partial.rename(path)
+        self.accelerator.wait_for_everyone()  # step-N exists for every process before old ones are removed
         if self.accelerator.is_main_process:
             # kept beyond keep_checkpoints where patience may stop the run: it may end with its best checkpoint
             best = self.best_checkpoint() if self.config.patience else None
@@ -386,6 +393,9 @@ class Trainer:
         if not found:
             raise FileNotFoundError(f"--resume: no checkpoint under {self.output_dir / 'checkpoints'}")
         self.check_resumed_settings()
+        if self.accelerator.is_main_process:  # what a process killed while saving left
+            for partial in (self.output_dir / "checkpoints").glob("partial-step-*"):
+                shutil.rmtree(partial)
         self.accelerator.load_state(str(found[-1]))
         self.accelerator.step = self.state.micro_step
         return found[-1]

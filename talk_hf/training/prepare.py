@@ -19,10 +19,11 @@ Every input is checked before anything is written: a ``ValueError`` leaves ``out
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "SUMMARY_FILE",
     "load_pair_splits",
+    "prepare_once",
     "prepare_lm_data",
     "prepare_translation_data",
     "prepare_wiki_zh_en",
@@ -56,6 +58,22 @@ __all__ = [
 
 SUMMARY_FILE = "preprocess.json"
 PathLike = str | os.PathLike
+
+
+def prepare_once(output_dir: PathLike, build: Callable[[], Any]) -> Path:
+    """``output_dir``, prepared by ``build()`` unless it holds ``SUMMARY_FILE`` (written last: a finished
+    preparation). Processes started together with one output folder take turns (an exclusive lock on
+    ``<output_dir>.lock``): one prepares, the others then find it prepared, instead of rewriting the files another
+    process already reads."""
+    output = Path(output_dir)
+    if (output / SUMMARY_FILE).exists():
+        return output
+    output.parent.mkdir(parents=True, exist_ok=True)
+    with open(output.with_name(output.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (output / SUMMARY_FILE).exists():
+            build()
+    return output
 
 
 # ------------------------------------------------------------------------------------------------ loading pairs

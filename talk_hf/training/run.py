@@ -4,6 +4,7 @@ scripts/train.py and scripts/demo.py)."""
 import fcntl
 import json
 import math
+import os
 from pathlib import Path
 
 from datasets import load_from_disk
@@ -205,5 +206,14 @@ def record_result(results_path, row, key):
         fcntl.flock(lock, fcntl.LOCK_EX)
         rows = json.loads(results_path.read_text()) if results_path.exists() else []
         rows = [r for r in rows if [r.get(k) for k in key] != [row[k] for k in key]] + [row]
-        results_path.write_text(json.dumps(rows, indent=2) + "\n")
+        write_atomically(results_path, json.dumps(rows, indent=2) + "\n")
     return rows
+
+
+def write_atomically(path, text):
+    """Write `text` to `path` through a temporary file renamed over it: a reader (which takes no lock) or a process
+    killed part-way never leaves a half-written file."""
+    path = Path(path)
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    partial.write_text(text)
+    os.replace(partial, path)

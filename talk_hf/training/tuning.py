@@ -149,7 +149,8 @@ def choose(rows, min_source_gain=None):
     "valid_source_gain" reaches `min_source_gain` when one is given; None when no row does."""
     finite = [r for r in rows if math.isfinite(r["valid_loss"])]
     if not finite:
-        raise ValueError(f"every grid run diverged (validation losses {[r['valid_loss'] for r in rows]})")
+        raise GridDivergedError(f"every grid run diverged (validation losses {[r['valid_loss'] for r in rows]}): "
+                                "train the grid at smaller learning rates")
     if min_source_gain is not None:
         if any("valid_source_gain" not in r for r in finite):
             raise ValueError("a grid that chooses on the source gain needs every run's valid_source_gain (only "
@@ -179,6 +180,11 @@ class FinalRunExistsError(ValueError):
     """A final run's folder holds a run and --resume was not given: printed as MissingRunError is."""
 
 
+class GridDivergedError(MissingRunError):
+    """Every run of a row's grid diverged: there is no setting to choose (the other rows' tables are still
+    written)."""
+
+
 def add_arguments(parser, learning_rates, warmup_steps, grid_steps, max_steps, eval_every, patience, extensions=2,
                   min_source_gain=None):
     """The options every results runner shares, with that runner's defaults (`min_source_gain`: translation
@@ -201,6 +207,10 @@ def add_arguments(parser, learning_rates, warmup_steps, grid_steps, max_steps, e
                              "COUNT processes started at once with the same --output_dir share each row's grid (one "
                              "GPU and several CPU cores); start them again for a grid extended past an edge")
     parser.add_argument("--max_steps", type=int, default=max_steps, help="the cap of the final runs")
+    parser.add_argument("--max_minutes", type=float, default=0.0,
+                        help="a time cap of the final runs: minutes of training (a resumed run counts its earlier "
+                             "ones), after which the run ends as at --max_steps (checkpoints averaged, test scored); "
+                             "0: none")
     parser.add_argument("--eval_every", type=int, default=eval_every, help="validation of the final runs, in updates")
     parser.add_argument("--patience", type=int, default=patience,
                         help="a final run stops after this many validations without a new lowest loss")
@@ -276,10 +286,11 @@ def chosen(out, ident, grid):
     return best
 
 
-def final(out, ident, grid, train, max_steps, eval_every, patience, resume=False, setting=None):
+def final(out, ident, grid, train, max_steps, eval_every, patience, resume=False, setting=None, max_minutes=0.0):
     """One row's run at its chosen setting (or at `setting`, {"learning_rate", "warmup_steps"}, without a grid) in
-    <out>/final/<row>/, validated every `eval_every` updates until `patience` validations bring no new lowest loss or
-    `max_steps`, its last FINAL_AVERAGE_LAST checkpoints averaged; recorded in <out>/results.json -> all rows."""
+    <out>/final/<row>/, validated every `eval_every` updates until `patience` validations bring no new lowest loss,
+    `max_steps` or `max_minutes` of training, its last FINAL_AVERAGE_LAST checkpoints averaged; recorded in
+    <out>/results.json -> all rows."""
     fixed = setting is not None
     setting = setting if fixed else chosen(out, ident, grid)
     folder = out / "final" / row_folder(ident)
@@ -290,8 +301,8 @@ def final(out, ident, grid, train, max_steps, eval_every, patience, resume=False
         raise FinalRunExistsError(f"{folder} holds a final run: --resume continues it (a finished one is tabulated "
                                   "again); remove the folder to train it afresh")
     row = train(ident, folder, setting["learning_rate"], setting["warmup_steps"], max_steps=max_steps,
-                eval_every=eval_every, save_every=eval_every, patience=patience, resume=resume,
-                keep_checkpoints=FINAL_AVERAGE_LAST, average_last=FINAL_AVERAGE_LAST)
+                max_minutes=max_minutes, eval_every=eval_every, save_every=eval_every, patience=patience,
+                resume=resume, keep_checkpoints=FINAL_AVERAGE_LAST, average_last=FINAL_AVERAGE_LAST)
     return record_result(out / "results.json", {**row, **ident, "fixed_setting": fixed}, tuple(ident))
 
 
@@ -310,7 +321,8 @@ def run_stages(args, out, idents, train, grid_train=None):
         if "tune" in args.stages and setting is None:
             tune(out, ident, grid, grid_train or train, args.grid_shard)
         if "final" in args.stages:
-            final(out, ident, grid, train, args.max_steps, args.eval_every, args.patience, args.resume, setting)
+            final(out, ident, grid, train, args.max_steps, args.eval_every, args.patience, args.resume, setting,
+                  args.max_minutes)
     return grid
 
 
@@ -342,14 +354,17 @@ def write_tables(out, grid, idents, grid_columns, final_columns):
     """grid.md (every grid run), short_budget.md (the chosen run of each complete grid that has one), results.md
     (the final runs) and valid_loss.png (their validation losses) for the rows `idents` -> {file name: table}."""
     tables = {}
-    grids = {}  # row folder -> (its grid rows, whether its grid is complete)
+    grids = {}  # row folder -> (its grid rows, the chosen one of a complete grid or None)
     for ident in idents:
-        current, rows = row_grid(out / "grid.json", ident, grid)
-        grids[row_folder(ident)] = rows, current.complete(rows)
+        try:
+            current, rows = row_grid(out / "grid.json", ident, grid)
+            best = current.choose(rows) if current.complete(rows) else None
+        except GridDivergedError:  # listed in grid.md, with nothing chosen
+            rows, best = grid_rows(out / "grid.json", ident, grid), None
+        grids[row_folder(ident)] = rows, best
     if any(rows for rows, _ in grids.values()):
         tables["grid.md"] = markdown_table([r for rows, _ in grids.values() for r in rows], grid_columns)
-        chosen_rows = [grid.choose(rows) for rows, done in grids.values() if done]
-        tables["short_budget.md"] = markdown_table([r for r in chosen_rows if r is not None], grid_columns)
+        tables["short_budget.md"] = markdown_table([b for _, b in grids.values() if b is not None], grid_columns)
     finals = [r for i in idents for r in read_rows(out / "results.json") if all(r.get(k) == v for k, v in i.items())]
     if finals:
         tables["results.md"] = markdown_table(finals, final_columns)

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import datasets
 import pytest
 import torch
+from accelerate import Accelerator
 from safetensors.torch import load_file
 
 from talk_hf.training import loop
@@ -77,6 +78,32 @@ def test_the_training_clock_goes_on_across_a_resume(data, tmp_path, monkeypatch)
     first = run(data, tmp_path, max_steps=3, gradient_accumulation_steps=2)
     resumed = run(data, tmp_path, max_steps=7, gradient_accumulation_steps=2, resume=True)
     assert (first.state.elapsed_seconds, resumed.state.elapsed_seconds) == (6, 14)
+
+
+class Killed(Exception):
+    """The process ends here."""
+
+
+def test_a_run_killed_while_saving_resumes_from_its_last_whole_checkpoint(data, tmp_path, monkeypatch):
+    """A process killed while writing step-N leaves no step-N: --resume continues from the checkpoint before it as
+    if the run had stopped there, and clears what the killed save left."""
+    run(data, tmp_path / "b", max_steps=2, save_every=2)
+
+    def half_written(accelerator, folder):
+        Path(folder).mkdir(parents=True)
+        (Path(folder) / "model.safetensors").write_bytes(b"half")
+        raise Killed
+
+    with monkeypatch.context() as patched:
+        patched.setattr(Accelerator, "save_state", half_written)
+        with pytest.raises(Killed):
+            run(data, tmp_path / "b", max_steps=4, save_every=2, resume=True)
+    assert [p.name for p in checkpoints(tmp_path / "b")] == ["step-2"]
+    resumed = run(data, tmp_path / "b", max_steps=4, save_every=2, resume=True)
+    assert not list((tmp_path / "b" / "checkpoints").glob("partial-*"))
+    straight = run(data, tmp_path / "c", max_steps=4, save_every=2)
+    for (name, p), q in zip(straight.model.named_parameters(), resumed.model.parameters()):
+        assert torch.equal(p, q), name
 
 
 def test_resume_without_checkpoint_fails_clearly(data, tmp_path):

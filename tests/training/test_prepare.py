@@ -3,7 +3,9 @@ written from the 64-pair fixture and small hand-made corpora."""
 
 import io
 import json
+import multiprocessing
 import tarfile
+import time
 from pathlib import Path
 
 import datasets
@@ -16,6 +18,7 @@ from talk_hf.training.prepare import (
     SUMMARY_FILE,
     load_pair_splits,
     prepare_lm_data,
+    prepare_once,
     prepare_translation_data,
     prepare_wiki_zh_en,
 )
@@ -201,3 +204,23 @@ def test_lm_errors_write_nothing(tmp_path):
     with pytest.raises(ValueError, match="fewer than block_size"):  # a split too short for one block
         prepare_lm_data(out, {"train": lines, "test": ["a"]}, block_size=8, vocab_size=30, min_frequency=1)
     assert not out.exists()
+
+
+def _build_slowly(folder):
+    """A preparation that takes a while, noting each start in <folder>.starts."""
+    def build():
+        with open(f"{folder}.starts", "a") as f:
+            f.write("start\n")
+        time.sleep(0.5)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / SUMMARY_FILE).write_text("{}")
+
+    return prepare_once(folder, build)
+
+
+def test_processes_started_together_prepare_a_folder_once(tmp_path):
+    folder = tmp_path / "data_wikitext2"
+    with multiprocessing.get_context("spawn").Pool(3) as pool:
+        assert pool.map(_build_slowly, [folder] * 3) == [folder] * 3
+    assert (tmp_path / "data_wikitext2.starts").read_text() == "start\n"
+    assert _build_slowly(folder) == folder and (tmp_path / "data_wikitext2.starts").read_text() == "start\n"

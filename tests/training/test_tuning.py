@@ -5,6 +5,7 @@ import argparse
 import json
 import math
 import multiprocessing
+from pathlib import Path
 
 import pytest
 
@@ -17,10 +18,14 @@ from talk_hf.training.tuning import (
     MissingRunError,
     add_arguments,
     choose,
+    grid_of,
     grid_rows,
     grid_search,
     point_name,
+    read_rows,
+    run_and_tabulate,
     run_stages,
+    write_tables,
 )
 
 LOSSES = {(1e-3, 100): 3.0, (1e-3, 300): 2.5, (2e-3, 100): 2.2, (2e-3, 300): float("nan")}
@@ -306,3 +311,59 @@ def test_loss_curves_of_several_runs_in_one_plot(tmp_path):
     (tmp_path / "c.jsonl").write_text(json.dumps({"step": 1, "loss": 3.0}) + "\n")
     with pytest.raises(ValueError, match="no 'valid_loss' record to plot for 'c'"):
         plot_runs({"c": tmp_path / "c.jsonl"}, tmp_path / "none.png")
+
+
+def test_a_process_killed_while_writing_leaves_the_results_file_whole(tmp_path, monkeypatch):
+    """Readers take no lock (grid_rows, the tables): the file they read is the last one written in full."""
+    path, key = tmp_path / "grid.json", ("model",)
+    record_result(path, {"model": "a", "valid_loss": 1.0}, key)
+
+    def killed_half_way(self, text, *args, **kwargs):
+        with open(self, "w") as f:
+            f.write(text[: len(text) // 2])
+        raise SystemExit("killed")
+
+    monkeypatch.setattr(Path, "write_text", killed_half_way)
+    with pytest.raises(SystemExit):
+        record_result(path, {"model": "b", "valid_loss": 2.0}, key)
+    monkeypatch.undo()
+    assert [r["model"] for r in read_rows(path)] == ["a"]
+    assert [r["model"] for r in record_result(path, {"model": "b", "valid_loss": 2.0}, key)] == ["a", "b"]
+
+
+def test_a_row_whose_grid_diverged_leaves_the_other_rows_tables(tmp_path):
+    """Its grid is listed with nothing chosen, the other rows are tabulated and run, and the runner stops with a
+    message (no traceback) naming the divergence."""
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, [1e-3, 2e-3], [100], grid_steps=5, max_steps=7, eval_every=2, patience=3, extensions=0)
+    columns = [("model", lambda r: r["model"]), ("lr", lambda r: f"{r['learning_rate']:g}"),
+               ("valid loss", lambda r: f"{r['valid_loss']:.3f}")]
+
+    def train(ident, folder, learning_rate, warmup_steps, **loop):
+        diverged = ident["model"] == "bad"
+        return {"valid_loss": float("nan") if diverged else learning_rate * 1000, "steps": loop["max_steps"]}
+
+    idents = [{"model": "good"}, {"model": "bad"}]
+    with pytest.raises(SystemExit, match="error: every grid run diverged"):
+        run_and_tabulate(parser.parse_args(["--stages", "tune"]), tmp_path, idents[::-1], train, idents, columns,
+                         columns)
+    tables = write_tables(tmp_path, grid_of(parser.parse_args([])), idents, columns, columns)
+    assert tables["grid.md"].count("| bad ") == 2 and "| nan |" in tables["grid.md"]
+    assert tables["short_budget.md"].count("| good ") == 0  # the good row's grid has not run: the runner stopped
+    run_and_tabulate(parser.parse_args(["--stages", "tune"]), tmp_path, idents[:1], train, idents, columns, columns)
+    short = (tmp_path / "short_budget.md").read_text()
+    assert short.count("| good ") == 1 and "| bad " not in short
+
+
+def test_the_final_runs_take_a_time_cap(tmp_path):
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, [1e-3], [100], grid_steps=5, max_steps=7, eval_every=2, patience=3)
+    caps = []
+
+    def train(ident, folder, learning_rate, warmup_steps, **loop):
+        caps.append((loop["max_steps"], loop.get("max_minutes")))
+        return {"valid_loss": 1.0, "steps": 1}
+
+    run_stages(parser.parse_args(["--setting", "1e-3", "100", "--max_minutes", "4.5"]), tmp_path, [{"model": "a"}],
+               train)
+    assert caps == [(7, 4.5)]
