@@ -426,11 +426,7 @@ class DecoderStack(nn.Module):
                     f"the encoder states have {encoder_hidden_states.shape[0]} rows and the decoder inputs "
                     f"{ref.shape[0]}: each decoder row needs its own source row"
                 )
-        checkpointing = self.training and any(layer.gradient_checkpointing for layer in self.layers)
-        if use_cache and checkpointing and torch.is_grad_enabled():
-            # the backward pass recomputes each layer, which would read the state its first pass wrote
-            logger.warning_once("use_cache=True is incompatible with gradient checkpointing: decoding without a cache")
-            use_cache = False
+        use_cache, cache = self._cache_in_use(use_cache, cache)
         cache = decoder_cache(cache, seq2seq) if use_cache else None
         states, cross_states = self._layer_caches(cache)
         if seq2seq:
@@ -472,6 +468,22 @@ class DecoderStack(nn.Module):
             last_hidden_state=x, hidden_states=tuple(hidden) if hidden else None, **cache_output(cache)
         )
 
+    def _cache_in_use(self, use_cache, cache):
+        """-> (use_cache, cache) as this forward decodes. A cache passed in is read and advanced whatever use_cache
+        says (as transformers' models do: use_cache=False only means that none is made); under gradient
+        checkpointing no cache is used (the backward pass recomputes each layer, which would read the state its
+        first pass wrote), and one that holds tokens is refused rather than left unread."""
+        checkpointing = self.training and any(layer.gradient_checkpointing for layer in self.layers)
+        if not (checkpointing and torch.is_grad_enabled()):
+            return use_cache or cache is not None, cache
+        if cache is not None and cache.get_seq_length() > 0:
+            raise ValueError("gradient checkpointing cannot continue from a cache that holds tokens (the backward "
+                             "pass recomputes each layer from the state its first pass wrote): pass the whole "
+                             "sequence without a cache, or call model.gradient_checkpointing_disable()")
+        if use_cache:
+            logger.warning_once("use_cache=True is incompatible with gradient checkpointing: decoding without a cache")
+        return False, None
+
     def _layer_caches(self, cache):
         """Each layer's RecurrentLayer of the decoder's own state and of the cross-attention side (Nones where
         there is no cache / no cross-attention) -> two lists of len(self.layers)."""
@@ -500,6 +512,12 @@ class RecurrentPreTrainedModel(PreTrainedModel):
     def __init__(self, config, *args, **kwargs):
         config.check_layer_lists()
         super().__init__(config, *args, **kwargs)
+
+    def _get_static_cache_init_shape(self):
+        """generate() asks for the (heads, head_dim) of the key/value buffers of a StaticCache it allocates before
+        the first forward (chunked prefill); a RecurrentLayer's fixed-size state has none and is allocated by its
+        first write: None, transformers' answer for a cache that cannot be initialised early."""
+        return None
 
     def create_masks_for_generate(self, config=None, inputs_embeds=None, attention_mask=None, **kwargs):
         """generate() asks models with a compileable cache for their masks: the decoders need only the new tokens'

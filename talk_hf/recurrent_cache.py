@@ -43,6 +43,17 @@ def _contiguous(tensor):
     return _fixed(tensor.contiguous())
 
 
+def _frozen(tensor):
+    """Whether `tensor` was made under torch.inference_mode() and is used outside it, where it cannot be written in
+    place (a cache filled by a generate() call under inference mode, continued by one outside it)."""
+    return not torch.compiler.is_compiling() and tensor.is_inference() and not torch.is_inference_mode_enabled()
+
+
+def _thawed(tensor):
+    """`tensor`, or a writable copy at a fixed address where it is `_frozen`."""
+    return _fixed(tensor.clone()) if _frozen(tensor) else tensor
+
+
 def _same_layout(a, b):
     """Whether `a` can be overwritten with a tensor like `b`: the same shape, dtype and device."""
     return (a.shape, a.dtype, a.device) == (b.shape, b.dtype, b.device)
@@ -53,7 +64,7 @@ def _write(current, new, handed_over=False):
     (the address stays), else a new owned buffer: `new` itself when `handed_over` (a tensor no one else holds, kept
     without a copy; made contiguous), else a copy. -> the tensor the slot holds afterwards."""
     in_place = (current is not None and not new.requires_grad and not current.requires_grad
-                and _same_layout(current, new))
+                and _same_layout(current, new) and not _frozen(current))
     if in_place:
         return current.copy_(new)
     if handed_over and not new.requires_grad:
@@ -103,12 +114,20 @@ class RecurrentLayer(LinearAttentionAndFullAttentionLayer):
     # -- the fixed-size states
 
     def conv_state(self, state_idx=0):
-        """The conv state, or None before the first write (and after `reset`)."""
-        return self.conv_states[state_idx] if self.has_previous_state[state_idx] else None
+        """The conv state, or None before the first write (and after `reset`); writable in place (the decoding ops
+        may update it so)."""
+        return self._stored(self.conv_states, state_idx)
 
     def recurrent_state(self, state_idx=0):
-        """The recurrent state, or None before the first write (and after `reset`)."""
-        return self.recurrent_states[state_idx] if self.has_previous_state[state_idx] else None
+        """The recurrent state, or None before the first write (and after `reset`); writable in place (the decoding
+        ops may update it so)."""
+        return self._stored(self.recurrent_states, state_idx)
+
+    def _stored(self, states, state_idx):
+        if not self.has_previous_state[state_idx]:
+            return None
+        states[state_idx] = _thawed(states[state_idx])
+        return states[state_idx]
 
     def write_conv_state(self, state, state_idx=0):
         """Store the whole conv state (in place after the first write) -> the stored tensor."""
@@ -155,6 +174,7 @@ class RecurrentLayer(LinearAttentionAndFullAttentionLayer):
     def advance(self, new_mask, batch, length, device):
         """Count `length` consumed tokens; new_mask: (B, T) or None as in `positions`."""
         self._start_counting(batch, device)
+        self.cumulative_length, self.real_tokens = _thawed(self.cumulative_length), _thawed(self.real_tokens)
         self.cumulative_length.add_(length)
         self.real_tokens.add_(length if new_mask is None else new_mask.long().sum(-1))
 
@@ -183,17 +203,23 @@ class RecurrentLayer(LinearAttentionAndFullAttentionLayer):
                 (self.recurrent_states, self.is_recurrent_states_initialized),
             ):
                 if initialized[i]:
-                    states[i].zero_()
+                    states[i] = _thawed(states[i]).zero_()
             self.has_previous_state[i] = False
         self.keys = self.values = None
         self.is_initialized = False
         self.rows_per_source = 1
         if self.real_tokens is not None:
-            self.cumulative_length.zero_()
-            self.real_tokens.zero_()
+            self.cumulative_length = _thawed(self.cumulative_length).zero_()
+            self.real_tokens = _thawed(self.real_tokens).zero_()
 
     def crop(self, tokens_to_remove):
         raise NotImplementedError("a recurrent state cannot be rolled back to an earlier length")
+
+    def activate_past_recording(self):
+        """Assisted generation asks its draft model's cache to record past states, to roll back the draft tokens
+        the main model rejects; a recurrent state cannot be rolled back, so it is refused before any draft."""
+        raise ValueError("a talk_hf model cannot be an assistant (draft) model: its recurrent decoding state cannot "
+                         "be rolled back to drop rejected draft tokens; generate without assistant_model")
 
     def reorder_cache(self, beam_idx):
         """Beam search (uncompiled in transformers): every tensor gathered along the batch. The fixed-size states are
@@ -210,7 +236,7 @@ class RecurrentLayer(LinearAttentionAndFullAttentionLayer):
             if state.requires_grad:  # out= has no autograd
                 return select(state)
             spare = self._spares.get(slot)
-            if spare is None or not _same_layout(spare, state):
+            if spare is None or not _same_layout(spare, state) or _frozen(spare):
                 spare = torch.empty_like(state)
             self._spares[slot] = state
             return torch.index_select(state, 0, beam_idx.to(state.device), out=spare)

@@ -14,7 +14,7 @@ from talk_hf.recurrent_cache import LAYER_TYPE, RecurrentLayer
 from talk_hf.rfa import rfa_causal, rfa_cross_source
 from tests.models.test_modeling_common import inputs_for
 from talk_hf.versions import CACHE_NAME
-from tests.models.tiny import ALL, LM, SEQ2SEQ, cache_of, make, source_batch, target_batch
+from tests.models.tiny import ALL, LM, SEQ2SEQ, VOCAB, cache_of, make, source_batch, target_batch
 
 FAMILIES = ["talk", "dynamic_conv", "rfa_doc", "talk_lm", "dynamic_conv_lm"]
 
@@ -38,6 +38,88 @@ def test_config_names_a_recurrent_layer_per_decoder_layer(name):
         layers = self_side(config_cache(model, kind)).layers
         assert len(layers) == model.config.decoder_layers
         assert all(isinstance(layer, RecurrentLayer) and isinstance(layer, LinearAttentionLayer) for layer in layers)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_a_cache_passed_is_read_whatever_use_cache_says(name):
+    """use_cache=False (as an argument, or in the config, as set for gradient checkpointing) means no cache is made;
+    a cache passed in is still read and advanced, as transformers' models do."""
+    model = make(name)
+    inputs = inputs_for(name)
+    key = "decoder_input_ids" if name in SEQ2SEQ else "input_ids"
+    tokens = inputs.pop(key)
+    inputs.pop("attention_mask") if name in LM else None
+    with torch.no_grad():
+        full = model(**inputs, **{key: tokens}, use_cache=False).logits[:, -1]
+        for use_cache_setting in ({"use_cache": False}, {}):
+            model.config.use_cache = not use_cache_setting
+            cache = cache_of(model(**inputs, **{key: tokens[:, :-1]}, use_cache=True))
+            step = model(**inputs, **{key: tokens[:, -1:]}, cache=cache, **use_cache_setting)
+            assert cache_of(step) is cache
+            torch.testing.assert_close(step.logits[:, -1], full, rtol=1e-5, atol=1e-5)
+            assert model(**inputs, **{key: tokens[:, -1:]}, use_cache=False).logits.shape[1] == 1
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_a_cache_filled_under_inference_mode_continues_outside_it(name):
+    """Serving code fills a cache under torch.inference_mode(); generate() continues it under no_grad, where the
+    cache's inference tensors cannot be written in place: it decodes on as the full forward, and resets."""
+    model = make(name)
+    inputs = inputs_for(name)
+    key = "decoder_input_ids" if name in SEQ2SEQ else "input_ids"
+    tokens = inputs.pop(key)
+    inputs.pop("attention_mask") if name in LM else None
+    T = tokens.shape[1]
+    with torch.no_grad():
+        full = model(**inputs, **{key: tokens}, use_cache=False).logits
+
+    def decodes_on(cache):
+        with torch.no_grad():
+            steps = [model(**inputs, **{key: tokens[:, i : i + 1]}, cache=cache).logits for i in (T - 2, T - 1)]
+        torch.testing.assert_close(torch.cat(steps, 1), full[:, -2:], rtol=1e-5, atol=1e-5)
+
+    with torch.inference_mode():
+        cache = cache_of(model(**inputs, **{key: tokens[:, :-2]}, use_cache=True))
+    decodes_on(cache)
+    with torch.no_grad():
+        cache.reset()
+    with torch.inference_mode():
+        model(**inputs, **{key: tokens[:, :-2]}, cache=cache)
+    decodes_on(cache)
+
+
+@pytest.mark.parametrize("name", list(LM))
+def test_chunked_prefill_into_a_static_cache_generates_as_one_prefill(name):
+    model = make(name)
+    ids = target_batch(length=9, with_separators=False)
+    settings = dict(max_new_tokens=4, min_new_tokens=4, do_sample=False)
+    plain = model.generate(input_ids=ids, **settings)
+    chunked = model.generate(input_ids=ids, prefill_chunk_size=4, cache_implementation="static", **settings)
+    assert torch.equal(chunked, plain)
+
+
+def test_a_talk_hf_model_as_a_draft_model_is_refused_by_name():
+    """(As the main model it is refused too: `_is_stateful`.)"""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    main = GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_embd=16, n_layer=1, n_head=2, bos_token_id=0,
+                                      eos_token_id=2, pad_token_id=1)).eval()
+    draft = make("talk_lm")
+    ids = target_batch(length=5, with_separators=False)[:1]  # assisted generation takes one sequence
+    with pytest.raises(ValueError, match="cannot be an assistant"):
+        main.generate(input_ids=ids, assistant_model=draft, max_new_tokens=3)
+
+
+def test_gradient_checkpointing_refuses_a_cache_that_holds_tokens():
+    model = make("talk_lm")
+    ids = target_batch(length=6, with_separators=False)
+    with torch.no_grad():
+        cache = cache_of(model(ids[:, :-1], use_cache=True))
+    model.gradient_checkpointing_enable()
+    model.train()
+    with pytest.raises(ValueError, match="gradient checkpointing cannot continue from a cache that holds tokens"):
+        model(ids[:, -1:], cache=cache)
+    model(ids, labels=ids).loss.backward()  # without a cache, as training runs
 
 
 @pytest.mark.parametrize("kind", ["dynamic", "static"])
