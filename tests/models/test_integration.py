@@ -1,6 +1,7 @@
 """The models where transformers users reach for them: remote code without the package, pipelines, tokenizer
 packaging, Seq2SeqTrainer and Trainer on real Multi30k pairs."""
 
+import copy
 import os
 import subprocess
 import sys
@@ -302,7 +303,11 @@ def test_trainer_gradient_accumulation_equals_one_large_batch(name, tokenizer, l
     """Two micro-batches of 2 with very different label counts update the model as one batch of 4: every label
     weighs the same (Trainer's num_items_in_batch reaches the loss), not every micro-batch's mean."""
     lm = name in LM
-    tok = lm_tokenizer if lm else tokenizer
+    # right padding, as LMs are trained (left padding adds a target predicted from a padded position to each padded
+    # row, so rows padded in one batch and not in another count differently; the text-generation pipeline sets the
+    # shared tokenizer to left padding)
+    tok = copy.deepcopy(lm_tokenizer if lm else tokenizer)
+    tok.padding_side = "right"
     by_length = sorted(pairs(), key=lambda pair: len(pair[1]))
     texts = by_length[:2] + by_length[-2:]
     if lm:
@@ -326,7 +331,7 @@ def test_trainer_label_smoothing_shifts_a_causal_lms_labels(name, lm_tokenizer, 
     model's config-level smoothing does: the two updates are the same."""
     texts = [pair[1] for pair in pairs()[:4]]
     dataset = Dataset.from_dict({"input_ids": [lm_tokenizer(t)["input_ids"] for t in texts]})
-    collator = DataCollatorForLanguageModeling(lm_tokenizer, mlm=False)
+    collator = DataCollatorForLanguageModeling(lm_tokenizer, mlm=False)  # one batch: either padding side will do
     by_trainer = _one_sgd_step(sized(name, lm_tokenizer), dataset, collator, 4, 1, tmp_path,
                                label_smoothing_factor=0.1)
     by_config = _one_sgd_step(make(name, vocab_size=len(lm_tokenizer), label_smoothing=0.1), dataset, collator, 4, 1,
