@@ -10,12 +10,10 @@ from .recurrent_cache import LAYER_TYPE as RECURRENT_LAYER_TYPE
 
 
 def per_layer(name, value, num_layers, default):
-    """A per-layer list: None -> `default` (the paper's pattern, truncated or extended with its last entry);
-    an int -> that value for every layer; a list -> checked to have one entry per layer."""
+    """A per-layer list: None -> `default` (the paper's pattern, truncated or extended with its last entry); a list
+    -> checked to have one entry per layer (the config fields are typed list[int]: an int is refused by type)."""
     if value is None:
         value = list(default[:num_layers]) + [default[-1]] * max(0, num_layers - len(default))
-    elif isinstance(value, int) and not isinstance(value, bool):
-        value = [value] * num_layers
     value = list(value)
     if len(value) != num_layers:
         raise ValueError(f"{name} has {len(value)} entries but there are {num_layers} layers")

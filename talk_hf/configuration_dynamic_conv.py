@@ -106,7 +106,7 @@ class DynamicConvConfig(TalkHfConfigMixin, PreTrainedConfig):
 
     def __post_init__(self, **kwargs):
         super().__post_init__(**kwargs)
-        self.conv_dim = self.conv_dim or self.d_model
+        self.conv_dim = self.d_model if self.conv_dim is None else self.conv_dim
         check_positive(self, "vocab_size", "d_model", "conv_dim", "encoder_layers", "decoder_layers", "encoder_ffn_dim",
                        "decoder_ffn_dim", "encoder_conv_heads", "decoder_conv_heads", "decoder_attention_heads")
         check_source_embeddings(self)
@@ -166,7 +166,7 @@ class DynamicConvLMConfig(TalkHfConfigMixin, PreTrainedConfig):
 
     def __post_init__(self, **kwargs):
         super().__post_init__(**kwargs)
-        self.conv_dim = self.conv_dim or self.d_model
+        self.conv_dim = self.d_model if self.conv_dim is None else self.conv_dim
         check_positive(self, "vocab_size", "d_model", "conv_dim", "decoder_layers", "decoder_ffn_dim",
                        "decoder_conv_heads")
         self.decoder_kernel_sizes = per_layer("decoder_kernel_sizes", self.decoder_kernel_sizes, self.decoder_layers,

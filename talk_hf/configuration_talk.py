@@ -106,7 +106,7 @@ class TalkConfig(TalkHfConfigMixin, PreTrainedConfig):
 
     def __post_init__(self, **kwargs):
         super().__post_init__(**kwargs)
-        self.conv_dim = self.conv_dim or self.d_model
+        self.conv_dim = self.d_model if self.conv_dim is None else self.conv_dim
         check_positive(self, "vocab_size", "d_model", "conv_dim", "encoder_layers", "decoder_layers", "encoder_ffn_dim",
                        "decoder_ffn_dim", "encoder_heads", "decoder_heads", "decoder_attention_heads")
         self.encoder_max_offsets = per_layer("encoder_max_offsets", self.encoder_max_offsets, self.encoder_layers,
@@ -172,7 +172,7 @@ class TalkLMConfig(TalkHfConfigMixin, PreTrainedConfig):
 
     def __post_init__(self, **kwargs):
         super().__post_init__(**kwargs)
-        self.conv_dim = self.conv_dim or self.d_model
+        self.conv_dim = self.d_model if self.conv_dim is None else self.conv_dim
         check_positive(self, "vocab_size", "d_model", "conv_dim", "decoder_layers", "decoder_ffn_dim", "decoder_heads")
         self.decoder_max_offsets = per_layer("decoder_max_offsets", self.decoder_max_offsets, self.decoder_layers,
                                              ENCODER_OFFSETS)
