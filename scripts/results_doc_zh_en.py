@@ -33,7 +33,7 @@ from pathlib import Path
 
 from talk_hf.training import tuning
 from talk_hf.training.loop import TrainConfig
-from talk_hf.training.prepare import prepare_once, prepare_wiki_zh_en
+from talk_hf.training.prepare import SUMMARY_FILE, prepare_once, prepare_wiki_zh_en
 from talk_hf.training.run import load_prepared, train_run
 from talk_hf.training.tables import RUN_COLUMNS
 
@@ -84,6 +84,8 @@ def prepare(out, window, vocab_size, max_tokens_per_example):
     """data_w<window>/ from the bundled corpus, prepared once (`prepare_once`); the tokenizer comes from data_w1
     (trained there first)."""
     folder = out / f"data_w{window}"
+    if (folder / SUMMARY_FILE).exists():
+        return folder
     if window == 1:
         tokenizer = dict(vocab_size=vocab_size)
     else:

@@ -14,7 +14,6 @@ from transformers import (  # noqa: E402
     AutoModelForSeq2SeqLM,
     AutoTokenizer,
 )
-from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES  # noqa: E402
 
 from . import metrics, ops  # noqa: E402,F401
 from .configuration_dynamic_conv import DynamicConvConfig, DynamicConvLMConfig  # noqa: E402
@@ -66,9 +65,6 @@ for _config, _model, _head in [
     AutoConfig.register(_config.model_type, _config, exist_ok=True)
     AutoModel.register(_config, _model, exist_ok=True)
     AutoModelForCausalLM.register(_config, _head, exist_ok=True)
-    # transformers looks causal LMs up by class name in this table, which `register` does not fill: Trainer's label
-    # smoother shifts the labels of the models it lists, and the text-generation pipeline accepts them
-    MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.setdefault(_config.model_type, _head.__name__)
     _config.register_for_auto_class()
     _model.register_for_auto_class("AutoModel")
     _head.register_for_auto_class("AutoModelForCausalLM")

@@ -4,9 +4,17 @@ config field, so a wrong value fails when the config is built, not deep inside a
 import math
 
 from transformers.activations import ACT2FN
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from .pipeline_translation import register_pipelines  # noqa: F401  (importing it registers the tasks)
 from .recurrent_cache import LAYER_TYPE as RECURRENT_LAYER_TYPE
+
+
+def name_causal_lm(model_type, class_name):
+    """List a causal LM class where transformers looks causal LMs up by class name (`register` does not fill that
+    table): Trainer's label smoother shifts the labels of the models it lists, and the text-generation pipeline
+    accepts them. Called by the LM config modules, so that Hub remote code without talk_hf lists them too."""
+    MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.setdefault(model_type, class_name)
 
 
 def per_layer(name, value, num_layers, default):
@@ -98,6 +106,7 @@ class TalkHfConfigMixin:
         its field here rather than a failure inside a model."""
         result = super().from_dict(config_dict, **kwargs)
         config = result[0] if isinstance(result, tuple) else result
+        config.check_layer_lists()
         cls(**config.to_dict())
         return result
 

@@ -11,6 +11,7 @@ from .configuration_common import (
     check_probability,
     check_source_embeddings,
     check_token_ids,
+    name_causal_lm,
     per_layer,
 )
 
@@ -178,3 +179,6 @@ class DynamicConvLMConfig(TalkHfConfigMixin, PreTrainedConfig):
         check_probability(self, "dropout", "activation_dropout", "input_dropout", "weight_dropout", "label_smoothing")
         check_activation(self)
         check_token_ids(self, "pad_token_id", "bos_token_id")
+
+
+name_causal_lm(DynamicConvLMConfig.model_type, "DynamicConvForCausalLM")

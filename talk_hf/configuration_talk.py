@@ -11,6 +11,7 @@ from .configuration_common import (
     check_probability,
     check_source_embeddings,
     check_token_ids,
+    name_causal_lm,
     per_layer,
 )
 
@@ -134,7 +135,8 @@ class TalkLMConfig(TalkHfConfigMixin, PreTrainedConfig):
     Args:
         decoder_max_offsets (`list[int]`): per-layer maximum left reach (default [1, 3, 7, 15, 15, ...]).
         decoder_heads (`int`): TaLK offset heads. label_smoothing (`float`): applied inside the model's loss
-            (Trainer's `label_smoothing_factor` does the same from outside; use one of the two).
+            (Trainer's `label_smoothing_factor` does the same from outside, the labels shifted as for any causal LM
+            transformers lists; use one of the two).
     """
 
     model_type = "talk_lm"
@@ -180,3 +182,6 @@ class TalkLMConfig(TalkHfConfigMixin, PreTrainedConfig):
         check_probability(self, "dropout", "activation_dropout", "input_dropout", "offset_dropout", "label_smoothing")
         check_activation(self)
         check_token_ids(self, "pad_token_id", "bos_token_id")
+
+
+name_causal_lm(TalkLMConfig.model_type, "TalkForCausalLM")

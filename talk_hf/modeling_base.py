@@ -472,7 +472,8 @@ class DecoderStack(nn.Module):
         """-> (use_cache, cache) as this forward decodes. A cache passed in is read and advanced whatever use_cache
         says (as transformers' models do: use_cache=False only means that none is made); under gradient
         checkpointing no cache is used (the backward pass recomputes each layer, which would read the state its
-        first pass wrote), and one that holds tokens is refused rather than left unread."""
+        first pass wrote): an empty one passed in stays empty, and one that holds tokens is refused rather than
+        left unread."""
         checkpointing = self.training and any(layer.gradient_checkpointing for layer in self.layers)
         if not (checkpointing and torch.is_grad_enabled()):
             return use_cache or cache is not None, cache

@@ -405,9 +405,17 @@ class Trainer:
         return (
             (c.max_steps and s.global_step >= c.max_steps)
             or (c.max_epochs and s.epoch >= c.max_epochs)
-            or (c.max_minutes and s.elapsed_seconds >= 60 * c.max_minutes)
+            or (c.max_minutes and self.longest_training_time() >= 60 * c.max_minutes)
             or self.stopped_early()
         )
+
+    def longest_training_time(self):
+        """Seconds trained by the process that has trained longest: each process reads its own clock, and all must
+        stop at the same update (the time cap is judged on the same number everywhere)."""
+        if self.accelerator.num_processes == 1:
+            return self.state.elapsed_seconds
+        clock = torch.tensor([self.state.elapsed_seconds], device=self.accelerator.device)
+        return self.accelerator.gather(clock).max().item()
 
     def stopped_early(self):
         """The validation loss has not improved for config.patience periodic evaluations."""

@@ -215,5 +215,8 @@ def write_atomically(path, text):
     killed part-way never leaves a half-written file."""
     path = Path(path)
     partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    partial.write_text(text)
-    os.replace(partial, path)
+    try:
+        partial.write_text(text)
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)

@@ -105,13 +105,15 @@ def test_lm_remote_code_without_the_package(lm_tokenizer, tmp_path):
     out = run_isolated(
         f"""
         from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
         model = AutoModelForCausalLM.from_pretrained({str(folder)!r}, trust_remote_code=True)
         tok = AutoTokenizer.from_pretrained({str(folder)!r}, trust_remote_code=True)
         print(model.generate(**tok(["Ein Hund"], return_tensors="pt"), max_new_tokens=5, min_new_tokens=5).tolist())
+        print(type(model).__name__ in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())  # Trainer's smoother shifts it
         """,
         tmp_path,
     )
-    assert out.strip() == str(expected.tolist())
+    assert out.splitlines() == [str(expected.tolist()), "True"]
 
 
 def test_remote_code_of_two_folders_in_one_process(tokenizer, lm_tokenizer, tmp_path):

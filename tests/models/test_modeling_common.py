@@ -396,15 +396,15 @@ def test_resize_token_embeddings_keeps_tying(name):
                                               ("dynamic_conv", "decoder_layers", "decoder_kernel_sizes"),
                                               ("talk_lm", "decoder_layers", "decoder_max_offsets")])
 def test_a_layer_count_set_without_its_per_layer_lists_is_refused_by_name(name, count, lists, tmp_path):
-    """A count set on a built config (as transformers' from_dict sets overrides) is past the lists' own checks: the
-    model refuses it; from_pretrained(path, <count>=N) checks the config it loads."""
+    """A count set on a built config is past the lists' own checks: the model refuses it, and
+    from_pretrained(path, <count>=N), which sets it so, checks the config it loads."""
     config_class = ALL[name][0]
     make(name).config.save_pretrained(tmp_path)
     config = config_class.from_pretrained(tmp_path)
     setattr(config, count, 3)
     with pytest.raises(ValueError, match=f"{lists} has 2 entries but {count} is 3: set {lists} too"):
         ALL[name][2](config)
-    with pytest.raises(ValueError, match=f"{lists} has 2 entries but there are 3 layers"):
+    with pytest.raises(ValueError, match=f"{lists} has 2 entries but {count} is 3: set {lists} too"):
         config_class.from_pretrained(tmp_path, **{count: 3})
 
 

@@ -106,6 +106,17 @@ def test_a_run_killed_while_saving_resumes_from_its_last_whole_checkpoint(data, 
         assert torch.equal(p, q), name
 
 
+def test_the_time_cap_is_judged_on_the_longest_training_time_of_all_processes(data, tmp_path, monkeypatch):
+    """Processes read their own clocks; one past the cap before the others would leave them waiting for it."""
+    trainer = run(data, tmp_path, max_steps=1)
+    trainer.config.max_steps, trainer.config.max_minutes = 0, 1.0
+    trainer.state.elapsed_seconds = 30.0
+    assert not trainer.done()
+    monkeypatch.setattr(type(trainer.accelerator), "num_processes", property(lambda self: 2))
+    monkeypatch.setattr(trainer.accelerator, "gather", lambda clock: torch.cat([clock, torch.tensor([75.0])]))
+    assert trainer.done() and trainer.longest_training_time() == 75.0
+
+
 def test_resume_without_checkpoint_fails_clearly(data, tmp_path):
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
         run(data, tmp_path, max_steps=1, resume=True)

@@ -327,7 +327,7 @@ def test_a_process_killed_while_writing_leaves_the_results_file_whole(tmp_path, 
     with pytest.raises(SystemExit):
         record_result(path, {"model": "b", "valid_loss": 2.0}, key)
     monkeypatch.undo()
-    assert [r["model"] for r in read_rows(path)] == ["a"]
+    assert [r["model"] for r in read_rows(path)] == ["a"] and not list(tmp_path.glob(".*.partial"))
     assert [r["model"] for r in record_result(path, {"model": "b", "valid_loss": 2.0}, key)] == ["a", "b"]
 
 
