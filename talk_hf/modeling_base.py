@@ -371,9 +371,19 @@ class EncoderStack(nn.Module):
             x = layer(x, attention_mask=attention_mask)
             if hidden is not None:
                 hidden.append(x)
-        if self.layer_norm is not None:
-            x = self.layer_norm(x)
+        x = final_norm(self.layer_norm, x, hidden)
         return BaseModelOutput(last_hidden_state=x, hidden_states=tuple(hidden) if hidden else None)
+
+
+def final_norm(layer_norm, x, hidden):
+    """A stack's output after its final norm (if any); the last of the collected hidden states (`hidden`, a list or
+    None) is that output, as transformers' models return it (hidden_states[-1] == last_hidden_state)."""
+    if layer_norm is None:
+        return x
+    x = layer_norm(x)
+    if hidden is not None:
+        hidden[-1] = x
+    return x
 
 
 class DecoderStack(nn.Module):
@@ -462,8 +472,7 @@ class DecoderStack(nn.Module):
                 hidden.append(x)
             if state is not None:
                 state.advance(mask, ref.shape[0], length, ref.device)
-        if self.layer_norm is not None:
-            x = self.layer_norm(x)
+        x = final_norm(self.layer_norm, x, hidden)
         return BaseModelOutputWithPast(
             last_hidden_state=x, hidden_states=tuple(hidden) if hidden else None, **cache_output(cache)
         )

@@ -45,6 +45,12 @@ def test_forward_shapes_and_loss(name):
     assert out.logits.shape == (3, T, VOCAB)
     hidden = out.decoder_hidden_states if name in SEQ2SEQ else out.hidden_states
     assert len(hidden) == model.config.decoder_layers + 1
+    # transformers' convention: the last hidden state is the output, after any final layer norm
+    if name in SEQ2SEQ:
+        torch.testing.assert_close(out.encoder_hidden_states[-1], out.encoder_last_hidden_state)
+        torch.testing.assert_close(hidden[-1], model.model(**inputs).last_hidden_state)
+    else:
+        torch.testing.assert_close(hidden[-1], model.model(**inputs).last_hidden_state)
     labels = target_batch(seed=5) if name in SEQ2SEQ else inputs["input_ids"]
     model.train()
     kwargs = {k: v for k, v in inputs.items() if k != "decoder_input_ids"}
