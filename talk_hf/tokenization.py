@@ -6,8 +6,8 @@ Special tokens and ids are fixed, so every checkpoint config can use the same nu
 
     <s>=0 (bos)   <pad>=1   </s>=2 (eos)   <unk>=3   <sep>=4 (sentence separator in document windows)
 
-The tokenizer: NFKC normaliser (then whitespace stripped at both ends of each piece between special tokens, then
-lowercasing on request), Metaspace pre-tokenizer/decoder (``▁`` marks a word start), BPE trained on source and target
+The tokenizer: NFKC normaliser (then every run of whitespace, tabs and line breaks included, made one space, whitespace
+stripped at both ends of each piece between special tokens, and lowercasing on request), Metaspace pre-tokenizer/decoder (``▁`` marks a word start), BPE trained on source and target
 text together (joint vocabulary), wrapped in ``transformers.PreTrainedTokenizerFast`` (an alias of
 ``TokenizersBackend`` in transformers 5). The post-processor appends ``</s>`` for translation and appends nothing
 for language modelling.
@@ -21,7 +21,7 @@ Document windows are plain strings with sentences separated by ``" <sep> "``::
 
 from collections.abc import Iterable
 
-from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 BOS_TOKEN, PAD_TOKEN, EOS_TOKEN, UNK_TOKEN, SEP_TOKEN = "<s>", "<pad>", "</s>", "<unk>", "<sep>"
@@ -36,14 +36,15 @@ def _special_added_tokens() -> list[AddedToken]:
 
 
 def _normalizer(lowercase: bool) -> normalizers.Normalizer:
-    """NFKC, then stripping of leading/trailing whitespace, then lowercasing when ``lowercase`` is True.
+    """NFKC, then each run of whitespace (tabs and line breaks included) made one space and leading/trailing
+    whitespace stripped, then lowercasing when ``lowercase`` is True.
 
     Special tokens are cut out of the text before normalisation, so the strip applies to each piece between them:
     ``"a <sep> b"`` becomes ``"a"``, ``<sep>``, ``"b"`` and the space before ``<sep>`` does not turn into a lone
     ``▁`` token. (``AddedToken(lstrip=True, rstrip=True)`` would do the same for the ids, but then ``tokenize()``
     returns ``" <sep> "``, which ``convert_tokens_to_ids`` maps to ``<unk>``.)
     """
-    steps = [normalizers.NFKC(), normalizers.Strip()]
+    steps = [normalizers.NFKC(), normalizers.Replace(Regex(r"\s+"), " "), normalizers.Strip()]
     if lowercase:
         steps.append(normalizers.Lowercase())
     return normalizers.Sequence(steps)

@@ -137,6 +137,13 @@ def test_decode_round_trip(mt_tok, pairs):
         assert mt_tok.decode(ids, skip_special_tokens=True) == unicodedata.normalize("NFKC", text).strip()
 
 
+def test_whitespace_runs_are_one_space(mt_tok):
+    """Tabs, line breaks and repeated spaces separate words as one space does (not <unk>, not extra word starts)."""
+    plain = mt_tok("Ein Hund rennt im Park.")["input_ids"]
+    assert mt_tok("Ein\tHund  rennt\nim \r\n Park.")["input_ids"] == plain
+    assert mt_tok.unk_token_id not in plain
+
+
 def test_decode_applies_nfkc(mt_tok):
     text = "Ein ﬁsch\u00a0im Wasser"  # 'ﬁ' ligature and a no-break space
     out = mt_tok.decode(mt_tok(text)["input_ids"], skip_special_tokens=True)
