@@ -46,3 +46,20 @@ def noncontiguous(t):
     out = wide[..., ::2]
     assert not out.is_contiguous()
     return out
+
+
+def transposed(t):
+    """t's values in a dense layout whose last two dimensions are swapped in memory (not contiguous, no gaps)."""
+    return t.transpose(-1, -2).contiguous().transpose(-1, -2)
+
+
+def assert_compiled_matches(fn, *inputs):
+    """torch.compile(fn, fullgraph=True) (inductor) gives fn's values and gradients. No compile caches: they key a
+    graph by its ops, not by the ops' fake kernels, so a graph compiled with other fake kernels (another version of
+    this package) would be reused."""
+    want, want_grads = grads(fn, *inputs)
+    with torch._inductor.config.patch(force_disable_caches=True):
+        got, got_grads = grads(torch.compile(fn, fullgraph=True), *inputs)
+    torch.testing.assert_close(got, want)
+    for a, b in zip(got_grads, want_grads):
+        torch.testing.assert_close(a, b)

@@ -26,6 +26,17 @@ def config_cache(model, kind):
     return EncoderDecoderCache(build(), build()) if model.config.is_encoder_decoder else build()
 
 
+def decoder_tokens(name):
+    """-> (the model's other inputs, the name of its decoder tokens, those tokens (B, T)): decoded in steps beside the
+    other inputs (an LM's prompt without its padding mask)."""
+    inputs = inputs_for(name)
+    key = "decoder_input_ids" if name in SEQ2SEQ else "input_ids"
+    tokens = inputs.pop(key)
+    if name in LM:
+        inputs.pop("attention_mask")
+    return inputs, key, tokens
+
+
 def self_side(cache):
     return cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
 
@@ -45,10 +56,7 @@ def test_a_cache_passed_is_read_whatever_use_cache_says(name):
     """use_cache=False (as an argument, or in the config, as set for gradient checkpointing) means no cache is made;
     a cache passed in is still read and advanced, as transformers' models do."""
     model = make(name)
-    inputs = inputs_for(name)
-    key = "decoder_input_ids" if name in SEQ2SEQ else "input_ids"
-    tokens = inputs.pop(key)
-    inputs.pop("attention_mask") if name in LM else None
+    inputs, key, tokens = decoder_tokens(name)
     with torch.no_grad():
         full = model(**inputs, **{key: tokens}, use_cache=False).logits[:, -1]
         for use_cache_setting in ({"use_cache": False}, {}):
@@ -65,10 +73,7 @@ def test_a_cache_filled_under_inference_mode_continues_outside_it(name):
     """Serving code fills a cache under torch.inference_mode(); generate() continues it under no_grad, where the
     cache's inference tensors cannot be written in place: it decodes on as the full forward, and resets."""
     model = make(name)
-    inputs = inputs_for(name)
-    key = "decoder_input_ids" if name in SEQ2SEQ else "input_ids"
-    tokens = inputs.pop(key)
-    inputs.pop("attention_mask") if name in LM else None
+    inputs, key, tokens = decoder_tokens(name)
     T = tokens.shape[1]
     with torch.no_grad():
         full = model(**inputs, **{key: tokens}, use_cache=False).logits
@@ -128,10 +133,7 @@ def test_a_cache_built_from_the_config_decodes_as_the_full_forward(name, kind):
     """Prefix, then single tokens, through a user-built cache == one forward without a cache; the same cache
     object comes back."""
     model = make(name)
-    inputs = inputs_for(name)
-    key = "decoder_input_ids" if name in SEQ2SEQ else "input_ids"
-    tokens = inputs.pop(key)
-    inputs.pop("attention_mask") if name in LM else None
+    inputs, key, tokens = decoder_tokens(name)
     with torch.no_grad():
         full = model(**inputs, **{key: tokens}, use_cache=False).logits
         cache, outs = config_cache(model, kind), []

@@ -10,7 +10,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from talk_hf import ops
 from talk_hf.rfa import rfa_causal_chunked, rfa_key_norm_rescale
-from tests.utils import REL_TOL, assert_close, rel_err
+from tests.utils import REL_TOL, assert_close, rel_err, transposed
 
 
 def features(B, T, H, F, generator, dtype=torch.float64):
@@ -548,11 +548,6 @@ def test_key_norm_rescale():
     torch.testing.assert_close(scale[1].amax(0), torch.ones(3, 1))
     exponent = 0.5 * (k[1].norm(dim=-1) / math.sqrt(8)) ** 2  # (S, H)
     torch.testing.assert_close(scale[1, :, :, 0], torch.exp(exponent - exponent.amax(0)))
-
-
-def transposed(t):
-    """t's values in a dense layout whose last two dimensions are swapped in memory (not contiguous, no gaps)."""
-    return t.transpose(-1, -2).contiguous().transpose(-1, -2)
 
 
 def test_backward_opcheck_with_transposed_inputs():

@@ -7,7 +7,17 @@ import pytest
 import torch
 
 from talk_hf import ops
-from tests.utils import DTYPES, REL_TOL, assert_close, grads, noncontiguous, offsets, rel_err
+from tests.utils import (
+    DTYPES,
+    REL_TOL,
+    assert_close,
+    assert_compiled_matches,
+    grads,
+    noncontiguous,
+    offsets,
+    rel_err,
+    transposed,
+)
 
 
 
@@ -326,11 +336,6 @@ def test_torch_compile_matches_eager():
     torch.testing.assert_close(compiled(x, ol, orr), ops.talk_conv(x, ol, orr, 4, 4) * 2)
 
 
-def transposed(t):
-    """t's values in a dense layout whose last two dimensions are swapped in memory (not contiguous, no gaps)."""
-    return t.transpose(-1, -2).contiguous().transpose(-1, -2)
-
-
 def test_opcheck_with_transposed_inputs():
     """The fake kernels return what the kernels return, contiguous tensors, whatever the inputs' strides."""
     x = transposed(torch.randn(2, 7, 6))
@@ -353,14 +358,7 @@ def test_torch_compile_of_a_channels_first_input():
     def fn(a, b):
         return ops.talk_conv(a.transpose(1, 2), b, None, 4, 0).reshape(2, -1)
 
-    want, want_grads = grads(fn, x, ol)
-    # No compile caches: they key a graph by its ops, not by the ops' fake kernels, so a graph compiled with other
-    # fake kernels (another version of this package) would be reused.
-    with torch._inductor.config.patch(force_disable_caches=True):
-        got, got_grads = grads(torch.compile(fn, fullgraph=True), x, ol)
-    torch.testing.assert_close(got, want)
-    for a, b in zip(got_grads, want_grads):
-        torch.testing.assert_close(a, b)
+    assert_compiled_matches(fn, x, ol)
 
 
 def test_second_order_gradients_of_the_kernel_raise():
