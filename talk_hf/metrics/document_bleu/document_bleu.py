@@ -30,6 +30,13 @@ def check_documents(name, documents):
                                 "document is a list of sentences; document_bleu takes one reference per sentence)")
 
 
+def check_given(**documents):
+    """check_documents for each keyword argument that is not None."""
+    for name, value in documents.items():
+        if value is not None:
+            check_documents(name, value)
+
+
 def bleu_metric(tokenize=None, lowercase=False):
     """sacreBLEU's BLEU with these options; an unknown tokenizer is a ValueError naming the known ones."""
     if tokenize is not None and tokenize not in sacrebleu.metrics.BLEU.TOKENIZERS:
@@ -52,8 +59,7 @@ def document_scores(predictions, references, tokenize=None, lowercase=False):
         raise ValueError(f"no sentences to score ({len(predictions)} documents, none with a sentence)")
     metric = bleu_metric(tokenize, lowercase)
     bleu = metric.corpus_score(sentences, [reference_sentences]).score
-    d_bleu = bleu_metric(tokenize, lowercase).corpus_score([" ".join(d) for d in predictions],
-                                                           [[" ".join(d) for d in references]]).score
+    d_bleu = metric.corpus_score([" ".join(d) for d in predictions], [[" ".join(d) for d in references]]).score
     return {"bleu": bleu, "d_bleu": d_bleu, "documents": len(predictions), "sentences": len(sentences),
             "signature": str(metric.get_signature())}
 
@@ -76,16 +82,13 @@ class DocumentBleu(evaluate.Metric):
     def add_batch(self, *, predictions=None, references=None, **kwargs):
         """evaluate's add_batch, after checking that every sentence is a str (evaluate would store any other value
         as its string form)."""
-        for name, documents in (("predictions", predictions), ("references", references)):
-            if documents is not None:
-                check_documents(name, documents)
+        check_given(predictions=predictions, references=references)
         return super().add_batch(predictions=predictions, references=references, **kwargs)
 
     def add(self, *, prediction=None, reference=None, **kwargs):
         """evaluate's add (one document), after the same check as add_batch."""
-        for name, document in (("prediction", prediction), ("reference", reference)):
-            if document is not None:
-                check_documents(name, [document])
+        check_given(prediction=None if prediction is None else [prediction],
+                    reference=None if reference is None else [reference])
         return super().add(prediction=prediction, reference=reference, **kwargs)
 
     def _compute(self, predictions, references, tokenize=None, lowercase=False, **unknown):
