@@ -156,8 +156,12 @@ def check_args(args, parser):
     if args.lm_text:
         if args.block_size < 1:
             parser.error("--block_size must be >= 1")
-        if args.window != 1 or args.reverse:
-            parser.error("--window and --reverse apply to translation pairs, not to --lm_text")
+        pair_only = [flag for flag, used in (("--window", args.window != 1), ("--reverse", args.reverse),
+                                             ("--max_tokens_per_example", args.max_tokens_per_example is not None),
+                                             ("--keep_all_splits", args.keep_all_splits is not None),
+                                             ("--cache_dir", args.cache_dir is not None)) if used]
+        if pair_only:
+            parser.error(f"{', '.join(pair_only)} apply to translation pairs, not to --lm_text")
         if args.lm_holdout:
             if not 0 < args.lm_holdout < 1:
                 parser.error(f"--lm_holdout must be in (0, 1), got {args.lm_holdout}")

@@ -81,18 +81,21 @@ def ident(row):
 
 
 def prepare(out, window, vocab_size, max_tokens_per_example):
-    """data_w<window>/ from the bundled corpus, prepared once (`prepare_once`); the tokenizer comes from data_w1
-    (trained there first)."""
+    """data_w<window>/ from the bundled corpus, prepared once (`prepare_once`; a folder prepared with other settings
+    is refused); the tokenizer comes from data_w1 (trained there first)."""
     folder = out / f"data_w{window}"
-    if (folder / SUMMARY_FILE).exists():
-        return folder
+    settings = {"window": window, "max_tokens_per_example": max_tokens_per_example}
     if window == 1:
         tokenizer = dict(vocab_size=vocab_size)
+        settings["vocab_size"] = vocab_size
+    elif (folder / SUMMARY_FILE).exists():
+        tokenizer = {}
     else:
         tokenizer = dict(tokenizer=str(prepare(out, 1, vocab_size, max_tokens_per_example) / "tokenizer"))
     return prepare_once(folder, lambda: prepare_wiki_zh_en(folder, ("train", "dev", "zh2en-test"), window=window,
                                                            max_tokens_per_example=max_tokens_per_example,
-                                                           keep_all_splits=("zh2en-test",), **tokenizer))
+                                                           keep_all_splits=("zh2en-test",), **tokenizer),
+                        settings=settings)
 
 
 def max_new_tokens(data_dir):

@@ -64,10 +64,12 @@ def corpus_texts(corpus):
 
 
 def prepare(out, corpus, block_size, vocab_size):
-    """out/data_<corpus>/ (kept when already prepared; shards started together prepare it once)."""
+    """out/data_<corpus>/ (kept when already prepared with these settings, refused when with others; shards
+    started together prepare it once)."""
     folder = out / f"data_{corpus}"
     return prepare_once(folder, lambda: prepare_lm_data(folder, corpus_texts(corpus), block_size=block_size,
-                                                        vocab_size=vocab_size))
+                                                        vocab_size=vocab_size),
+                        settings={"block_size": block_size, "vocab_size": vocab_size})
 
 
 GRID_COLUMNS = [

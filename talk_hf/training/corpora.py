@@ -18,6 +18,7 @@ import gzip
 import io
 import json
 import os
+import re
 import tarfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -75,12 +76,18 @@ def read_lines(path: str | os.PathLike) -> list[str]:
     does not start another line.
 
     Raises:
-        ValueError: the file is not valid UTF-8 (names the file and the line).
+        ValueError: the file is not valid UTF-8, or a file whose lines end in ``\n`` holds a lone ``\r`` (which
+        would end a line that ``wc -l`` and line-aligned tools count as one, shifting every line after it against
+        an aligned file); the error names the file and the line. A file that is not gzip data but is named
+        ``.gz`` is a ValueError naming it.
     """
     path = os.fspath(path)
     opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rb") as f:
-        raw = f.read()
+    try:
+        with opener(path, "rb") as f:
+            raw = f.read()
+    except gzip.BadGzipFile as err:
+        raise ValueError(f"{path}: named .gz but not gzip data ({err})") from None
     start = len(codecs.BOM_UTF8) if raw.startswith(codecs.BOM_UTF8) else 0
     try:
         text = raw[start:].decode("utf-8")
@@ -88,6 +95,11 @@ def read_lines(path: str | os.PathLike) -> list[str]:
         at = start + err.start
         line = raw.count(b"\n", 0, at) + 1
         raise ValueError(f"{path}: line {line} is not valid UTF-8 ({err.reason} at byte {at})") from None
+    stray = re.search(r"\r(?!\n)", text) if "\n" in text else None
+    if stray:
+        line = text.count("\n", 0, stray.start()) + 1
+        raise ValueError(f"{path}: line {line} holds a carriage return (\\r) not followed by \\n, in a file whose lines "
+                         "end in \\n: it would split the line in two and shift every line after it; remove it")
     return split_lines(text)
 
 

@@ -133,6 +133,10 @@ def encode(
 
     def tokenize(batch: dict[str, list]) -> dict[str, list]:
         enc = tokenizer(batch["source"], text_target=batch["target"], add_special_tokens=True)
+        if any(not ids or ids[-1] != tokenizer.eos_token_id for ids in enc["labels"]):
+            raise ValueError(f"encode: the tokenizer {getattr(tokenizer, 'name_or_path', '')!r} does not end every "
+                             "target with </s> (a language-model tokenizer, add_eos=False?): a translation model "
+                             "trained on them never learns to stop; use one that appends </s> (train_tokenizer's)")
         keep = [
             (max_source_tokens is None or len(src) <= max_source_tokens)
             and (max_target_tokens is None or len(tgt) <= max_target_tokens)
@@ -162,6 +166,12 @@ def encode(
             max_target_tokens,
         )
     return encoded
+
+
+def appends_eos(tokenizer) -> bool:
+    """Whether ``tokenizer("a")`` ends with the tokenizer's ``</s>`` id (a translation tokenizer's contract)."""
+    ids = tokenizer("a")["input_ids"]
+    return tokenizer.eos_token_id is not None and bool(ids) and ids[-1] == tokenizer.eos_token_id
 
 
 def lm_blocks(

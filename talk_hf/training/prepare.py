@@ -20,6 +20,7 @@ Every input is checked before anything is written: a ``ValueError`` leaves ``out
 from __future__ import annotations
 
 import fcntl
+import shutil
 import json
 import logging
 import os
@@ -42,7 +43,7 @@ from .corpora import (
     load_wiki_zh_en,
     reverse_pairs,
 )
-from .data import encode, lm_token_stream, stream_blocks, train_tokenizer
+from .data import appends_eos, encode, lm_token_stream, stream_blocks, train_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -60,20 +61,32 @@ SUMMARY_FILE = "preprocess.json"
 PathLike = str | os.PathLike
 
 
-def prepare_once(output_dir: PathLike, build: Callable[[], Any]) -> Path:
+def prepare_once(output_dir: PathLike, build: Callable[[], Any], settings: Mapping[str, Any] | None = None) -> Path:
     """``output_dir``, prepared by ``build()`` unless it holds ``SUMMARY_FILE`` (written last: a finished
     preparation). Processes started together with one output folder take turns (an exclusive lock on
     ``<output_dir>.lock``): one prepares, the others then find it prepared, instead of rewriting the files another
-    process already reads."""
+    process already reads.
+
+    settings: optional ``{name: value}`` that ``build()`` records under ``"args"`` in ``SUMMARY_FILE``; a folder
+    prepared with other values is a ValueError naming them (it is never silently used in their place)."""
     output = Path(output_dir)
-    if (output / SUMMARY_FILE).exists():
-        return output
-    output.parent.mkdir(parents=True, exist_ok=True)
-    with open(output.with_name(output.name + ".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (output / SUMMARY_FILE).exists():
-            build()
+    if not (output / SUMMARY_FILE).exists():
+        output.parent.mkdir(parents=True, exist_ok=True)
+        with open(output.with_name(output.name + ".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not (output / SUMMARY_FILE).exists():
+                build()
+    _check_prepared_with(output, settings or {})
     return output
+
+
+def _check_prepared_with(output: Path, settings: Mapping[str, Any]) -> None:
+    recorded = json.loads((output / SUMMARY_FILE).read_text(encoding="utf-8")).get("args", {})
+    differ = {name: (recorded.get(name), value) for name, value in settings.items() if recorded.get(name) != value}
+    if differ:
+        described = ", ".join(f"{name}={old!r} (asked for {new!r})" for name, (old, new) in differ.items())
+        raise ValueError(f"{output} was prepared with {described}: choose another output folder, or remove this one "
+                         "to prepare it again")
 
 
 # ------------------------------------------------------------------------------------------------ loading pairs
@@ -321,6 +334,10 @@ def prepare_lm_data(
     texts = _hold_out(texts, holdout)
     trained_on = None if tokenizer is not None else list(tokenizer_splits)
     tokenizer = _load_tokenizer(tokenizer)
+    if tokenizer is not None and appends_eos(tokenizer):
+        raise ValueError(f"the tokenizer {settings['tokenizer']!r} appends </s> to every encoding (a translation "
+                         "tokenizer?); prepare_lm_data puts one </s> after every line itself, so each line would end "
+                         "in two: use a tokenizer without it (train_joint_bpe(..., add_eos=False))")
     if tokenizer is None:
         _check_known(tokenizer_splits, texts, "tokenizer_splits")
         corpus = (line for name in tokenizer_splits for line in texts[name])
@@ -329,7 +346,10 @@ def prepare_lm_data(
     blocks, counts = {}, {}
     for name, lines in texts.items():
         stream = lm_token_stream(lines, tokenizer, separator_token_id=tokenizer.eos_token_id)
-        blocks[name] = stream_blocks(stream, block_size)
+        try:
+            blocks[name] = stream_blocks(stream, block_size)
+        except ValueError as err:
+            raise ValueError(f"split {name!r}: {err}") from None
         in_blocks = len(blocks[name]) * block_size
         counts[name] = {"lines": len(lines), "blocks": len(blocks[name]), "tokens_total": len(stream),
                         "tokens_in_blocks": in_blocks, "tail_tokens_dropped": len(stream) - in_blocks}
@@ -366,6 +386,7 @@ def save_prepared(
     indented), and return the latter's contents:
     ``{"args": args, "tokenizer": {"vocab_size": len(tokenizer), "trained_on": trained_on}, "splits": counts}``."""
     output = Path(output_dir)
+    _remove_previous(output)
     output.mkdir(parents=True, exist_ok=True)
     tokenizer.save_pretrained(output / "tokenizer")
     for name, ds in splits.items():
@@ -379,6 +400,22 @@ def save_prepared(
     text = json.dumps(summary, indent=2, ensure_ascii=False) + "\n"
     (output / SUMMARY_FILE).write_text(text, encoding="utf-8")
     return summary
+
+
+def _remove_previous(output: Path) -> None:
+    """Remove an earlier preparation of ``output``: its ``SUMMARY_FILE`` first (a rewrite stopped part way is then
+    not taken for a finished one), then its splits and tokenizer, so that no split of other settings or another
+    tokenizer stays beside the new ones. A folder that holds a tokenizer but no ``SUMMARY_FILE`` (a preparation
+    stopped part way, whose splits are unknown) is a ValueError."""
+    summary = output / SUMMARY_FILE
+    if summary.exists():
+        previous = json.loads(summary.read_text(encoding="utf-8"))
+        summary.unlink()
+        for name in [*previous.get("splits", {}), "tokenizer"]:
+            shutil.rmtree(output / name, ignore_errors=True)
+    elif (output / "tokenizer").exists():
+        raise ValueError(f"{output} holds a tokenizer but no {SUMMARY_FILE} (a preparation stopped part way?): "
+                         "remove the folder or choose another")
 
 
 def _load_tokenizer(tokenizer: PathLike | Any | None):

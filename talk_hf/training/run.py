@@ -90,9 +90,24 @@ def split_documents(dataset):
                          "(scripts/preprocess.py --window)")
     doc_ids = list(dataset["doc_id"])
     windows = [split_sentences(source) for source in dataset["source"]]
-    sources = group_documents([(sentences or [""])[-1] for sentences in windows], doc_ids)
     window = max([1, *map(len, windows)])
+    for document in group_documents(list(zip(doc_ids, windows)), doc_ids):
+        check_consecutive(document, window)
+    sources = group_documents([(sentences or [""])[-1] for sentences in windows], doc_ids)
     return sources, group_documents(last_sentences(dataset["target"]), doc_ids), window
+
+
+def check_consecutive(document, window):
+    """document: [(doc_id, source window sentences)], one per row. Each row's context must be the sentences of the
+    rows before it (as many as the window holds): a row dropped at preparation (e.g. by max_tokens_per_example)
+    would otherwise join the sentences around it as one document, scored and decoded with the wrong context."""
+    sentences = [(row or [""])[-1] for _, row in document]
+    for k, (doc_id, row) in enumerate(document):
+        expected = sentences[max(0, k - (window - 1)):k]
+        if row[:-1] != expected:
+            raise ValueError(f"document {doc_id!r}: row {k} has {len(row) - 1} context sentence(s) that are not the "
+                             f"{len(expected)} sentence(s) before it: the split lost windows of this document (prepare "
+                             "document-level evaluation splits with keep_all_splits, which refuses to drop one)")
 
 
 def initialise_from(model, folder):

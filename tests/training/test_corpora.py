@@ -21,6 +21,7 @@ from talk_hf.training.corpora import (
     document_windows,
     group_documents,
     load_hub_pairs,
+    read_lines,
     load_iwslt15_ted_zh_en,
     load_json_pairs,
     load_text_pairs,
@@ -110,6 +111,19 @@ def test_load_text_pairs_bad_utf8_names_line(tmp_path):
     tgt = write(tmp_path / "t", "a\nb\nc\n")
     with pytest.raises(ValueError, match=r"bad\.src.*line 3"):
         load_text_pairs(src, tgt)
+
+
+def test_load_text_pairs_refuses_a_stray_carriage_return(tmp_path):
+    src = write(tmp_path / "s", "eins\nzw\rei\ndrei\n")  # 3 lines for wc -l; universal newlines would read 4
+    tgt = write(tmp_path / "t", "one\ntwo\nthr\ree\n")
+    with pytest.raises(ValueError, match=r"s: line 2 holds a carriage return"):
+        load_text_pairs(src, tgt)
+    assert read_lines(write(tmp_path / "mac", "a\rb\r")) == ["a", "b"]  # \r alone ends every line: fine
+
+
+def test_a_gz_name_on_plain_text_is_named(tmp_path):
+    with pytest.raises(ValueError, match=r"plain\.gz: named \.gz but not gzip data"):
+        read_lines(write(tmp_path / "plain.gz", "a\n"))
 
 
 # ------------------------------------------------------------------------------------------------ TSV / JSON

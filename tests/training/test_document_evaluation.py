@@ -40,6 +40,12 @@ def test_a_split_of_windows_gives_back_its_documents(setup):
     assert sources == [SOURCES[:3], SOURCES[3:]] and references == [TARGETS[:3], TARGETS[3:]] and window == 2
 
 
+def test_a_split_that_lost_windows_is_refused(setup):
+    _, _, windows = setup  # document "a" without its second window: the third would follow the first
+    with pytest.raises(ValueError, match="document 'a': row 1 .* lost windows"):
+        split_documents(windows.select([0, 2, 3, 4]))
+
+
 def test_sliding_evaluation_translates_whole_documents(setup):
     model, tokenizer, windows = setup
     result = evaluate_translation(model, tokenizer, windows, document_level=True, **GREEDY)

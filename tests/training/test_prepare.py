@@ -12,7 +12,7 @@ import datasets
 import pytest
 from transformers import AutoTokenizer
 
-from talk_hf.tokenization import EOS_ID, SEP_ID, split_sentences
+from talk_hf.tokenization import EOS_ID, SEP_ID, split_sentences, train_joint_bpe
 from talk_hf.training.corpora import load_tsv_pairs
 from talk_hf.training.prepare import (
     SUMMARY_FILE,
@@ -201,7 +201,7 @@ def test_lm_errors_write_nothing(tmp_path):
             prepare_lm_data(out, {"train": lines}, vocab_size=30, min_frequency=1, **kwargs)
     with pytest.raises(ValueError, match="needs a 'train' split and no 'valid' one"):
         prepare_lm_data(out, {"train": lines, "valid": lines}, holdout=0.1)
-    with pytest.raises(ValueError, match="fewer than block_size"):  # a split too short for one block
+    with pytest.raises(ValueError, match="split 'test': .*fewer than block_size"):  # a split too short for a block
         prepare_lm_data(out, {"train": lines, "test": ["a"]}, block_size=8, vocab_size=30, min_frequency=1)
     assert not out.exists()
 
@@ -224,3 +224,49 @@ def test_processes_started_together_prepare_a_folder_once(tmp_path):
         assert pool.map(_build_slowly, [folder] * 3) == [folder] * 3
     assert (tmp_path / "data_wikitext2.starts").read_text() == "start\n"
     assert _build_slowly(folder) == folder and (tmp_path / "data_wikitext2.starts").read_text() == "start\n"
+
+
+def test_preparing_again_replaces_the_earlier_splits_and_tokenizer(pairs, tmp_path):
+    prepare_translation_data(tmp_path, {"train": pairs, "test": pairs.select(range(4))}, vocab_size=300)
+    summary = prepare_translation_data(tmp_path, {"train": pairs}, vocab_size=200)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["preprocess.json", "tokenizer", "train"]  # no old test/
+    assert len(AutoTokenizer.from_pretrained(tmp_path / "tokenizer")) == 200 == summary["tokenizer"]["vocab_size"]
+
+
+def test_a_preparation_stopped_part_way_is_refused_not_completed(pairs, tmp_path, monkeypatch):
+    prepare_translation_data(tmp_path, {"train": pairs, "valid": pairs.select(range(4))}, vocab_size=300)
+
+    def stop(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(datasets.Dataset, "save_to_disk", stop)
+    with pytest.raises(KeyboardInterrupt):
+        prepare_translation_data(tmp_path, {"train": pairs, "valid": pairs.select(range(4))}, vocab_size=200)
+    monkeypatch.undo()
+    assert not (tmp_path / SUMMARY_FILE).exists()  # never taken for a finished preparation
+    with pytest.raises(ValueError, match="holds a tokenizer but no preprocess.json"):
+        prepare_translation_data(tmp_path, {"train": pairs}, vocab_size=200)
+
+
+def test_a_folder_prepared_with_other_settings_is_refused(tmp_path):
+    lines = ["a b c d e f"] * 40
+
+    def prepare(block_size):
+        return prepare_once(tmp_path / "data", lambda: prepare_lm_data(
+            tmp_path / "data", {"train": lines}, block_size=block_size, vocab_size=30, min_frequency=1),
+            settings={"block_size": block_size, "vocab_size": 30})
+
+    assert prepare(8) == tmp_path / "data" and prepare(8) == tmp_path / "data"
+    with pytest.raises(ValueError, match=r"prepared with block_size=8 \(asked for 4\)"):
+        prepare(4)
+
+
+def test_a_tokenizer_of_the_other_kind_is_refused(pairs, tmp_path):
+    lines = [s for s, _ in fixture_pairs()]
+    lm_tok = train_joint_bpe(lines, 200, add_eos=False)
+    translation_tok = train_joint_bpe(lines, 200)
+    with pytest.raises(ValueError, match=r"does not end every target with </s>"):
+        prepare_translation_data(tmp_path / "a", {"train": pairs}, tokenizer=lm_tok)
+    with pytest.raises(ValueError, match=r"appends </s> to every encoding"):
+        prepare_lm_data(tmp_path / "b", {"train": lines}, tokenizer=translation_tok, block_size=8)
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()

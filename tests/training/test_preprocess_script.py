@@ -196,6 +196,7 @@ def test_lm_input_errors(script, tmp_path):
     corpus = tmp_path / "c.txt"
     corpus.write_text("a b c\n" * 50, encoding="utf-8")
     for argv in (["--lm_holdout", "1.5"], ["--window", "2"], ["--block_size", "0"], ["--tsv", f"train={FIXTURE}"],
+                 ["--max_tokens_per_example", "20"], ["--keep_all_splits", "train"], ["--cache_dir", str(tmp_path)],
                  ["--lm_holdout", "0.1", "--lm_text", f"valid={corpus}"]):
         with pytest.raises(SystemExit):
             script.main(["--lm_text", f"train={corpus}", *argv, "--output_dir", str(tmp_path / "x")])
