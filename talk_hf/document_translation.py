@@ -34,7 +34,7 @@ import warnings
 import torch
 
 from .modeling_base import RecurrentPreTrainedModel
-from .tokenization import SEP_TOKEN, join_sentences
+from .tokenization import document_separator, join_sentences, token_id
 from .versions import CACHE_NAME
 
 
@@ -50,10 +50,11 @@ def document_sentences(document):
     return list(document)
 
 
-def checked_documents(documents, tokenizer, sep_token=SEP_TOKEN):
-    """Each document's sentences (`document_sentences`); a blank sentence, or one holding the separator token (which
-    would split it in two inside a window), is a ValueError naming it."""
-    has_separator = _token_id(tokenizer, sep_token) is not None
+def checked_documents(documents, tokenizer, sep_token=None):
+    """Each document's sentences (`document_sentences`); a blank sentence, or one holding the separator token
+    (`document_separator`: it would split the sentence in two inside a window), is a ValueError naming it."""
+    sep_token = document_separator(tokenizer, sep_token)
+    has_separator = token_id(tokenizer, sep_token) is not None
     docs = [document_sentences(d) for d in documents]
     for d, sentences in enumerate(docs):
         for k, sentence in enumerate(sentences):
@@ -75,12 +76,12 @@ class ContextShortenedWarning(UserWarning):
         self.shortened, self.windows = shortened, windows
 
 
-def translate_documents(model, tokenizer, documents, window=4, batch_size=32, sep_token=SEP_TOKEN,
+def translate_documents(model, tokenizer, documents, window=4, batch_size=32, sep_token=None,
                         **generate_kwargs):
     """Translate documents with sliding windows -> one list of translations (str) per document, one per sentence.
 
-    model: any encoder-decoder generation model trained on windows joined by `sep_token` (window=1 needs no
-    separator: sentence-level translation); window: sentences per window (L), the current one included.
+    model: any encoder-decoder generation model trained on windows joined by `sep_token` (default: the tokenizer's,
+    `talk_hf.tokenization.document_separator`; window=1 needs no separator: sentence-level translation); window: sentences per window (L), the current one included.
     batch_size: windows per `generate()` call. Windows are batched across documents; those whose forced prefixes
     have the same length go together, so the decoder inputs are never padded and a document's translation does not
     depend on the others in the batch, for any model.
@@ -92,7 +93,7 @@ def translate_documents(model, tokenizer, documents, window=4, batch_size=32, se
                                        **generate_kwargs)[0]
 
 
-def translate_documents_counted(model, tokenizer, documents, window=4, batch_size=32, sep_token=SEP_TOKEN,
+def translate_documents_counted(model, tokenizer, documents, window=4, batch_size=32, sep_token=None,
                                 **generate_kwargs):
     """`translate_documents` -> (its translations, how many windows dropped context sentences to fit the model's
     positions); warns as it does."""
@@ -101,6 +102,7 @@ def translate_documents_counted(model, tokenizer, documents, window=4, batch_siz
         raise TypeError("documents is a list of documents (each a list of sentences or a str with one sentence per "
                         "line), got one str: translate_document translates a single document")
     _warn_if_training(model)
+    sep_token = document_separator(tokenizer, sep_token)
     docs = checked_documents(documents, tokenizer, sep_token)
     separator = _separator_id(tokenizer, sep_token) if window > 1 else None
     stops = _stop_ids(model, separator)
@@ -283,14 +285,8 @@ def _decoder_start(model):
     return model.config.decoder_start_token_id if start is None else start
 
 
-def _token_id(tokenizer, token):
-    """The id of `token` in the tokenizer's vocabulary, or None when it has none (unknown tokens map to unk)."""
-    ids = tokenizer.convert_tokens_to_ids([token])
-    return None if not ids or ids[0] is None or ids[0] == tokenizer.unk_token_id else ids[0]
-
-
 def _separator_id(tokenizer, sep_token):
-    separator = _token_id(tokenizer, sep_token)
+    separator = token_id(tokenizer, sep_token)
     if separator is None:
         raise ValueError(f"the tokenizer has no {sep_token!r} token, which joins the sentences of a window; "
                          "use window=1 or a tokenizer (and model) trained with it")
@@ -344,7 +340,7 @@ def _generate_windows(model, tokenizer, sources, prefixes, stops, batch_size, fi
 
 
 @torch.no_grad()
-def translate_document_streaming(model, tokenizer, document, window=4, sep_token=SEP_TOKEN, **generate_kwargs):
+def translate_document_streaming(model, tokenizer, document, window=4, sep_token=None, **generate_kwargs):
     """Translate one document by carrying the decoder's state across its sentences -> one translation per sentence.
 
     Sentence i: the source window of sentences i - window + 1 .. i is encoded and replaces the cross-attention
@@ -362,6 +358,7 @@ def translate_document_streaming(model, tokenizer, document, window=4, sep_token
     if not (is_talk_hf_model(model) and model.config.is_encoder_decoder):
         raise ValueError("streaming document translation carries a fixed-size decoder state: it needs a talk_hf "
                          f"encoder-decoder, got {type(model).__name__} (translate_documents works with any)")
+    sep_token = document_separator(tokenizer, sep_token)
     sentences, = checked_documents([document], tokenizer, sep_token)
     separator = _separator_id(tokenizer, sep_token)
     stops = _stop_ids(model, separator)

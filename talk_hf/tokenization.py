@@ -130,6 +130,23 @@ def train_joint_bpe(
     )
 
 
+def token_id(tokenizer, token: str) -> int | None:
+    """The id of ``token`` in the tokenizer's vocabulary, or None when it has none (unknown tokens map to unk)."""
+    ids = tokenizer.convert_tokens_to_ids([token])
+    return None if not ids or ids[0] is None or ids[0] == tokenizer.unk_token_id else ids[0]
+
+
+def document_separator(tokenizer, sep_token: str | None = None) -> str:
+    """The token that joins the sentences of a document window for ``tokenizer``: ``sep_token`` when given, else the
+    tokenizer's own ``sep_token`` (``"<sep>"`` for the joint BPE tokenizers, ``"[@@SEP@@]"`` for converted rfa-doc-mt
+    ones) unless it is the end-of-sequence token (BART's, mBART's, NLLB's ``"</s>"``, which ends a translation and
+    cannot join two), else ``SEP_TOKEN``."""
+    if sep_token is not None:
+        return sep_token
+    own = getattr(tokenizer, "sep_token", None)
+    return own if own is not None and own != getattr(tokenizer, "eos_token", None) else SEP_TOKEN
+
+
 def join_sentences(sentences: Iterable[str], sep_token: str = SEP_TOKEN) -> str:
     """One document window as a string: the stripped sentences joined by ``" <sep> "``.
 

@@ -8,15 +8,16 @@ import sacrebleu
 import torch
 
 from ..metrics.document_bleu.document_bleu import document_scores
-from ..tokenization import SEP_TOKEN, split_sentences
+from ..tokenization import SEP_TOKEN, document_separator, split_sentences, token_id
 from .corpora import group_documents
 
 
 @torch.no_grad()
-def translate(model, tokenizer, sources, num_beams=4, length_penalty=1.0, max_new_tokens=128, batch_size=64,
-              skip_special_tokens=True, **generate_kwargs):
-    """Translate `sources` (list of str) with beam search; sentences are batched by length, results keep the
-    input order; `generate_kwargs` go to `model.generate`. -> list of str."""
+def generate_translations(model, tokenizer, sources, num_beams=4, length_penalty=1.0, max_new_tokens=128,
+                          batch_size=64, **generate_kwargs):
+    """Generate a translation of each of `sources` (list of str) with beam search; sentences are batched by length,
+    results keep the input order; `generate_kwargs` go to `model.generate`. -> list of lists of token ids (the
+    decoder start and any padding included)."""
     model.eval()
     device = next(model.parameters()).device
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
@@ -26,10 +27,15 @@ def translate(model, tokenizer, sources, num_beams=4, length_penalty=1.0, max_ne
         inputs = tokenizer([sources[i] for i in index], return_tensors="pt", padding=True).to(device)
         ids = model.generate(**inputs, num_beams=num_beams, length_penalty=length_penalty,
                              max_new_tokens=max_new_tokens, **generate_kwargs)
-        texts = tokenizer.batch_decode(ids, skip_special_tokens=skip_special_tokens)
-        for i, text in zip(index, texts):
-            outputs[i] = text.strip()
+        for i, row in zip(index, ids.tolist()):
+            outputs[i] = row
     return outputs
+
+
+def translate(model, tokenizer, sources, skip_special_tokens=True, **kwargs):
+    """`generate_translations`, decoded -> list of str (stripped)."""
+    return [tokenizer.decode(ids, skip_special_tokens=skip_special_tokens).strip()
+            for ids in generate_translations(model, tokenizer, sources, **kwargs)]
 
 
 def check_pairs(hypotheses, references):
@@ -55,20 +61,34 @@ def corpus_chrf(hypotheses, references):
 
 
 def last_sentences(texts, sep_token=SEP_TOKEN):
-    """The current (last) sentence of each document window: the part scored at document-level evaluation."""
+    """The current (last) sentence of each document window's text (e.g. a reference window of a prepared split):
+    the part scored at document-level evaluation."""
     return [(split_sentences(text, sep_token) or [""])[-1] for text in texts]
 
 
-def document_metrics(tokenizer, doc_ids, sep_token=SEP_TOKEN):
+def window_last_sentences(tokenizer, sequences, sep_token=None):
+    """The current (last) sentence of each window of token ids (generated, or labels), decoded on its own: the ids
+    after the window's last separator (`document_separator`), decoded with skip_special_tokens=True, so that each
+    tokenizer keeps what its own decoding keeps (a converted fairseq tokenizer's <unk>) and detokenises the sentence
+    as `translate_documents` does. sequences: rows of token ids -> list of str."""
+    separator = token_id(tokenizer, document_separator(tokenizer, sep_token))
+    sentences = []
+    for row in sequences:
+        ids = [int(i) for i in row]
+        after = max((k for k, i in enumerate(ids) if i == separator), default=-1) if separator is not None else -1
+        sentences.append(tokenizer.decode(ids[after + 1 :], skip_special_tokens=True).strip())
+    return sentences
+
+
+def document_metrics(tokenizer, doc_ids, sep_token=None):
     """A `compute_metrics` for transformers' Seq2SeqTrainer (predict_with_generate=True) on an evaluation set of
-    document windows in document order: the last sentence of each generated window is that sentence's translation,
-    the rows of one doc_id (consecutive) form a document, and the document_bleu scores come back as
-    {"bleu", "d_bleu"}. doc_ids: the evaluation set's doc_id column, one per row."""
+    document windows in document order: the last sentence of each generated window is that sentence's translation
+    (`window_last_sentences`), the rows of one doc_id (consecutive) form a document, and the document_bleu scores
+    come back as {"bleu", "d_bleu"}. doc_ids: the evaluation set's doc_id column, one per row."""
     doc_ids = list(doc_ids)
 
     def texts(ids):
-        ids = np.where(ids != -100, ids, tokenizer.pad_token_id)
-        return last_sentences(tokenizer.batch_decode(ids, skip_special_tokens=False), sep_token)
+        return window_last_sentences(tokenizer, np.where(ids != -100, ids, tokenizer.pad_token_id), sep_token)
 
     def compute_metrics(prediction):
         hyps, refs = texts(generated_ids(prediction.predictions)), texts(prediction.label_ids)

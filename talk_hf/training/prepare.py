@@ -30,7 +30,7 @@ from typing import Any
 
 import datasets
 
-from ..tokenization import SEP_TOKEN, train_joint_bpe
+from ..tokenization import SEP_TOKEN, document_separator, token_id, train_joint_bpe
 
 from .corpora import (
     WIKI_ZH_EN_SPLITS,
@@ -219,10 +219,13 @@ def prepare_translation_data(
         splits = {name: reverse_pairs(ds) for name, ds in splits.items()}
     trained_on = None if tokenizer is not None else list(tokenizer_splits)
     tokenizer = _load_tokenizer(tokenizer)
-    sep_token = SEP_TOKEN if tokenizer is None else tokenizer.sep_token
-    if window > 1 and sep_token is None:
-        raise ValueError(f"window={window} needs a tokenizer with a sep_token; {settings['tokenizer']} has none")
-    windows = {name: document_windows(ds, window, sep_token=sep_token or SEP_TOKEN) for name, ds in splits.items()}
+    sep_token = SEP_TOKEN if tokenizer is None else document_separator(tokenizer)
+    if window > 1 and tokenizer is not None and token_id(tokenizer, sep_token) is None:
+        raise ValueError(f"window={window} joins sentences with a separator token, and the tokenizer "
+                         f"{settings['tokenizer']!r} has no {sep_token!r} in its vocabulary (its end-of-sequence token "
+                         "cannot be one): add one (tokenizer.add_special_tokens({'sep_token': '<sep>'}) and resize the "
+                         "model's embeddings) or use window=1")
+    windows = {name: document_windows(ds, window, sep_token=sep_token) for name, ds in splits.items()}
     if tokenizer is None:
         tokenizer = train_tokenizer([splits[name] for name in tokenizer_splits], vocab_size, lowercase=lowercase,
                                     min_frequency=min_frequency)

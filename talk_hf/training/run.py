@@ -13,9 +13,16 @@ from transformers import AutoTokenizer
 from ..document_translation import checked_documents, translate_document_streaming, translate_documents_counted
 from ..environment import device_description
 from ..metrics.document_bleu.document_bleu import document_scores
-from ..tokenization import split_sentences
+from ..tokenization import SEP_TOKEN, document_separator, split_sentences
 from .corpora import group_documents, write_lines
-from .evaluation import corpus_bleu, corpus_chrf, last_sentences, translate
+from .evaluation import (
+    corpus_bleu,
+    corpus_chrf,
+    generate_translations,
+    last_sentences,
+    translate,
+    window_last_sentences,
+)
 from .loop import Trainer, validation_loss
 from .models import build_model, count_parameters
 from .plot import plot_metrics
@@ -60,11 +67,12 @@ DOCUMENT_DECODINGS = ("sliding", "streaming", "windows")
 def _evaluate_documents(model, tokenizer, dataset, decoding, generation):
     if decoding not in DOCUMENT_DECODINGS:
         raise ValueError(f"document_decoding must be one of {DOCUMENT_DECODINGS}, got {decoding!r}")
-    sources, references, window = split_documents(dataset)
+    sep_token = document_separator(tokenizer)
+    sources, references, window = split_documents(dataset, sep_token)
     shortened = 0
     if decoding == "windows":
-        texts = translate(model, tokenizer, dataset["source"], skip_special_tokens=False, **generation)
-        hyps = group_documents(last_sentences(texts), dataset["doc_id"])
+        generated = generate_translations(model, tokenizer, dataset["source"], **generation)
+        hyps = group_documents(window_last_sentences(tokenizer, generated, sep_token), dataset["doc_id"])
     elif decoding == "streaming":
         if generation["num_beams"] != 1:
             raise ValueError("streaming document decoding is greedy: evaluate it with num_beams=1")
@@ -81,20 +89,20 @@ def _evaluate_documents(model, tokenizer, dataset, decoding, generation):
             "hypotheses": flat}
 
 
-def split_documents(dataset):
-    """A split of document windows -> (source documents, reference documents, window): each document the list of
-    its sentences in order (the last sentence of each row's window; rows with the same consecutive doc_id form a
-    document), window the most sentences any row's source window holds."""
+def split_documents(dataset, sep_token=SEP_TOKEN):
+    """A split of document windows joined by `sep_token` -> (source documents, reference documents, window): each
+    document the list of its sentences in order (the last sentence of each row's window; rows with the same
+    consecutive doc_id form a document), window the most sentences any row's source window holds."""
     if "doc_id" not in dataset.column_names:
         raise ValueError("document-level evaluation needs a split of document windows with a doc_id column "
                          "(scripts/preprocess.py --window)")
     doc_ids = list(dataset["doc_id"])
-    windows = [split_sentences(source) for source in dataset["source"]]
+    windows = [split_sentences(source, sep_token) for source in dataset["source"]]
     window = max([1, *map(len, windows)])
     for document in group_documents(list(zip(doc_ids, windows)), doc_ids):
         check_consecutive(document, window)
     sources = group_documents([(sentences or [""])[-1] for sentences in windows], doc_ids)
-    return sources, group_documents(last_sentences(dataset["target"]), doc_ids), window
+    return sources, group_documents(last_sentences(dataset["target"], sep_token), doc_ids), window
 
 
 def check_consecutive(document, window):

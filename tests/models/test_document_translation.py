@@ -1,6 +1,7 @@
 """Document translation: sliding windows with the forced target context (any encoder-decoder, a transformers
 baseline included) and streaming with the decoder state carried across sentences (talk_hf models)."""
 
+import copy
 import warnings
 
 import pytest
@@ -8,7 +9,7 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from talk_hf import ContextShortenedWarning, translate_document, translate_document_streaming, translate_documents
-from talk_hf.tokenization import SEP_ID, SEP_TOKEN, join_sentences, train_joint_bpe
+from talk_hf.tokenization import SEP_ID, SEP_TOKEN, document_separator, join_sentences, train_joint_bpe
 from talk_hf.training.models import build_model
 from tests.models.tiny import cache_of
 
@@ -328,3 +329,19 @@ def test_a_configured_limit_as_long_as_the_positions_keeps_the_context(tokenizer
         got = translate_documents(model, tokenizer, DOCUMENTS, window=3, **stop)
     assert got == translate_documents(model, tokenizer, DOCUMENTS, window=3, max_new_tokens=8, **stop)
     assert sum(bool(t) for doc in got for t in doc) > len(DOCUMENTS)  # the sentences have words
+
+
+def test_the_separator_is_the_tokenizers_own(tokenizer):
+    """A tokenizer whose sep_token is not "<sep>" (a converted rfa-doc-mt one has "[@@SEP@@]") joins and splits
+    windows with it; one whose sep_token ends sequences (BART's "</s>") falls back to "<sep>"."""
+    own = copy.deepcopy(tokenizer)
+    own.add_special_tokens({"sep_token": "[@@SEP@@]"})
+    assert document_separator(own) == "[@@SEP@@]" and document_separator(own, "<sep>") == "<sep>"
+    model = model_for("talk", own)
+    assert translate_document(model, own, SENTENCES, window=2, **GREEDY) == translate_document(
+        model, own, SENTENCES, window=2, sep_token="[@@SEP@@]", **GREEDY)
+    with pytest.raises(ValueError, match=r"holds the separator '\[@@SEP@@\]'"):
+        translate_document(model, own, ["a dog [@@SEP@@] runs .", "it barks ."], window=2, **GREEDY)
+    bart_like = copy.deepcopy(tokenizer)
+    bart_like.add_special_tokens({"sep_token": bart_like.eos_token})
+    assert document_separator(bart_like) == SEP_TOKEN

@@ -2,6 +2,7 @@
 sentence, with the document_bleu `evaluate` metric shipped in the package."""
 
 import datasets
+import numpy as np
 import evaluate
 import pytest
 import sacrebleu
@@ -140,3 +141,27 @@ def test_seq2seq_trainer_document_metrics(setup):
     assert got == {"bleu": pytest.approx(expected["bleu"]), "d_bleu": pytest.approx(expected["d_bleu"])}
     with pytest.raises(ValueError, match="4 predictions for an evaluation set of 5 rows"):
         compute(EvalPrediction(predictions=labels[:4], label_ids=labels[:4]))
+
+
+def fairseq_document_tokenizer(folder):
+    """A converted rfa-doc-mt tokenizer in miniature: fairseq dictionaries (no BPE), its separator "[@@SEP@@]"."""
+    from talk_hf.tokenization_fairseq import FairseqMosesBpeTokenizer
+
+    words = ["[@@SEP@@]", "a", "dog", "runs", ".", "x"]
+    for side in ("src", "tgt"):
+        (folder / f"dict.{side}.txt").write_text("".join(f"{w} 1\n" for w in words), encoding="utf-8")
+    return FairseqMosesBpeTokenizer(str(folder / "dict.src.txt"), str(folder / "dict.tgt.txt"), sep_token="[@@SEP@@]")
+
+
+def test_document_metrics_split_windows_at_the_tokenizers_separator_and_keep_what_it_decodes(tmp_path):
+    from transformers import EvalPrediction
+
+    from talk_hf.training.evaluation import document_metrics, window_last_sentences
+
+    tok = fairseq_document_tokenizer(tmp_path)
+    predicted = tok(["x [@@SEP@@] a dog runs ."])["input_ids"]  # the same last sentence, another context
+    labels = tok(["a [@@SEP@@] a dog runs ."])["input_ids"]
+    scores = document_metrics(tok, ["d"])(EvalPrediction(predictions=np.array(predicted), label_ids=np.array(labels)))
+    assert scores == {"bleu": pytest.approx(100), "d_bleu": pytest.approx(100)}
+    # fairseq's decoding keeps <unk>, and so does the sentence scored ("a  runs ." if it were dropped)
+    assert window_last_sentences(tok, tok(["a [@@SEP@@] a zebra runs ."])["input_ids"]) == ["a <unk> runs ."]
