@@ -42,11 +42,36 @@ from .tokenization_fairseq import FairseqMosesBpeTokenizer, load_fairseq_diction
 
 logger = logging.getLogger(__name__)
 
+
+class TrainingMeter:
+    """What a fairseq training meter in a checkpoint's extra_state unpickles to: the pickled state, kept as it is in
+    `state`, with no behaviour (the converter ignores extra_state)."""
+
+    def __setstate__(self, state):
+        self.state = state
+
+
+def _meter_stand_in(module, name):
+    """A TrainingMeter subclass that a pickle names as module.name."""
+    return type(name, (TrainingMeter,), {"__module__": module, "__qualname__": name})
+
+
+# The meter classes fairseq's Trainer keeps (fairseq.meters in 0.6-0.9, fairseq.logging.meters later); fairseq 0.6-0.9
+# pickle them into a checkpoint's extra_state["train_meters"].
+TRAINING_METERS = [
+    _meter_stand_in(module, name)
+    for module, names in [("fairseq.meters", ("AverageMeter", "TimeMeter", "StopwatchMeter")),
+                          ("fairseq.logging.meters", ("AverageMeter", "SumMeter", "ConcatTensorMeter", "TimeMeter",
+                                                      "StopwatchMeter"))]
+    for name in names
+]
 # The globals a fairseq checkpoint's pickle may name besides torch's tensors and plain containers (which
-# weights_only loading allows by itself): the training arguments. fairseq >= 0.10 stores `cfg` as plain containers
-# (OmegaConf.to_container), with the model's arguments still an argparse.Namespace; older releases store `args`.
-# A Namespace is a plain attribute bag: unpickling it sets attributes and runs no code.
-ALLOWED_GLOBALS = [argparse.Namespace]
+# weights_only loading allows by itself): the training arguments and the training meters. fairseq >= 0.10 stores
+# `cfg` as plain containers (OmegaConf.to_container), with the model's arguments still an argparse.Namespace; older
+# releases store `args`. A Namespace is a plain attribute bag: unpickling it sets attributes and runs no code; a
+# meter unpickles to a TrainingMeter, which only stores its state.
+ALLOWED_GLOBALS = [argparse.Namespace, *TRAINING_METERS]
+GIT_LFS_POINTER = b"version https://git-lfs.github.com/spec/v1"  # the first line of a Git LFS pointer file
 
 LIGHTCONV_ARCHS = (
     "lightconv", "lightconv_iwslt_de_en", "lightconv_wmt_en_de", "lightconv_wmt_en_de_big", "lightconv_wmt_en_fr_big",
@@ -63,7 +88,9 @@ GENERATION_DEFAULTS = dict(beam=5, lenpen=1.0, min_len=1, max_len_a=0.0, max_len
 
 def load_checkpoint(path):
     """A fairseq checkpoint file -> its dict, unpickled with torch's weights-only unpickler and ALLOWED_GLOBALS.
-    A file naming any other global is refused (ValueError naming it) before any of it is constructed."""
+    A file naming any other global is refused (ValueError naming it) before any of it is constructed; a file that is
+    no PyTorch checkpoint (empty, a Git LFS pointer, a web page, a damaged file) is a ValueError saying so, with
+    torch's error."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no fairseq checkpoint at {path}")
@@ -71,12 +98,15 @@ def load_checkpoint(path):
         with torch.serialization.safe_globals(ALLOWED_GLOBALS):
             state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
-        found = re.search(r"(?:GLOBAL|global) ([\w.]+)", str(err))
-        name = found.group(1) if found else "a global"
+        name = refused_global(err)
+        if name is None:
+            raise unreadable_checkpoint(path, err) from err
         raise ValueError(
             f"{path} needs {name}, which is not among the globals a fairseq checkpoint holds "
             f"({', '.join(_global_name(g) for g in ALLOWED_GLOBALS)}): refusing to unpickle it"
         ) from None
+    except (EOFError, RuntimeError) as err:
+        raise unreadable_checkpoint(path, err) from err
     if not isinstance(state, dict) or "model" not in state:
         raise ValueError(f"{path} is not a fairseq checkpoint (no 'model' state dict)")
     return state
@@ -84,6 +114,39 @@ def load_checkpoint(path):
 
 def _global_name(obj):
     return f"{obj.__module__}.{obj.__qualname__}"
+
+
+def refused_global(err):
+    """The global a weights-only UnpicklingError refuses ("a global" where torch's message does not name it), or
+    None for an error about something else (bytes that are no pickle)."""
+    text = str(err)
+    found = re.search(r"GLOBAL ([\w.]+)", text)
+    if found:
+        return found.group(1)
+    return "a global" if re.search(r"allowlist|unrecognized function", text) else None
+
+
+def unreadable_checkpoint(path, err):
+    """The ValueError for a file torch.load cannot read (err: torch's exception), saying what the file is."""
+    with open(path, "rb") as handle:
+        head = handle.read(64)
+    if not head:
+        what = f"{path} is empty, not a PyTorch checkpoint"
+    elif head.startswith(GIT_LFS_POINTER):
+        what = (f"{path} is a Git LFS pointer, not the PyTorch checkpoint it stands for: fetch the LFS object "
+                "(`git lfs pull` in its repository) and convert the folder again")
+    else:
+        what = f"{path} is not a PyTorch checkpoint, or a damaged one (it starts with {head[:32]!r})"
+    return ValueError(f"{what}; torch.load: {_torch_error(err)}")
+
+
+def _torch_error(err):
+    """torch.load's exception -> one line: its type and message (for the weights-only unpickler, the part naming what
+    it found)."""
+    text = str(err)
+    found = re.search(r"WeightsUnpickler error:(.*?)(?:Check the documentation|$)", text, re.S)
+    text = " ".join((found.group(1) if found else text).split())
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
 def model_args(state):
@@ -338,27 +401,51 @@ def check_vocab_size(path, rows, side):
         raise ValueError(f"{path} has {size} entries but the checkpoint's {side} embedding has {rows} rows")
 
 
-def moses_languages(state, args):
+def moses_languages(state):
     """The Moses languages fairseq's hub interface (``tokenizer="moses"``) uses with this checkpoint -> (source,
-    target): a cfg's own tokenizer section when it has one; for an args checkpoint (the released models) the args'
-    source_lang / target_lang, which fairseq copies into its Moses config; otherwise that config's defaults, en/en.
-    A cfg whose tokenizer or BPE the converted tokenizer would not reproduce is refused (check_text_pipeline)."""
-    check_text_pipeline(state.get("cfg") or {})
-    tokenizer = (state.get("cfg") or {}).get("tokenizer")
+    target): its tokenizer section's (text_pipeline: for an args checkpoint, the released models' layout, the args'
+    source_lang / target_lang), else that config's defaults, en/en. A checkpoint whose tokenizer or BPE the converted
+    tokenizer would not reproduce is refused (check_text_pipeline)."""
+    pipeline = text_pipeline(state)
+    check_text_pipeline(pipeline)
+    tokenizer = pipeline.get("tokenizer")
     if isinstance(tokenizer, dict) and tokenizer.get("source_lang"):
         return tokenizer["source_lang"], tokenizer.get("target_lang") or "en"
-    if state.get("args") is not None:
-        return args.get("source_lang") or "en", args.get("target_lang") or "en"
     return "en", "en"
 
 
 MOSES_OPTIONS = ("moses_no_escape", "moses_no_dash_splits")  # fairseq's Moses options the tokenizer does not take
+# The fields of fairseq's Moses and subword-nmt configs (MosesTokenizerConfig, SubwordNMTBPEConfig) that
+# check_text_pipeline and moses_languages read: what a tokenizer / bpe section takes from an args Namespace
+TEXT_PIPELINE_FIELDS = {"tokenizer": ("source_lang", "target_lang", *MOSES_OPTIONS), "bpe": ("bpe_separator",)}
 
 
-def check_text_pipeline(cfg):
-    """The converted tokenizer is Moses with fairseq's default options and subword-nmt with the "@@" joiner: a cfg
-    whose tokenizer or BPE section asks for anything else is a ValueError naming it."""
-    tokenizer, bpe = cfg.get("tokenizer"), cfg.get("bpe")
+def text_pipeline(state):
+    """The checkpoint's tokenizer and BPE as fairseq loads them -> {"tokenizer": section, "bpe": section} (a section:
+    a dict with the component's "_name" and options, or None). fairseq replaces the cfg of a checkpoint that has args
+    by one made from the args (checkpoint_utils._upgrade_state_dict): those come from args_text_pipeline."""
+    args = state.get("args")
+    if args is not None:
+        return args_text_pipeline(vars(args) if isinstance(args, argparse.Namespace) else dict(args))
+    cfg = state.get("cfg") or {}
+    return {"tokenizer": cfg.get("tokenizer"), "bpe": cfg.get("bpe")}
+
+
+def args_text_pipeline(args):
+    """An args dict's tokenizer and BPE in cfg's form, as fairseq's convert_namespace_to_omegaconf makes them: the
+    section of the component args.tokenizer / args.bpe names, holding that component's fields from the args. The hub
+    interface's tokenizer="moses" / bpe="subword_nmt" name the components of a checkpoint whose args name none, and
+    the args' fields apply to them all the same: each section holds the fields whether or not args names its
+    component (its "_name" is then None)."""
+    return {kind: {"_name": args.get(kind), **{name: args[name] for name in fields if name in args}}
+            for kind, fields in TEXT_PIPELINE_FIELDS.items()}
+
+
+def check_text_pipeline(pipeline):
+    """The converted tokenizer is Moses with fairseq's default options and subword-nmt with the "@@" joiner: a
+    pipeline (text_pipeline's, or a cfg) whose tokenizer or BPE section asks for anything else is a ValueError naming
+    it."""
+    tokenizer, bpe = pipeline.get("tokenizer"), pipeline.get("bpe")
     if isinstance(tokenizer, dict):
         if tokenizer.get("_name") not in (None, "moses"):
             raise ValueError(f"the checkpoint's tokenizer is {tokenizer.get('_name')!r}: the converted tokenizer "
@@ -482,7 +569,7 @@ def convert_lightconv(state, src_dir, out_dir, arch):
     config = config_from_args(args, source_rows, target_rows)
     model = DynamicConvForConditionalGeneration(config)
     load_weights(model, convert_state_dict(weights, config))
-    tokenizer = build_tokenizer(src_dir, moses_languages(state, args), source_dict, target_dict)
+    tokenizer = build_tokenizer(src_dir, moses_languages(state), source_dict, target_dict)
     kind = "LightConv" if config.conv_type == "lightweight" else "DynamicConv"
     details = [
         f"Vocabularies {config.encoder_vocab_size or config.vocab_size} (source) / {config.vocab_size} (target).",

@@ -252,7 +252,7 @@ def convert_rfa_doc(state, src_dir, out_dir, arch):
             source_dict = dictionary_with_separator(source_dict, Path(tmp) / "source")
             target_dict = dictionary_with_separator(target_dict, Path(tmp) / "target")
             special = {"sep_token": SEP_SYMBOL}
-        tokenizer = build_tokenizer(src_dir, moses_languages(state, args), source_dict, target_dict, **special)
+        tokenizer = build_tokenizer(src_dir, moses_languages(state), source_dict, target_dict, **special)
         details = [
             f"Vocabularies {config.encoder_vocab_size} (source) / {config.vocab_size} (target)"
             + (f", separator {SEP_SYMBOL} = id {SEP_ID}." if has_sep else "."),

@@ -116,7 +116,7 @@ def convert_talk(state, src_dir, out_dir, arch):
     config = config_from_args(args, source_rows, target_rows)
     model = TalkForConditionalGeneration(config)
     load_weights(model, convert_state_dict(weights, config, rename))
-    tokenizer = build_tokenizer(src_dir, moses_languages(state, args), source_dict, target_dict)
+    tokenizer = build_tokenizer(src_dir, moses_languages(state), source_dict, target_dict)
     details = [
         f"Vocabularies {config.encoder_vocab_size} (source) / {config.vocab_size} (target).",
         f"{config.encoder_layers} encoder and {config.decoder_layers} decoder layers, d_model {config.d_model}, "

@@ -36,14 +36,25 @@ BPE_JOINER = "@@ "
 
 
 def _parse_dict_line(line, path, number):
-    """One line of a fairseq dictionary -> (word, overwrite)."""
-    fields = line.rstrip("\n").rsplit(" ", 1)
+    """One line of a fairseq dictionary -> (word, overwrite), by fairseq's Dictionary.add_from_file rule: the line
+    without its trailing whitespace splits at its last space into the word and the count (after the
+    ``#fairseq:overwrite`` flag, when that is the last field), and the count is what int() reads."""
+    fields = line.rstrip().rsplit(" ", 1)
     overwrite = len(fields) == 2 and fields[1] == OVERWRITE_FLAG
     if overwrite:
         fields = fields[0].rsplit(" ", 1)
-    if len(fields) != 2 or not fields[1].lstrip("-").isdigit():
+    if len(fields) != 2 or not _is_count(fields[1]):
         raise ValueError(f"{path}, line {number}: expected '<token> <count> [{OVERWRITE_FLAG}]', got {line!r}")
     return fields[0], overwrite
+
+
+def _is_count(text):
+    """Whether int() reads text (fairseq's count rule: signs, surrounding whitespace and digit underscores pass)."""
+    try:
+        int(text)
+    except ValueError:
+        return False
+    return True
 
 
 def load_fairseq_dictionary(path):
@@ -89,7 +100,8 @@ def remove_bpe(text):
 class FairseqMosesBpeTokenizer(PreTrainedTokenizer):
     """fairseq's Moses + subword-nmt pipeline with separate source and target dictionaries (as transformers'
     FSMTTokenizer keeps them): text is encoded with the source dictionary (the target's for ``text_target``) and ids
-    are decoded with the target dictionary.
+    are decoded with the target dictionary. Tokens added with ``add_tokens`` take ids past both dictionaries' and
+    encode and decode as themselves on both sides.
 
     Args:
         source_dict_file / target_dict_file (`str`): fairseq dictionaries (``dict.<lang>.txt``).
@@ -122,6 +134,7 @@ class FairseqMosesBpeTokenizer(PreTrainedTokenizer):
         self.bpe = _subword_nmt_bpe(bpe_codes_file) if bpe_codes_file else None
         self._moses_tokenizers, self._moses_detokenizer = {}, None
         self.encoder, self.lang = self.source_vocab, source_lang
+        self._reserved_ids = {}  # the ids of the tokens _add_tokens is adding
         kwargs.setdefault("clean_up_tokenization_spaces", False)
         super().__init__(
             source_lang=source_lang, target_lang=target_lang, bos_token=bos_token, pad_token=pad_token,
@@ -134,7 +147,33 @@ class FairseqMosesBpeTokenizer(PreTrainedTokenizer):
         return len(self.source_symbols)
 
     def get_vocab(self):
-        return dict(self.source_vocab)
+        """The source dictionary's tokens and the added tokens -> {token: id}."""
+        return {**self.source_vocab, **self.added_tokens_encoder, **self._reserved_ids}
+
+    def _next_free_id(self):
+        """The first id past both dictionaries' ids and the added tokens' ids."""
+        return max(len(self.source_symbols), len(self.target_tokens), *(i + 1 for i in self._added_tokens_decoder))
+
+    def _update_total_vocab_size(self):
+        """len(tokenizer): the first id past both dictionaries and the added tokens (the ids, not the distinct
+        tokens: an entry overwritten with #fairseq:overwrite keeps its earlier id)."""
+        self.total_vocab_size = self._next_free_id()
+
+    def _add_tokens(self, new_tokens, special_tokens=False):
+        """transformers' _add_tokens with the new tokens numbered from _next_free_id() -> how many are new.
+        transformers numbers them from len(get_vocab()), the number of distinct tokens, which is short of that id
+        when a dictionary entry was overwritten or the target dictionary (whose ids decoding reads) is the larger:
+        get_vocab() holds the new tokens at their ids while transformers adds them, as it adds tokens of the
+        vocabulary."""
+        vocab = self.get_vocab()
+        new = dict.fromkeys(str(t) for t in new_tokens or [] if str(t) and str(t) not in vocab)
+        first = self._next_free_id()
+        self._reserved_ids = {token: first + i for i, token in enumerate(new)}
+        try:
+            super()._add_tokens(new_tokens, special_tokens=special_tokens)
+        finally:
+            self._reserved_ids = {}
+        return len(new)
 
     def _switch_to_target_mode(self):
         self.encoder, self.lang = self.target_vocab, self.target_lang
@@ -192,7 +231,7 @@ class FairseqMosesBpeTokenizer(PreTrainedTokenizer):
             skipped = {self.bos_token_id, self.pad_token_id, self.eos_token_id}
             if self.special_tokens_map.get("sep_token"):
                 skipped.add(self.sep_token_id)
-        return self.convert_tokens_to_string([self._convert_id_to_token(i) for i in token_ids if i not in skipped])
+        return self.convert_tokens_to_string(self.convert_ids_to_tokens([i for i in token_ids if i not in skipped]))
 
     def build_inputs_with_special_tokens(self, token_ids_0, token_ids_1=None):
         """fairseq's encode_line: the ids then </s> (no <s>)."""
