@@ -229,7 +229,7 @@ def run(args):
     if "paper" in args.rows:
         rows += paper_rows(args, device, g, variants)
     if "streaming" in args.rows:
-        rows += streaming_rows(args, g)
+        rows += streaming_rows(args, device, g)
     return rows
 
 
@@ -302,9 +302,10 @@ def word_tokenizer(pad_last=False):
                                    unk_token="<unk>", additional_special_tokens=["<sep>"])
 
 
-def streaming_rows(args, generator):
-    """One document of --stream_sentences sentences: RFA-doc streaming vs sliding windows (RFA-doc, Marian)."""
-    talk, base = models("paper")
+def streaming_rows(args, device, generator):
+    """One document of --stream_sentences sentences: RFA-doc streaming vs sliding windows (RFA-doc, Marian), the
+    models on `device`."""
+    talk, base = (m.to(device) for m in models("paper"))
     tokenizer = word_tokenizer()
     words = torch.randint(5, VOCAB, (args.stream_sentences, PAPER_SOURCE), generator=generator).tolist()
     document = [" ".join(f"w{i}" for i in sentence) for sentence in words]

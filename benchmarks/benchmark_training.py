@@ -34,8 +34,8 @@ def build(kind, args):
     sized as the results runners size them (talk_hf.training.models: same field names for every kind)."""
     heads = {
         "talk": dict(encoder_heads=args.heads, decoder_heads=args.heads, offset_dropout=0.0, input_dropout=0.0),
-        "dynamic_conv": dict(encoder_conv_heads=args.heads, decoder_conv_heads=args.heads),
-        "lightconv": dict(encoder_conv_heads=args.heads, decoder_conv_heads=args.heads),
+        "dynamic_conv": dict(encoder_conv_heads=args.heads, decoder_conv_heads=args.heads, weight_dropout=0.0),
+        "lightconv": dict(encoder_conv_heads=args.heads, decoder_conv_heads=args.heads, weight_dropout=0.0),
         "marian": dict(encoder_attention_heads=args.heads, max_position_embeddings=max(args.lengths + [args.length])),
     }
     heads["bart"] = heads["marian"]

@@ -10,6 +10,7 @@ pipeline("translation"). The last line printed is the test BLEU.
 import argparse
 import json
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from transformers import pipeline
 
 import talk_hf  # noqa: F401
 from talk_hf.training.loop import TrainConfig
-from talk_hf.training.prepare import SUMMARY_FILE, load_pair_splits, prepare_translation_data
+from talk_hf.training.prepare import load_pair_splits, prepare_once, prepare_translation_data
 from talk_hf.training.run import train_run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,19 +47,25 @@ def parse_args(argv=None):
 
 
 def prepare(data_dir, vocab_size):
-    """data_dir/ from the bundled Multi30k train, val and test2016 files (kept when already prepared)."""
-    if (data_dir / SUMMARY_FILE).exists():
-        return
+    """data_dir/ from the bundled Multi30k train, val and test2016 files, kept when already prepared with
+    `vocab_size` (a folder prepared with another vocabulary size is a ValueError naming both)."""
     stems = {"train": "train", "valid": "val", "test": "test_2016_flickr"}
     files = {name: (DATA / f"{stem}.de.gz", DATA / f"{stem}.en.gz") for name, stem in stems.items()}
-    prepare_translation_data(data_dir, load_pair_splits(text_files=files), vocab_size=vocab_size)
+
+    def build():
+        prepare_translation_data(data_dir, load_pair_splits(text_files=files), vocab_size=vocab_size)
+
+    prepare_once(data_dir, build, settings={"vocab_size": vocab_size})
 
 
 def main(argv=None):
     args = parse_args(argv)
     out = Path(args.output_dir)
     start = time.monotonic()
-    prepare(out / "data", args.vocab_size)
+    try:
+        prepare(out / "data", args.vocab_size)
+    except ValueError as err:  # e.g. the data folder of an earlier demo with another --vocab_size
+        sys.exit(f"demo.py: error: {err}")
     shutil.rmtree(out / "talk", ignore_errors=True)  # each demo trains afresh (the data folder is kept)
     config = TrainConfig(
         output_dir=str(out / "talk"), max_tokens=4096, max_steps=args.max_steps, max_minutes=args.max_minutes,

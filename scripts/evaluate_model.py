@@ -35,9 +35,10 @@ def parse_args(argv=None):
                              "encoder that no longer reads its input)")
     parser.add_argument("--document_level", action="store_true",
                         help="the split holds document windows: translate its documents whole, score every sentence")
-    parser.add_argument("--document_decoding", choices=["sliding", "streaming", "windows"], default="sliding",
-                        help="sliding windows with the forced target context (the paper's), the decoder state "
-                             "carried across each document (greedy), or each window on its own (last sentence)")
+    parser.add_argument("--document_decoding", choices=["sliding", "streaming", "windows"], default=None,
+                        help="with --document_level: sliding windows with the forced target context (the paper's; "
+                             "the default), the decoder state carried across each document (greedy), or each window "
+                             "on its own (last sentence)")
     parser.add_argument("--num_beams", type=int, help="default: the model's generation_config (4 if unset)")
     parser.add_argument("--length_penalty", type=float, help="default: the model's generation_config")
     parser.add_argument("--max_new_tokens", type=int, help="default: the model's generation_config (128 if unset)")
@@ -64,6 +65,8 @@ def parse_args(argv=None):
         parser.error("--document_level needs --data: a prepared split of document windows (with doc_id)")
     if args.document_level and args.metric != "bleu":
         parser.error(f"--document_level scores translations (--metric bleu), not --metric {args.metric}")
+    if args.document_decoding is not None and not args.document_level:
+        parser.error("--document_decoding applies to --document_level evaluation only (add --document_level)")
     return args
 
 
@@ -123,7 +126,7 @@ def main(argv=None):
             dataset = {"source": raw[0], "target": raw[1]}
         results = evaluate_translation(model, tokenizer, dataset, **generation,
                                        document_level=args.document_level, limit=args.limit,
-                                       document_decoding=args.document_decoding)
+                                       document_decoding=args.document_decoding or "sliding")
         results["generation"] = generation
         hypotheses = results.pop("hypotheses")
         if args.hypotheses:

@@ -1,32 +1,48 @@
 #!/usr/bin/env python
 """Train any talk_hf model (or a transformers baseline) on data prepared by scripts/preprocess.py.
 
-    python scripts/train.py --data runs/multi30k/data --model talk --preset iwslt-de-en \
+    python scripts/train.py --data runs/multi30k/data --model talk --preset iwslt-de-en \\
         --set d_model=256 --output_dir runs/multi30k/talk --max_tokens 4096 --max_steps 20000 --test_split test
     accelerate launch scripts/train.py ...            # several GPUs, through Accelerate
     python scripts/train.py ... --resume              # continue exactly from the last checkpoint
     python scripts/train.py ... --init_from runs/wiki1/rfa/model   # start from another run's weights
 
 Writes <output_dir>/metrics.jsonl, metrics.png, checkpoints/step-N/, eval_results.json and model/ (weights, code,
-tokenizer, generation config, README.md model card).
+tokenizer, generation config, README.md model card). The card's languages and dataset are --languages and
+--dataset_name, else what the data folder's preprocess.json names (a Hub dataset and its --source_lang/--target_lang,
+the bundled zh-en corpus, text files named like train.de / train.en; swapped by --reverse); unknown ones are left out.
 """
 
+import argparse
 import dataclasses
 import json
+import re
 import sys
+from pathlib import Path
 
+from accelerate import PartialState
 from transformers import HfArgumentParser
 
 from talk_hf.training.loop import TrainConfig
-from talk_hf.training.models import KINDS, parse_overrides
+from talk_hf.training.model_card import hub_repo_id
+from talk_hf.training.models import KINDS, check_preset, parse_overrides
+from talk_hf.training.prepare import SUMMARY_FILE
 from talk_hf.training.run import train_run
+
+LANGUAGE_CODE = re.compile(r"[a-z]{2}")  # ISO 639-1 (not a column name such as "src", nor a .txt suffix)
+FILE_LANGUAGE = re.compile(r"(?P<stem>.+)\.(?P<code>[a-z]{2})")  # train.de
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """The flags' defaults in their help, the description's example commands kept line by line."""
 
 
 @dataclasses.dataclass
 class RunArguments:
     data: str = dataclasses.field(metadata={"help": "folder written by scripts/preprocess.py"})
-    model: str = dataclasses.field(metadata={"help": f"model kind: {', '.join(KINDS)}"})
-    preset: str = dataclasses.field(default=None, metadata={"help": "named hyperparameters, e.g. iwslt-de-en"})
+    model: str = dataclasses.field(metadata={"help": "model kind", "choices": KINDS})
+    preset: str = dataclasses.field(default=None, metadata={
+        "help": "named hyperparameters of a talk_hf kind, e.g. iwslt-de-en (the baselines take none)"})
     config: str = dataclasses.field(default=None, metadata={"help": "JSON file of config fields"})
     set: list[str] = dataclasses.field(default_factory=list, metadata={
         "action": "extend", "help": "config overrides field=value (repeated --set flags add up; a field given twice "
@@ -38,31 +54,99 @@ class RunArguments:
     test_limit: int = dataclasses.field(default=0, metadata={"help": "score only the first N test examples"})
     init_from: str = dataclasses.field(default=None, metadata={
         "help": "a saved model folder whose weights start training (e.g. a sentence-level run's model/)"})
-    languages: list[str] = dataclasses.field(default_factory=lambda: ["de", "en"], metadata={"help": "for the card"})
-    dataset_name: str = dataclasses.field(default="multi30k", metadata={"help": "for the model card"})
+    languages: list[str] = dataclasses.field(default=None, metadata={
+        "help": "the model card's language codes, source first (default: as the data folder's preprocess.json "
+                "names them, else none)"})
+    dataset_name: str = dataclasses.field(default=None, metadata={
+        "help": "the model card's dataset, a Hub dataset id or a name (default: the Hub dataset the data was "
+                "prepared from, else none)"})
+    license: str = dataclasses.field(default=None, metadata={
+        "help": "the model card's license, a Hub license id such as mit or cc-by-4.0 (default: none stated)"})
     push_to_hub: str = dataclasses.field(default=None, metadata={"help": "repo id to upload the final model to"})
     hub_revision: str = None
     hub_private: bool = False
 
 
+def parse_args(argv=None):
+    """(parser, RunArguments, TrainConfig) of the command line; a usage error (exit 2) for flags that do not fit."""
+    parser = HfArgumentParser((RunArguments, TrainConfig), description=__doc__, formatter_class=HelpFormatter)
+    try:
+        run_args, train_config = parser.parse_args_into_dataclasses(argv)
+    except ValueError as err:  # TrainConfig's checks: no --max_steps/--max_epochs/--max_minutes, a bad --schedule ...
+        parser.error(str(err))
+    try:
+        check_preset(run_args.model, run_args.preset)
+    except ValueError as err:
+        parser.error(f"--preset: {err}")
+    return parser, run_args, train_config
+
+
+def read_preparation(parser, data):
+    """The ``preprocess.json`` summary of the --data folder; a usage error when the folder holds none."""
+    summary = Path(data) / SUMMARY_FILE
+    if not summary.is_file():
+        parser.error(f"--data {data} is not a prepared data folder (it has no {SUMMARY_FILE}): write one with "
+                     f"scripts/preprocess.py --output_dir {data}")
+    return json.loads(summary.read_text(encoding="utf-8"))
+
+
+def file_languages(prepared):
+    """[source, target] language codes from the names of the text files the data was prepared from, when every
+    split's pair is named like ``train.de`` / ``train.en`` (``.gz`` allowed) with the same two codes; else []."""
+    pairs = [entry[1:] for entry in prepared.get("splits") or () if isinstance(entry, list) and len(entry) == 3]
+    if prepared.get("source_file") and prepared.get("target_file"):
+        pairs.append((prepared["source_file"], prepared["target_file"]))
+    codes = set()
+    for source, target in pairs:
+        names = [FILE_LANGUAGE.fullmatch(Path(path).name.removesuffix(".gz")) for path in (source, target)]
+        if not all(names) or names[0]["stem"] != names[1]["stem"]:
+            return []
+        codes.add((names[0]["code"], names[1]["code"]))
+    return list(codes.pop()) if len(codes) == 1 else []
+
+
+def prepared_languages(prepared):
+    """[source, target] language codes that the preparation's settings (preprocess.json "args") name: a Hub
+    dataset's --source_lang/--target_lang, the bundled zh-en corpus, or the text files' names; swapped by --reverse.
+    [] when they name no pair of language codes."""
+    if prepared.get("hub_dataset"):
+        pair = [prepared.get("source_lang"), prepared.get("target_lang")]
+    elif prepared.get("wiki_zh_en"):
+        pair = ["zh", "en"]
+    else:
+        pair = file_languages(prepared)
+    if len(pair) != 2 or len(set(pair)) != 2 or not all(LANGUAGE_CODE.fullmatch(str(code)) for code in pair):
+        return []
+    return pair[::-1] if prepared.get("reverse") else pair
+
+
+def card_values(run_args, prepared):
+    """The model card's keyword arguments (talk_hf.training.model_card.write_model_card): languages and datasets
+    from the flags, else from the preparation's settings, else none; license; the --init_from folder as the base
+    model; the --push_to_hub repository (else the code samples name a placeholder)."""
+    dataset = run_args.dataset_name or hub_repo_id(prepared.get("hub_dataset"))
+    card = {"languages": run_args.languages or prepared_languages(prepared), "datasets": [dataset] if dataset else [],
+            "license": run_args.license, "base_model": run_args.init_from}
+    if run_args.push_to_hub:
+        card["repo_id"] = run_args.push_to_hub  # the card's code samples then name the repository
+    return card
+
+
 def main(argv=None):
-    parser = HfArgumentParser((RunArguments, TrainConfig), description=__doc__)
-    run_args, train_config = parser.parse_args_into_dataclasses(argv)
+    parser, run_args, train_config = parse_args(argv)
     try:
         overrides = parse_overrides(run_args.set)
     except ValueError as err:
         parser.error(f"--set: {err}")
-    card = {"languages": run_args.languages, "datasets": [run_args.dataset_name]}
-    if run_args.push_to_hub:
-        card["repo_id"] = run_args.push_to_hub  # the card's code samples then name the repository
+    prepared = read_preparation(parser, run_args.data).get("args", {})
     results = train_run(
         run_args.data, run_args.model, train_config, preset=run_args.preset, config_file=run_args.config,
         overrides=overrides, train_split=run_args.train_split, valid_split=run_args.valid_split,
-        test_split=run_args.test_split, document_level=run_args.document_level, card=card,
-        test_limit=run_args.test_limit, init_from=run_args.init_from,
+        test_split=run_args.test_split, document_level=run_args.document_level,
+        card=card_values(run_args, prepared), test_limit=run_args.test_limit, init_from=run_args.init_from,
     )
     print(json.dumps(results, indent=2))
-    if run_args.push_to_hub:
+    if run_args.push_to_hub and PartialState().is_main_process:  # the process that wrote the model folder
         from talk_hf.training.hub import push_run
 
         url = push_run(f"{train_config.output_dir}/model", run_args.push_to_hub, revision=run_args.hub_revision,
@@ -72,4 +156,7 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    try:
+        main(sys.argv[1:])
+    except ValueError as err:  # e.g. a config field the model kind does not take, found as the model is built
+        sys.exit(f"train.py: error: {err}")

@@ -12,6 +12,7 @@ from transformers import pipeline
 
 import talk_hf  # noqa: F401  (registers the models and the translation task)
 from talk_hf.training.corpora import read_lines, split_lines
+from evaluate_model import generation_settings  # scripts/evaluate_model.py: the same settings as it scores with
 
 
 def parse_args(argv=None):
@@ -20,20 +21,22 @@ def parse_args(argv=None):
     parser.add_argument("--input", help="one sentence per line, UTF-8 (.gz fine; default: stdin); a leading byte "
                                         "order mark is dropped")
     parser.add_argument("--output", help="where to write translations (default: stdout)")
-    parser.add_argument("--num_beams", type=int, default=4)
-    parser.add_argument("--length_penalty", type=float, default=1.0)
-    parser.add_argument("--max_new_tokens", type=int, default=128)
+    parser.add_argument("--num_beams", type=int, help="default: the model's generation_config (4 if unset)")
+    parser.add_argument("--length_penalty", type=float, help="default: the model's generation_config (1.0 if unset)")
+    parser.add_argument("--max_new_tokens", type=int, help="default: the model's generation_config (128 if unset)")
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--trust_remote_code", action="store_true", help="needed for Hub repos saved with code")
     return parser.parse_args(argv)
 
 
 def translate_lines(translator, lines, args):
-    """Translate a list of lines; empty lines stay empty (kept so outputs align with inputs)."""
+    """Translate a list of lines; empty lines stay empty (kept so outputs align with inputs). Beam size, length
+    penalty and new-token limit: the flags given, else the model's saved generation settings (as
+    scripts/evaluate_model.py scores it)."""
     texts = [line.strip() for line in lines]
     todo = [t for t in texts if t]
-    results = translator(todo, batch_size=args.batch_size, num_beams=args.num_beams,
-                         length_penalty=args.length_penalty, max_new_tokens=args.max_new_tokens) if todo else []
+    generation = generation_settings(translator.model.generation_config, args)
+    results = translator(todo, batch_size=args.batch_size, **generation) if todo else []
     it = iter(r["translation_text"] for r in results)
     return [next(it) if t else "" for t in texts]
 

@@ -16,7 +16,14 @@ model type, pipeline tag, ``model-index`` of ``EvalResult``) and must parse back
 "valid_ppl": 8.2, "parameters": 9136, "steps": 20000}``. Keys ``[split_]metric`` with a known metric name (bleu,
 sacrebleu, chrf, ter, loss, ppl/perplexity, accuracy, rouge1/2/L, meteor, comet) and a number become evaluation
 results (table and ``model-index``); ``split`` is one of test/valid/validation/dev/eval/train (none: ``eval_split``).
-A ``*signature`` string is printed under the table; other numbers and strings are listed as run statistics.
+A ``<metric>_signature`` string (``bleu_signature``, ``chrf_signature``; a bare ``signature`` is BLEU's, as
+``evaluate_translation`` returns it) is printed under the table, labelled with its metric; other numbers and strings
+are listed as run statistics.
+
+Unknown metadata is left out, never guessed: no ``languages`` writes no ``language`` field (the text names no
+direction), no dataset writes no ``model-index`` (the results stay in the card's table), no ``repo_id`` puts
+``MODEL_ID_PLACEHOLDER`` in the code samples, and a ``base_model`` that is a local folder (or not of the Hub's
+``namespace/name`` form) is named in the text only, never as the ``base_model`` field.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -33,7 +41,8 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from .models import count_parameters
 
-__all__ = ["TEMPLATES_DIR", "fill_model_card", "parse_metrics", "render_card", "template_path", "write_model_card"]
+__all__ = ["MODEL_ID_PLACEHOLDER", "TEMPLATES_DIR", "fill_model_card", "hub_repo_id", "parse_metrics", "render_card",
+           "template_path", "write_model_card"]
 
 TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"  # package data: found in installed packages too
 TEMPLATES = {"translation": "translation.md", "causal_lm": "causal_lm.md"}
@@ -48,6 +57,9 @@ _METRIC_NAMES = {  # key as written by a run -> (model-index type, display name)
     "rouge2": ("rouge", "ROUGE-2"), "rougel": ("rouge", "ROUGE-L"), "meteor": ("meteor", "METEOR"),
     "comet": ("comet", "COMET"),
 }
+# what the code samples load when the card names no Hub repository
+MODEL_ID_PLACEHOLDER = "<Hub repo id or local folder of this model>"
+_HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
 _SPLITS = {"test": "test", "valid": "validation", "validation": "validation", "dev": "validation",
            "eval": "validation", "train": "train"}
 # training_args keys never shown (local paths, resume flags, secrets)
@@ -121,16 +133,17 @@ def _number(value) -> float | int | None:
     return value if finite else None
 
 
-def parse_metrics(metrics: Mapping | None, eval_split: str = "test") -> tuple[list[dict], str | None, dict]:
-    """Split a run's results into (evaluation results, sacreBLEU-style signature, other entries).
+def parse_metrics(metrics: Mapping | None, eval_split: str = "test") -> tuple[list[dict], dict[str, str], dict]:
+    """Split a run's results into (evaluation results, sacreBLEU signatures, other entries).
 
-    Each evaluation result is ``{"key", "split", "type", "name", "value"}``; see the module docstring for the rules.
+    Each evaluation result is ``{"key", "split", "type", "name", "value"}``; the signatures are ``{metric display
+    name: signature}`` (``{"BLEU": ..., "chrF": ...}``); see the module docstring for the rules.
     """
-    results, signature, other = [], None, {}
+    results, signatures, other = [], {}, {}
     for key, raw in (metrics or {}).items():
         lowered = str(key).lower()
         if lowered.endswith("signature") and isinstance(raw, str):
-            signature = raw
+            signatures[_signature_name(key)] = raw
             continue
         split, metric = eval_split, lowered
         head, _, tail = lowered.partition("_")
@@ -143,7 +156,21 @@ def parse_metrics(metrics: Mapping | None, eval_split: str = "test") -> tuple[li
                             "value": value})
         else:
             other[key] = raw
-    return results, signature, other
+    return results, signatures, other
+
+
+def _signature_name(key: str) -> str:
+    """The metric a ``*signature`` key belongs to: "BLEU" for ``bleu_signature`` and a bare ``signature``, "chrF" for
+    ``chrf_signature``; the key itself for a metric of no known name."""
+    metric = str(key).lower().removesuffix("signature").rstrip("_") or "bleu"
+    return _METRIC_NAMES[metric][1] if metric in _METRIC_NAMES else str(key)
+
+
+def hub_repo_id(name: str | None) -> str | None:
+    """``name`` when it can only be a Hub repository id (``namespace/name``, not an existing local path), else None."""
+    if name is None or not _HUB_ID.fullmatch(str(name)) or Path(name).expanduser().exists():
+        return None
+    return str(name)
 
 
 def _hyperparameters(training_args) -> dict:
@@ -161,21 +188,21 @@ def _hyperparameters(training_args) -> dict:
 
 
 def _card_data(config, task, run: dict, results: list[dict], eval_dataset, extra_tags) -> ModelCardData:
-    """The YAML front matter, with a ``model-index`` entry per evaluation result."""
+    """The YAML front matter, with a ``model-index`` entry per evaluation result when a dataset is named."""
     eval_name = eval_dataset or (run["datasets"][0] if run["datasets"] else None)
-    if results and eval_name is None:
-        raise ValueError("metrics have evaluation results but no dataset is named: pass datasets= or eval_dataset=")
-    task_name = f"Translation {run['source_language']}-{run['target_language']}" if task == "translation" \
-        else "Text generation"
+    direction = f" {run['source_language']}-{run['target_language']}" if run["languages"] else ""
+    task_name = f"Translation{direction}" if task == "translation" else "Text generation"
+    # a model-index entry needs its dataset: without one the results are shown in the card's table only
     eval_results = [EvalResult(task_type=task, task_name=task_name, dataset_type=eval_name, dataset_name=eval_name,
                                dataset_split=r["split"], metric_type=r["type"],
-                               metric_name=f"{r['name']} ({r['split']})", metric_value=r["value"]) for r in results]
+                               metric_name=f"{r['name']} ({r['split']})", metric_value=r["value"])
+                    for r in results if eval_name is not None]
     return ModelCardData(
-        language=run["languages"], license=run["license"], library_name="transformers",
+        language=run["languages"] or None, license=run["license"], library_name="transformers",
         tags=list(dict.fromkeys(["talk_hf", config.model_type, task, *(t for t in extra_tags if t)])),
         datasets=run["datasets"] or None, metrics=sorted({r["type"] for r in results if r["type"] != "loss"}) or None,
-        pipeline_tag=task, model_name=run["model_name"] if results else None, eval_results=eval_results or None,
-        base_model=run["base_model"])
+        pipeline_tag=task, model_name=run["model_name"] if eval_results else None, eval_results=eval_results or None,
+        base_model=hub_repo_id(run["base_model"]))
 
 
 def _model_values(model) -> dict:
@@ -193,7 +220,8 @@ def _model_values(model) -> dict:
     }
 
 
-def fill_model_card(model, *, languages: Sequence[str] | str, license: str | None = None,  # noqa: A002 - Hub field
+def fill_model_card(model, *, languages: Sequence[str] | str | None = (),
+                    license: str | None = None,  # noqa: A002 - Hub field
                     datasets: Sequence[str] | str = (), metrics: Mapping | None = None, training_args=None,
                     dataset_description: str | None = None, template: str | Path | None = None,
                     repo_id: str | None = None, model_name: str | None = None, eval_split: str = "test",
@@ -203,36 +231,40 @@ def fill_model_card(model, *, languages: Sequence[str] | str, license: str | Non
 
     Args:
         model: the trained ``PreTrainedModel`` (its config, class and parameter count are described).
-        languages: ISO 639-1 codes; for translation ``[source, target]`` (the direction shown in the card).
+        languages: ISO 639-1 codes; for translation ``[source, target]`` (the direction shown in the card). Empty
+            or None: unknown (no ``language`` field, no direction named).
         license: Hub license id (``"mit"``, ``"cc-by-nc-4.0"``, ...); None writes no license field and says so.
         datasets: Hub dataset ids or names the model was trained on; the first one names the evaluation set in
-            ``model-index`` unless ``eval_dataset`` is given.
+            ``model-index`` unless ``eval_dataset`` is given (with neither, the card has no ``model-index``).
         metrics: the run's results (see the module docstring); numbers under known metric names become the
             evaluation table and ``model-index``.
         training_args: dict (or dataclass / ``TrainingArguments``) of hyperparameters; paths, resume flags, tokens
             and None values are left out.
         dataset_description: prose for "Training data" (default: a sentence naming ``datasets``).
         template: "translation", "causal_lm", a path to a Jinja2 template, or None (by architecture).
-        repo_id: the Hub repository id used in the code samples (default: ``model_name``).
+        repo_id: the Hub repository id used in the code samples (default: ``MODEL_ID_PLACEHOLDER``).
+        base_model: the model whose weights training started from: a Hub id (``namespace/name``) is also the
+            ``base_model`` field; a local folder is named in the text only (:func:`hub_repo_id`).
         model_name: the card title and ``model-index`` name (default: last part of ``repo_id``, else
             ``<model_type>-<languages>``).
 
     Returns the card, YAML front matter included (it parses with ``huggingface_hub.ModelCard``). Raises ValueError
-    for a template variable with no value, evaluation results without a dataset name, or metadata that does not
-    parse back from the card as written.
+    for a template variable with no value or metadata that does not parse back from the card as written.
     """
-    languages = [languages] if isinstance(languages, str) else list(languages)
-    if not languages:
-        raise ValueError("languages must name at least one language")
+    languages = [languages] if isinstance(languages, str) else list(languages or ())
     config, task = model.config, "translation" if model.config.is_encoder_decoder else "text-generation"
-    model_name = model_name or (repo_id.split("/")[-1] if repo_id else f"{config.model_type}-{'-'.join(languages[:2])}")
-    results, signature, other = parse_metrics(metrics, eval_split)
+    model_name = model_name or (repo_id.split("/")[-1] if repo_id else "-".join([config.model_type, *languages[:2]]))
+    results, signatures, other = parse_metrics(metrics, eval_split)
+    base_model = None if base_model is None else str(base_model)
     run = {  # the template variables describing the run (the templates hold all the text)
-        "model_name": model_name, "model_id": repo_id or model_name, "languages": languages,
-        "source_language": languages[0], "target_language": languages[min(1, len(languages) - 1)],
-        "license": license, "datasets": [datasets] if isinstance(datasets, str) else list(datasets),
-        "base_model": base_model, "dataset_description": (dataset_description or "").strip() or None,
-        "hyperparameters": _cells(_hyperparameters(training_args).items()), "signature": signature,
+        "model_name": model_name, "model_id": repo_id or MODEL_ID_PLACEHOLDER, "languages": languages,
+        "source_language": languages[0] if languages else None,
+        "target_language": languages[min(1, len(languages) - 1)] if languages else None,
+        "license": license, "datasets": [datasets] if isinstance(datasets, str) else list(datasets or ()),
+        "base_model": base_model, "base_model_on_hub": hub_repo_id(base_model) is not None,
+        "dataset_description": (dataset_description or "").strip() or None,
+        "hyperparameters": _cells(_hyperparameters(training_args).items()),
+        "signature": signatures.get("BLEU"), "signatures": list(signatures.items()),
         "results": [{**r, "value": _fmt(r["value"])} for r in results],
         "statistics": _cells((k, v) for k, v in other.items() if _number(v) is not None or isinstance(v, str)),
     }

@@ -79,9 +79,10 @@ def build_model(kind, tokenizer, preset=None, config_file=None, overrides=None):
 
     talk_hf kinds take a preset name (see each config's PRESETS) and/or a JSON config file; baselines take
     `overrides` with the talk_hf field names they share (d_model, encoder_layers, decoder_layers,
-    encoder_ffn_dim, decoder_ffn_dim, decoder_attention_heads, dropout, ...: see `config_fields`). A key of the
-    config file or of `overrides` that the kind does not take is a ValueError, and so is one that the kind or the
-    tokenizer sets (vocab_size, the special token ids, conv_type) given another value.
+    encoder_ffn_dim, decoder_ffn_dim, decoder_attention_heads, dropout, ...: see `config_fields`) and no preset. A
+    key of the config file or of `overrides` that the kind does not take is a ValueError, and so is one that the kind
+    or the tokenizer sets (vocab_size, the special token ids, conv_type) given another value, and a preset the kind
+    does not have (`check_preset`).
     """
     return build_model_for_ids(kind, token_ids(tokenizer), preset, config_file, overrides)
 
@@ -90,6 +91,7 @@ def build_model_for_ids(kind, ids, preset=None, config_file=None, overrides=None
     """`build_model` without a tokenizer: `ids` holds vocab_size and the pad/bos/eos token ids (see `token_ids`)."""
     if kind not in KINDS:
         raise ValueError(f"unknown model kind {kind!r}; choose one of {KINDS}")
+    check_preset(kind, preset)
     values = read_config_file(config_file, kind) if config_file else {}
     values.update(overrides or {})
     fixed = {**(TALK_HF_MODELS[kind][2] if kind in TALK_HF_MODELS else {}), **ids}
@@ -102,6 +104,19 @@ def build_model_for_ids(kind, ids, preset=None, config_file=None, overrides=None
         values.setdefault("decoder_start_token_id", ids["eos_token_id"])
     config = config_class.from_preset(preset, **values) if preset else config_class(**values)
     return model_class(config)
+
+
+def check_preset(kind, preset):
+    """ValueError unless `preset` is None or one of the presets of model kind `kind` (its config class's PRESETS;
+    the transformers baselines have none: they are sized by overrides)."""
+    if preset is None:
+        return
+    if kind in BASELINES:
+        raise ValueError(f"model kind {kind!r} takes no preset (got {preset!r}): presets name talk_hf configurations; "
+                         f"size a baseline with config fields (--set d_model=... encoder_layers=...)")
+    presets = sorted(TALK_HF_MODELS[kind][0].PRESETS)
+    if preset not in presets:
+        raise ValueError(f"unknown preset {preset!r} for model kind {kind!r}; choose one of {presets}")
 
 
 def read_config_file(path, kind):

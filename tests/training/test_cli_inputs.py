@@ -5,9 +5,11 @@ marks, --last, evaluate_model.py's --limit, line counts and --document_level).""
 import gzip
 import io
 import json
+import types
 
 import pytest
 import torch
+from transformers import GenerationConfig
 
 from talk_hf.tokenization import MIN_VOCAB_SIZE, train_joint_bpe
 from talk_hf.training.corpora import load_json_pairs, load_text_pairs, load_tsv_pairs, read_lines
@@ -29,11 +31,18 @@ def fixture_pairs():
 # ------------------------------------------------------------------------------------------ train.py --set, models
 
 
-def test_repeated_set_flags_add_up(monkeypatch):
+def prepared_folder(folder, args=None):
+    """A folder that train.py takes for prepared data: its preprocess.json (with these settings as "args")."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "preprocess.json").write_text(json.dumps({"args": args or {}}), encoding="utf-8")
+    return str(folder)
+
+
+def test_repeated_set_flags_add_up(monkeypatch, tmp_path):
     train = script("train")
     calls = []
     monkeypatch.setattr(train, "train_run", lambda *args, **kwargs: calls.append(kwargs) or {})
-    base = ["--data", "d", "--model", "talk", "--output_dir", "o", "--max_steps", "1"]
+    base = ["--data", prepared_folder(tmp_path / "d"), "--model", "talk", "--output_dir", "o", "--max_steps", "1"]
     train.main([*base, "--set", "d_model=16", "encoder_layers=1", "--set", "decoder_max_offsets=[3]"])
     assert calls[0]["overrides"] == {"d_model": 16, "encoder_layers": 1, "decoder_max_offsets": [3]}
     train.main(base)
@@ -164,6 +173,7 @@ def test_translate_drops_a_byte_order_mark_on_stdin(monkeypatch):
         seen.extend(texts)
         return [{"translation_text": text.upper()} for text in texts]
 
+    translator.model = types.SimpleNamespace(generation_config=GenerationConfig())
     monkeypatch.setattr(translate, "pipeline", lambda *args, **kwargs: translator)
     monkeypatch.setattr("sys.stdin", io.StringIO(BOM + "Ein Hund.\nZwei.\n"))
     assert translate.main(["--model", "m"]) == ["EIN HUND.", "ZWEI."]
@@ -246,6 +256,7 @@ def test_evaluate_checks_line_counts_before_translating(saved, tmp_path, monkeyp
     (["--data", "d", "--metric", "rouge"], "--metric rouge needs --source"),
     (["--data", "d", "--reference", "r"], "--reference needs --source"),
     (["--data", "d", "--limit", "-2"], "--limit must be >= 0, got -2"),
+    (["--data", "d", "--document_decoding", "streaming"], "--document_decoding applies to --document_level"),
 ])
 def test_evaluate_refuses_inconsistent_flags(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:

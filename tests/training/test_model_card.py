@@ -14,8 +14,8 @@ from huggingface_hub import HfApi, ModelCard, ModelCardData
 from transformers import GPT2Config, GPT2LMHeadModel, MarianConfig, MarianMTModel
 
 from talk_hf import train_joint_bpe
-from talk_hf.training.model_card import (TEMPLATES_DIR, fill_model_card, parse_metrics, render_card, template_path,
-                                         write_model_card)
+from talk_hf.training.model_card import (MODEL_ID_PLACEHOLDER, TEMPLATES_DIR, fill_model_card, hub_repo_id,
+                                         parse_metrics, render_card, template_path, write_model_card)
 from tests.hub_server import local_hub  # noqa: F401  (pytest fixture import)
 from tests.models.tiny import ALL, LM, SEQ2SEQ, make
 
@@ -120,6 +120,10 @@ RENDER_CASES = {
     "talk_lm-full": (lambda: make("talk_lm"), None, dict(languages=["en"])),
     "lightconv_lm-empty": (lambda: make("lightconv_lm"), "causal_lm", dict(metrics={}, training_args={})),
     "gpt2": (gpt2, None, dict(languages="en", datasets=["wikitext"])),
+    # nothing known of the data, started from a local folder's weights, no repository
+    "talk-unknown": (lambda: make("talk"), None, dict(languages=[], datasets=[], repo_id=None,
+                                                      base_model=str(Path(__file__).parent))),
+    "talk_lm-unknown": (lambda: make("talk_lm"), None, dict(languages=None, datasets=None, repo_id=None)),
 }
 
 
@@ -147,8 +151,10 @@ def test_every_template_renders_with_real_values_and_strict_undefined(case, monk
         assert ("test", "BLEU", "35.21") in table_rows(section(text, "Evaluation results"))
     if values["hyperparameters"]:
         assert ("`learning_rate`", "`0.0007`") in table_rows(section(text, "Training procedure"))
-    if kwargs.get("base_model"):
+    if kwargs.get("base_model") == "user/base":
         assert "fine-tuned from `user/base`" in text and ModelCard(text).data.base_model == "user/base"
+    elif kwargs.get("base_model"):  # a local folder
+        assert "saved in the local folder" in text and ModelCard(text).data.base_model is None
 
 
 def test_a_missing_template_value_is_an_error_naming_it(monkeypatch, tmp_path):
@@ -295,13 +301,16 @@ def test_no_results_means_no_model_index():
 
 
 def test_parse_metrics_rules():
-    results, signature, other = parse_metrics({"test_bleu": 30.0, "valid_chrf": 55.5, "bleu": 29.0, "eval_loss": 2,
-                                               "dev_ter": 60.0, "valid_bleu": "n/a", "train_minutes": 3.0,
-                                               "bleu_signature": "sig", "loss_scale": 1.0}, eval_split="test")
+    results, signatures, other = parse_metrics({"test_bleu": 30.0, "valid_chrf": 55.5, "bleu": 29.0, "eval_loss": 2,
+                                                "dev_ter": 60.0, "valid_bleu": "n/a", "train_minutes": 3.0,
+                                                "bleu_signature": "sig", "chrf_signature": "csig",
+                                                "loss_scale": 1.0}, eval_split="test")
     assert [(r["split"], r["type"], r["value"]) for r in results] == [
         ("test", "bleu", 30.0), ("validation", "chrf", 55.5), ("test", "bleu", 29.0), ("validation", "loss", 2),
         ("validation", "ter", 60.0)]
-    assert signature == "sig"
+    assert signatures == {"BLEU": "sig", "chrF": "csig"}
+    assert parse_metrics({"signature": "s", "ter_signature": "t", "odd_signature": "o"})[1] == {
+        "BLEU": "s", "TER": "t", "odd_signature": "o"}  # a bare signature is BLEU's (evaluate_translation's key)
     assert other == {"valid_bleu": "n/a", "train_minutes": 3.0, "loss_scale": 1.0}
 
 
@@ -321,10 +330,6 @@ def test_template_errors_are_clear(tmp_path):
         talk_card(template=headless)
     with pytest.raises(FileNotFoundError, match="nope.md"):
         talk_card(template=tmp_path / "nope.md")
-    with pytest.raises(ValueError, match="no dataset is named"):
-        talk_card(datasets=[])
-    with pytest.raises(ValueError, match="languages"):
-        talk_card(languages=[])
 
 
 def test_baseline_card_needs_no_remote_code():
@@ -384,3 +389,48 @@ def test_usage_code_in_the_cards_runs_against_a_hub_repo(local_hub, tmp_path):
         assert result.returncode == 0, (installed, result.stderr[-3000:])
         out = result.stdout
         assert "'translation_text'" in out and "'generated_text'" in out
+
+
+def test_bleu_and_chrf_signatures_are_labelled_with_their_metric():
+    """A run's results hold both signatures: each is printed under its own metric's name."""
+    chrf_signature = "nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:2.6.0"
+    text = talk_card(metrics={**RESULTS, "test_chrf": 55.1, "chrf_signature": chrf_signature})
+    evaluation = section(text, "Evaluation results")
+    assert f"sacreBLEU BLEU signature: `{RESULTS['bleu_signature']}`" in evaluation
+    assert f"sacreBLEU chrF signature: `{chrf_signature}`" in evaluation
+    assert evaluation.count("signature:") == 2
+
+
+def test_unknown_languages_and_datasets_are_left_out():
+    """No languages and no dataset (a run on data that names neither): no language, datasets or model-index
+    metadata, no language direction in the text, the results in the card's table only."""
+    text = fill_model_card(make("talk"), languages=[], datasets=[], metrics=RESULTS, training_args=ARGS)
+    data = ModelCard(text).data
+    assert data.language is None and data.datasets is None and data.eval_results is None
+    assert data.metrics == ["bleu"] and "model-index" not in text.split("\n---\n", 1)[0]
+    assert ("test", "BLEU", "35.21") in table_rows(section(text, "Evaluation results"))
+    assert "→" not in text and "multi30k" not in text.lower() and "an unspecified corpus" in text
+    assert text.splitlines()[text.splitlines().index("---", 1) + 2] == "# talk"
+    lm = fill_model_card(make("talk_lm"), metrics={"valid_ppl": 50.0})
+    assert ModelCard(lm).data.language is None and "A language model:" in lm
+
+
+def test_a_local_base_model_folder_is_named_in_the_text_only(tmp_path):
+    """Only a Hub id is the base_model metadata; a local folder (an --init_from run's) is named as one in the text."""
+    folder = tmp_path / "runs" / "wiki1" / "model"
+    folder.mkdir(parents=True)
+    local = talk_card(base_model=str(folder))
+    assert ModelCard(local).data.base_model is None and "trained from scratch" not in local
+    assert f"fine-tuned from the weights saved in the local folder `{folder}` (not a Hub repository)" in local
+    on_hub = talk_card(base_model="user/base")
+    assert ModelCard(on_hub).data.base_model == "user/base" and "fine-tuned from `user/base`," in on_hub
+    assert hub_repo_id("user/base") == "user/base" and hub_repo_id("runs/wiki1/model/") is None
+    assert hub_repo_id(str(folder)) is None and hub_repo_id("base") is None and hub_repo_id(None) is None
+
+
+def test_code_samples_without_a_repo_id_name_a_placeholder():
+    """With no repo_id the code samples load a marked placeholder, not a repository named after the model."""
+    text = talk_card(repo_id=None)
+    assert ModelCard(text).data.model_name == "talk-de-en"
+    for block in code_blocks(section(text, "How to use")):
+        assert f'from_pretrained("{MODEL_ID_PLACEHOLDER}"' in block and '"talk-de-en"' not in block

@@ -5,7 +5,6 @@ import gzip
 import importlib.util
 import json
 import math
-import os
 import socket
 import subprocess
 import sys
@@ -221,11 +220,12 @@ def free_port():
         return s.getsockname()[1]
 
 
-def test_accelerate_launch_two_processes(run, tmp_path):
+def test_accelerate_launch_two_processes(run, local_hub, tmp_path):  # noqa: F811
     """`accelerate launch` with 2 CPU processes (torchrun + gloo; `--cpu` alone would start a single process): the
-    same loop runs data-parallel, and one model and one set of checkpoints are saved."""
+    same loop runs data-parallel, one model and one set of checkpoints are saved, and --push_to_hub uploads the
+    finished model folder once (from the main process, the one that wrote it)."""
     root, _ = run
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "true"}
+    env = {**local_hub.subprocess_env(tmp_path / "hf_home"), "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "true"}
     result = subprocess.run(
         [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
          "--num_machines", "1",
@@ -233,7 +233,8 @@ def test_accelerate_launch_two_processes(run, tmp_path):
          "--mixed_precision", "no", "--dynamo_backend", "no", str(ROOT / "scripts" / "train.py"),
          "--data", str(root / "data"), "--model", "talk", "--set", *TINY, "--output_dir", str(tmp_path / "ddp"),
          "--max_tokens", "256", "--max_steps", "3", "--save_every", "2", "--warmup_steps", "1",
-         "--bleu_sentences", "0", "--max_new_tokens", "6", "--test_split", "test", "--test_limit", "4"],
+         "--bleu_sentences", "0", "--max_new_tokens", "6", "--test_split", "test", "--test_limit", "4",
+         "--push_to_hub", "user/ddp"],
         capture_output=True, text=True, timeout=600, env=env,
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -241,6 +242,10 @@ def test_accelerate_launch_two_processes(run, tmp_path):
     assert results["num_processes"] == 2 and results["steps"] == 3
     assert (tmp_path / "ddp" / "model" / "model.safetensors").exists()
     assert sorted(p.name for p in (tmp_path / "ddp" / "checkpoints").iterdir()) == ["step-2", "step-3"]
+    assert result.stdout.count("pushed to ") == 1 and len(local_hub.requests_matching("/commit/")) == 1
+    files = local_hub.files("user/ddp")
+    for name in ("model.safetensors", "README.md", "eval_results.json", "metrics.png", "tokenizer.json"):
+        assert files[name] == (tmp_path / "ddp" / "model" / name).read_bytes(), name
 
 
 def test_record_result_replaces_only_the_rerun_row(tmp_path):
