@@ -104,30 +104,31 @@ inline void check_in_place_state(const at::Tensor& state) {
 }
 
 // q, k: (B, T, H, F); v: (B, T, H, D); decay: (B, T, H); initial_state: (B, H, F, D + 1); one float dtype.
+// op, state: the names the errors give the op and its state argument (rfa_causal_step_ calls it `state`).
 inline void check_rfa_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                              const c10::optional<at::Tensor>& decay, const c10::optional<at::Tensor>& initial_state,
-                             int64_t chunk) {
-  TORCH_CHECK(q.dim() == 4, "rfa_causal: q must be (B, T, H, F), got ", q.sizes());
-  TORCH_CHECK(k.sizes() == q.sizes(), "rfa_causal: k must match q ", q.sizes(), ", got ", k.sizes());
+                             int64_t chunk, const char* op = "rfa_causal", const char* state = "initial_state") {
+  TORCH_CHECK(q.dim() == 4, op, ": q must be (B, T, H, F), got ", q.sizes());
+  TORCH_CHECK(k.sizes() == q.sizes(), op, ": k must match q ", q.sizes(), ", got ", k.sizes());
   TORCH_CHECK(v.dim() == 4 && v.size(0) == q.size(0) && v.size(1) == q.size(1) && v.size(2) == q.size(2),
-              "rfa_causal: v must be (B, T, H, D) for q ", q.sizes(), ", got ", v.sizes());
+              op, ": v must be (B, T, H, D) for q ", q.sizes(), ", got ", v.sizes());
   TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble,
-              "rfa_causal: the kernel takes fp32 or fp64 inputs (the state dtype), got ", q.scalar_type());
-  TORCH_CHECK(chunk >= 0, "rfa_causal: chunk must be >= 0, got ", chunk);
+              op, ": the kernel takes fp32 or fp64 inputs (the state dtype), got ", q.scalar_type());
+  TORCH_CHECK(chunk >= 0, op, ": chunk must be >= 0, got ", chunk);
   auto same = [&](const at::Tensor& t, const char* name) {
-    TORCH_CHECK(t.scalar_type() == q.scalar_type(), "rfa_causal: ", name, " dtype must match q");
-    TORCH_CHECK(t.device() == q.device(), "rfa_causal: ", name, " must be on q's device");
+    TORCH_CHECK(t.scalar_type() == q.scalar_type(), op, ": ", name, " dtype must match q");
+    TORCH_CHECK(t.device() == q.device(), op, ": ", name, " must be on q's device");
   };
   same(k, "k");
   same(v, "v");
   if (decay.has_value()) {
     same(*decay, "decay");
-    TORCH_CHECK(decay->sizes() == q.sizes().slice(0, 3), "rfa_causal: decay must be (B, T, H), got ", decay->sizes());
+    TORCH_CHECK(decay->sizes() == q.sizes().slice(0, 3), op, ": decay must be (B, T, H), got ", decay->sizes());
   }
   if (initial_state.has_value()) {
-    same(*initial_state, "initial_state");
+    same(*initial_state, state);
     TORCH_CHECK(initial_state->sizes() == at::IntArrayRef({q.size(0), q.size(2), q.size(3), v.size(3) + 1}),
-                "rfa_causal: initial_state must be (B, H, F, D + 1), got ", initial_state->sizes());
+                op, ": ", state, " must be (B, H, F, D + 1), got ", initial_state->sizes());
   }
 }
 

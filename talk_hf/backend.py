@@ -47,6 +47,14 @@ def backend(device="cpu"):
     return "compiled" if torch.device(device).type in compiled_devices() else "reference"
 
 
+def backend_reason(device="cpu"):
+    """Why the compiled kernels do not run on `device`'s tensors, as one phrase (for warnings and errors)."""
+    if _forced_reference():
+        return f"{FORCE_REFERENCE_ENV} is set, forcing the pure-PyTorch references"
+    reason = _kernels.load_error() if _kernels is not None else "the talk_hf package is not installed"
+    return reason or f"talk_hf._C was built without {torch.device(device).type} kernels"
+
+
 def use_kernels(x):
     """True when the compiled kernels should run on tensors like `x` (its device has them).
 
@@ -56,10 +64,8 @@ def use_kernels(x):
         return True
     if not _forced_reference() and x.device.type not in _warned:
         _warned.add(x.device.type)
-        reason = _kernels.load_error() if _kernels is not None else "the talk_hf package is not installed"
-        reason = reason or f"talk_hf._C was built without {x.device.type} kernels"
         warnings.warn(
-            f"talk_hf: no compiled kernels for {x.device.type} tensors ({reason}); "
+            f"talk_hf: no compiled kernels for {x.device.type} tensors ({backend_reason(x.device)}); "
             "using the pure-PyTorch reference ops (same results, slower).",
             RuntimeWarning,
             stacklevel=3,

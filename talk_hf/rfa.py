@@ -22,7 +22,7 @@ import math
 
 import torch
 
-from .backend import _kernels, backend, compiled_devices, needs_grad, use_kernels
+from .backend import _kernels, backend, backend_reason, needs_grad, use_kernels
 from .checks import accumulation_dtype, check_float_tensor, check_int
 
 DEFAULT_EPS = 0.1
@@ -236,8 +236,8 @@ def rfa_causal_compiled(q, k, v, decay=None, initial_state=None, eps=DEFAULT_EPS
     Arguments and results as `rfa_causal`. Raises RuntimeError when the extension has no kernels for q's device."""
     _check_causal_args(q, k, v, decay, initial_state, chunk_size)
     if backend(q.device) != "compiled":
-        raise RuntimeError(f"rfa_causal_compiled: no compiled kernels for {q.device.type} tensors "
-                           f"(compiled devices: {compiled_devices() or 'none'})")
+        raise RuntimeError(f"rfa_causal_compiled: the compiled kernels do not run {q.device.type} tensors here: "
+                           f"{backend_reason(q.device)}")
     return _rfa_causal_compiled(q, k, v, decay, initial_state, eps, chunk_size)
 
 

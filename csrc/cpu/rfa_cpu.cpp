@@ -189,7 +189,8 @@ void backward_kernel(const acc_t* go, const acc_t* gfinal, const acc_t* q, const
                      const acc_t* decay, const acc_t* checkpoints, acc_t eps, Grads<acc_t> grad, const Dims& d) {
   const int64_t S = d.F * d.E;
   at::parallel_for(0, d.B * d.H, 1, [&](int64_t begin, int64_t end) {
-    std::vector<acc_t> G(S), states((d.chunk + 1) * S), num(d.E), g(d.E);
+    // a chunk longer than the sequence replays at most T steps: room for those, whatever chunk_size asked
+    std::vector<acc_t> G(S), states((std::min(d.chunk, d.T) + 1) * S), num(d.E), g(d.E);
     for (int64_t bh = begin; bh < end; ++bh)
       backward_task(go, gfinal, q, k, v, decay, checkpoints, eps, grad, d, bh, G.data(), states.data(), num.data(),
                     g.data());
@@ -260,7 +261,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rfa_causa
 // Decoding step(s): `state` is the initial state and receives the final one (no copy, no checkpoints).
 at::Tensor rfa_causal_step_cpu(const at::Tensor& q_, const at::Tensor& k_, const at::Tensor& v_,
                                const c10::optional<at::Tensor>& decay_, at::Tensor& state, double eps) {
-  check_rfa_inputs(q_, k_, v_, decay_, state, 0);
+  check_rfa_inputs(q_, k_, v_, decay_, state, 0, "rfa_causal_step_", "state");
   check_in_place_state(state);
   const at::Tensor q = q_.contiguous(), k = k_.contiguous(), v = v_.contiguous();
   const at::Tensor decay = contiguous_or_undefined(decay_);

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 
 #include "vector_clones.h"
 
@@ -39,7 +40,21 @@ inline void exp_inplace(double* v, int64_t n) {
   for (int64_t i = 0; i < n; ++i) v[i] = std::exp(v[i]);
 }
 
-// probs[0 .. rows*K) = softmax over each row of K logits, in the accumulation type acc_t.
+// Whether torch.softmax gives a row of K logits NaN throughout: it holds a NaN, or its maximum is infinite (+inf
+// minus itself, or every logit -inf). exp_inplace's clamps would make such a row finite.
+template <typename acc_t, typename scalar_t>
+bool nan_softmax_row(const scalar_t* logits, int64_t K) {
+  acc_t m = -std::numeric_limits<acc_t>::infinity();
+  for (int64_t k = 0; k < K; ++k) {
+    const acc_t v = static_cast<acc_t>(logits[k]);
+    if (std::isnan(v)) return true;
+    m = v > m ? v : m;
+  }
+  return K > 0 && std::isinf(m);
+}
+
+// probs[0 .. rows*K) = softmax over each row of K logits, in the accumulation type acc_t; a row that torch.softmax
+// makes NaN (nan_softmax_row) is NaN here too.
 template <typename scalar_t, typename acc_t>
 void softmax_rows(const scalar_t* logits, int64_t rows, int64_t K, acc_t* probs) {
   for (int64_t i = 0; i < rows * K; ++i) probs[i] = static_cast<acc_t>(logits[i]);
@@ -51,6 +66,10 @@ void softmax_rows(const scalar_t* logits, int64_t rows, int64_t K, acc_t* probs)
   exp_inplace(probs, rows * K);
   for (int64_t r = 0; r < rows; ++r) {
     acc_t* row = probs + r * K;
+    if (nan_softmax_row<acc_t>(logits + r * K, K)) {
+      std::fill(row, row + K, std::numeric_limits<acc_t>::quiet_NaN());
+      continue;
+    }
     acc_t sum = 0;
     for (int64_t k = 0; k < K; ++k) sum += row[k];
     const acc_t inv = acc_t(1) / sum;

@@ -275,7 +275,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rfa_causa
 
 at::Tensor rfa_causal_step_cuda_op(const at::Tensor& q_, const at::Tensor& k_, const at::Tensor& v_,
                                    const c10::optional<at::Tensor>& decay_, at::Tensor& state, double eps) {
-  check_rfa_inputs(q_, k_, v_, decay_, state, 0);
+  check_rfa_inputs(q_, k_, v_, decay_, state, 0, "rfa_causal_step_", "state");
   check_in_place_state(state);
   const c10::cuda::CUDAGuard guard(q_.device());
   const at::Tensor q = q_.contiguous(), k = k_.contiguous(), v = v_.contiguous();

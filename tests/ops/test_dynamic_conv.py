@@ -92,6 +92,30 @@ def test_softmax_of_large_logits_stays_finite():
     assert_close(gw, ww, torch.float32, "grad logits")
 
 
+NON_FINITE_ROWS = {"nan": [0.3, float("nan"), -0.2], "nan first": [float("nan"), 0.3, -0.2],
+                   "+inf": [0.3, float("inf"), -0.2], "all -inf": [float("-inf")] * 3}
+
+
+@pytest.mark.parametrize("row", list(NON_FINITE_ROWS), ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_a_softmax_row_that_torch_makes_nan_is_nan(dtype, row):
+    """A NaN logit or an infinite maximum makes torch.softmax NaN over the row; the kernels' clamped exp must not
+    turn it into finite weights (a diverging run would keep a finite loss)."""
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(1, 4, 4, generator=g).to(dtype)
+    w = torch.randn(1, 4, 2, 3, generator=g).to(dtype)
+    w[0, 2, 0] = torch.tensor(NON_FINITE_ROWS[row])
+    light = w[0, 2].clone()
+    for got, want in ((ops.dynamic_conv(x, w, 2, True), ops.dynamic_conv_ref(x, w, 2, True)),
+                      (ops.light_conv(x, light, 2, True), ops.dynamic_conv_ref(x, light, 2, True)),
+                      (ops.dynamic_conv_step(x[:, 2:3], w[:, 2:3], torch.zeros(1, 2, 4, dtype=dtype), softmax=True)[0],
+                       ops.dynamic_conv_ref(x, w, 2, True)[:, 2:3])):
+        assert torch.equal(got.isnan(), want.isnan()) and want.isnan().any()
+    w.requires_grad_()
+    ops.dynamic_conv(x, w, 2, True).sum().backward()
+    assert w.grad[0, 2, 0].isnan().all()
+
+
 @pytest.mark.parametrize("weight_dropout", [0.0, 0.25], ids=["", "dropconnect"])
 @SOFTMAX
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

@@ -662,3 +662,25 @@ BAD_INPUTS = [
 def test_bad_input_names_the_argument(call, error, match):
     with pytest.raises(error, match=match):
         call(torch.randn(2, 5, 2, 8), torch.randn(2, 5, 2, 4))
+
+
+def test_the_compiled_backward_of_a_chunk_longer_than_the_sequence_replays_the_sequence_only():
+    """The CPU backward keeps the states of one chunk: for chunk_size past T it needs T of them (2**31 steps of
+    states would be a 100 GB allocation), and the gradients equal those of chunk_size = T."""
+    g = torch.Generator().manual_seed(19)
+    B, T, H, F, d = 1, 4, 2, 4, 3
+    inputs = (features(B, T, H, F, g, torch.float32), features(B, T, H, F, g, torch.float32),
+              torch.randn(B, T, H, d, generator=g), gate(B, T, H, g, torch.float32))
+    huge = results_and_grads(lambda *a: ops.rfa_causal_compiled(*a, chunk_size=2**31), inputs, torch.float32)
+    exact = results_and_grads(lambda *a: ops.rfa_causal_compiled(*a, chunk_size=T), inputs, torch.float32)
+    for a, b in zip(huge, exact):
+        torch.testing.assert_close(a, b)
+
+
+def test_compiled_errors_name_the_op_and_why(monkeypatch):
+    q, v = torch.randn(1, 3, 2, 4), torch.randn(1, 3, 2, 2)
+    with pytest.raises(RuntimeError, match=r"rfa_causal_step_: state must be \(B, H, F, D \+ 1\)"):
+        torch.ops.talk_hf.rfa_causal_step_(q, q, v, None, torch.zeros(1, 2, 4, 5), 1e-6)
+    monkeypatch.setenv("TALK_HF_FORCE_REFERENCE", "1")
+    with pytest.raises(RuntimeError, match="TALK_HF_FORCE_REFERENCE is set"):
+        ops.rfa_causal_compiled(q, q, v)
