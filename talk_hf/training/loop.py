@@ -173,12 +173,23 @@ def check_label_smoothing(model, label_smoothing):
         )
 
 
-def training_loss(model, batch, label_smoothing=0.0):
-    """The mean loss a training step minimises: the model's own (labels passed to its forward, with its config's
-    label smoothing) for a model whose loss has a smoothing setting, else `token_loss` with `label_smoothing`."""
+def training_loss(model, batch, label_smoothing=0.0, num_items=None):
+    """The loss a training step minimises: the model's own (labels passed to its forward, with its config's label
+    smoothing) for a model whose loss has a smoothing setting, else `token_loss` with `label_smoothing`; the mean
+    over the batch's target tokens, or with `num_items` their sum divided by it (transformers' `num_items_in_batch`:
+    the target tokens of a whole update, so that micro-batches and processes weigh by their tokens)."""
     if own_label_smoothing(model) is None:
-        return token_loss(model, batch, label_smoothing)
-    return model(**batch, use_cache=False).loss
+        if num_items is None:
+            return token_loss(model, batch, label_smoothing)
+        return token_loss(model, batch, label_smoothing, reduction="sum") / num_items
+    return model(**batch, use_cache=False, num_items_in_batch=num_items).loss
+
+
+def target_tokens(model, batch):
+    """How many target tokens a batch's loss counts (a 0-dim tensor): labels other than -100 (a causal LM's first
+    position has no target)."""
+    labels = batch["labels"][:, 1:] if is_causal_lm(model) else batch["labels"]
+    return (labels != -100).sum()
 
 
 def token_loss(model, batch, label_smoothing=0.0, reduction="mean"):
@@ -276,7 +287,12 @@ def checkpoints(output_dir):
     """Saved checkpoints, oldest first."""
     folder = Path(output_dir) / "checkpoints"
     found = [p for p in folder.glob("step-*") if p.is_dir()] if folder.exists() else []
-    return sorted(found, key=lambda p: int(p.name.split("-")[1]))
+    return sorted(found, key=checkpoint_step)
+
+
+def checkpoint_step(path):
+    """checkpoints/step-N -> N."""
+    return int(Path(path).name.split("-")[1])
 
 
 def average_checkpoints(paths):
@@ -306,8 +322,10 @@ class Trainer:
         self.config, self.tokenizer = config, tokenizer
         self.train_dataset, self.valid_dataset, self.valid_texts = train_dataset, valid_dataset, valid_texts
         self.output_dir = Path(config.output_dir)
+        # the schedule counts updates: stepped once per update here (Accelerate's default steps it once per process)
         self.accelerator = Accelerator(
-            mixed_precision=config.mixed_precision, gradient_accumulation_steps=config.gradient_accumulation_steps
+            mixed_precision=config.mixed_precision, gradient_accumulation_steps=config.gradient_accumulation_steps,
+            step_scheduler_with_optimizer=False,
         )
         check_label_smoothing(model, config.label_smoothing)
         set_seed(config.seed)
@@ -344,12 +362,21 @@ class Trainer:
             partial.rename(path)
         self.accelerator.wait_for_everyone()  # step-N exists for every process before old ones are removed
         if self.accelerator.is_main_process:
-            # kept beyond keep_checkpoints where patience may stop the run: it may end with its best checkpoint
-            best = self.best_checkpoint() if self.config.patience else None
-            for old in checkpoints(self.output_dir)[: -self.config.keep_checkpoints]:
-                if old != best:
-                    shutil.rmtree(old)
+            self.prune_checkpoints()
         return path
+
+    def prune_checkpoints(self):
+        """Keep the newest checkpoint and the last keep_checkpoints of the save_every schedule. One saved off the
+        schedule (where a run stopped: max_steps, max_minutes, patience) is only a point to resume from: once a
+        later one exists it is removed, so a resumed run keeps and averages the checkpoints an uninterrupted one
+        would. The best checkpoint is kept too where patience may stop the run (it may end with it)."""
+        found, every = checkpoints(self.output_dir), self.config.save_every
+        resume_points = [p for p in found[:-1] if not (every and checkpoint_step(p) % every == 0)]
+        scheduled = [p for p in found if p not in resume_points]
+        best = self.best_checkpoint() if self.config.patience else None
+        for old in resume_points + scheduled[: -self.config.keep_checkpoints]:
+            if old != best:
+                shutil.rmtree(old)
 
     def best_checkpoint(self):
         """The checkpoint folder of the lowest periodic validation loss (it may not exist)."""
@@ -454,30 +481,57 @@ class Trainer:
         loader = self.accelerator.prepare(_loader(self.train_dataset, batches, self.collator))
         loader = self.accelerator.skip_first_batches(loader, self.state.batch_in_epoch)
         start = time.monotonic() - self.state.elapsed_seconds
+        update = torch.zeros(2, dtype=torch.float64, device=self.accelerator.device)  # this process: loss sum, tokens
         for batch in loader:
             with self.accelerator.accumulate(self.model):
-                loss = training_loss(self.model, batch, self.config.label_smoothing)
-                self.accelerator.backward(loss)
-                if self.accelerator.sync_gradients and self.config.clip_norm > 0:
-                    self.accelerator.clip_grad_norm_(self.model.parameters(), self.config.clip_norm)
+                self.backward(batch, update)
+                if self.accelerator.sync_gradients:
+                    update = self.accelerator.reduce(update, reduction="sum")  # every process's micro-batches
+                    tokens = max(update[1].item(), 1)
+                    self.scale_gradients(self.config.max_tokens * self.accelerator.num_processes / tokens)
+                    if self.config.clip_norm > 0:
+                        self.accelerator.clip_grad_norm_(self.model.parameters(), self.config.clip_norm)
                 self.optimizer.step()
-                self.scheduler.step()
+                if self.accelerator.sync_gradients and not self.accelerator.optimizer_step_was_skipped:
+                    self.scheduler.step()
                 self.optimizer.zero_grad()
             self.state.batch_in_epoch += 1
             self.state.elapsed_seconds = time.monotonic() - start
             if self.accelerator.sync_gradients:
-                self.after_update(loss, progress)
+                self.after_update(update[0].item() / max(update[1].item(), 1), progress)
+                update = torch.zeros_like(update)
                 if self.done():
                     return
         self.state.epoch += 1
         self.state.batch_in_epoch = 0
 
+    def backward(self, batch, update):
+        """Accumulate the gradient of a micro-batch's loss summed over its target tokens (divided by max_tokens, a
+        constant that keeps its size that of a mean), and add the sum and the token count to `update`. The update's
+        gradient is then rescaled by `scale_gradients` once every micro-batch of every process is in: the token-level
+        mean over all of them, as one process would compute it on their union (each micro-batch and process weighs
+        by its tokens; Trainer's `num_items_in_batch`)."""
+        scale = self.config.max_tokens
+        loss = training_loss(self.model, batch, self.config.label_smoothing, num_items=scale)
+        # Accelerate divides each micro-batch's loss by gradient_accumulation_steps: undone, the sum is what counts
+        self.accelerator.backward(loss * self.config.gradient_accumulation_steps)
+        update += torch.stack([loss.detach().double() * scale, target_tokens(self.model, batch).double()])
+
+    def scale_gradients(self, factor):
+        """Multiply the accumulated gradients by `factor` (DistributedDataParallel has averaged them over the
+        processes: the update's token-level mean is their mean times the processes over the update's tokens)."""
+        for p in self.model.parameters():
+            if p.grad is not None:
+                p.grad.mul_(factor)
+
     def after_update(self, loss, progress):
+        """Bookkeeping after an update; `loss`: its training loss, the token-level mean over all its micro-batches
+        and processes."""
         s, c = self.state, self.config
         s.global_step += 1
         progress.update(1)
         if s.global_step % c.log_every == 0 or s.global_step == 1:
-            record = {"step": s.global_step, "epoch": s.epoch, "loss": loss.item(),
+            record = {"step": s.global_step, "epoch": s.epoch, "loss": loss,
                       "lr": self.scheduler.get_last_lr()[0], "elapsed": round(s.elapsed_seconds, 1)}
             progress.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{record['lr']:.2e}")
             self.log(record)

@@ -431,3 +431,64 @@ def test_checkpoints_and_validations_leave_the_training_trajectory_unchanged(dat
     assert len(checkpoints(tmp_path / "busy")) == 4
     for (name, p), q in zip(quiet.model.named_parameters(), busy.model.parameters()):
         assert torch.equal(p, q), name
+
+
+def update_gradients(trainer, monkeypatch):
+    """Record, at every optimizer update, the weights it starts from and the accumulated gradients it applies."""
+    seen = []
+    inner = trainer.optimizer.optimizer
+    original = inner.step
+
+    def step(*args, **kwargs):
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        seen.append(({n: p.detach().clone() for n, p in model.named_parameters()},
+                     {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(inner, "step", step)
+    return seen
+
+
+@pytest.mark.parametrize("which", ["first", "epoch's last"])
+def test_an_update_is_the_token_level_mean_over_its_micro_batches(data, tmp_path, monkeypatch, which):
+    """With gradient accumulation an update's gradient is that of the mean loss over every target token of its
+    micro-batches, as one batch of their union would give it: a micro-batch weighs by its tokens, and the epoch's
+    last update, short of micro-batches, is not scaled down. The logged loss is that mean."""
+    tokenizer, dataset = data
+    batches = loop.TokenBatchSampler(dataset["num_tokens"], 256, shuffle=True, seed=1).batches(0)
+    accumulation = next(n for n in (2, 3, 4, 5) if len(batches) % n)  # the epoch ends with a short update
+    groups = [batches[i : i + accumulation] for i in range(0, len(batches), accumulation)]
+    update = 1 if which == "first" else len(groups)
+    no_dropout = dict(TINY, dropout=0.0, offset_dropout=0.0, attention_dropout=0.0)
+    torch.manual_seed(0)
+    model = build_model("talk", tokenizer, overrides=no_dropout)
+    config = TrainConfig(output_dir=str(tmp_path), max_tokens=256, learning_rate=3e-3, warmup_steps=2, log_every=1,
+                         bleu_sentences=0, max_steps=update, gradient_accumulation_steps=accumulation)
+    trainer = Trainer(model, tokenizer, dataset, dataset.select(range(16)), config)
+    seen = update_gradients(trainer, monkeypatch)
+    trainer.train()
+    weights, gradients = seen[update - 1]
+    reference = build_model("talk", tokenizer, overrides=no_dropout)
+    reference.load_state_dict(weights, strict=False)
+    reference.train()
+    collate = loop.make_collator(reference)
+    batches = [collate([dataset[i] for i in batch]) for batch in groups[update - 1]]
+    tokens = sum(int((b["labels"] != -100).sum()) for b in batches)
+    loss = sum(loop.token_loss(reference, b, reduction="sum") for b in batches) / tokens
+    loss.backward()
+    for name, p in reference.named_parameters():
+        torch.testing.assert_close(gradients[name], p.grad, rtol=1e-4, atol=1e-7, msg=name)
+    assert losses(tmp_path)[update] == pytest.approx(loss.item(), rel=1e-5)
+
+
+def test_a_resumed_run_keeps_and_averages_the_checkpoints_of_an_uninterrupted_one(data, tmp_path):
+    """A run stopped off the save_every schedule (update 5 of save_every 2) saves a checkpoint to resume from; once
+    the resumed run saves a later one it is removed, so the last checkpoints averaged are an uninterrupted run's."""
+    settings = dict(save_every=2, keep_checkpoints=3, average_last=3)
+    straight = run(data, tmp_path / "a", max_steps=6, **settings)
+    run(data, tmp_path / "b", max_steps=5, **settings)
+    assert [p.name for p in checkpoints(tmp_path / "b")] == ["step-2", "step-4", "step-5"]
+    resumed = run(data, tmp_path / "b", max_steps=6, resume=True, **settings)
+    assert [p.name for p in checkpoints(tmp_path / "b")] == ["step-2", "step-4", "step-6"]
+    for (name, p), q in zip(straight.model.named_parameters(), resumed.model.parameters()):
+        assert torch.equal(p, q), name

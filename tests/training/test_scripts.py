@@ -17,6 +17,7 @@ from datasets import load_from_disk
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from talk_hf.training.evaluation import translate
+from talk_hf.training.loop import inverse_sqrt_schedule
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = ROOT / "tests" / "fixtures" / "multi30k_pairs.tsv"
@@ -234,12 +235,22 @@ def test_accelerate_launch_two_processes(run, local_hub, tmp_path):  # noqa: F81
          "--data", str(root / "data"), "--model", "talk", "--set", *TINY, "--output_dir", str(tmp_path / "ddp"),
          "--max_tokens", "256", "--max_steps", "3", "--save_every", "2", "--warmup_steps", "1",
          "--bleu_sentences", "0", "--max_new_tokens", "6", "--test_split", "test", "--test_limit", "4",
-         "--push_to_hub", "user/ddp"],
+         "--log_every", "1", "--push_to_hub", "user/ddp"],
         capture_output=True, text=True, timeout=600, env=env,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     results = json.loads((tmp_path / "ddp" / "eval_results.json").read_text())
     assert results["num_processes"] == 2 and results["steps"] == 3
+    # the schedule counts updates whatever the number of processes (each logged rate: the one after that update)
+    logged = [json.loads(line) for line in (tmp_path / "ddp" / "metrics.jsonl").read_text().splitlines()]
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=5e-4)
+    schedule = inverse_sqrt_schedule(optimizer, warmup_steps=1, warmup_init_lr=1e-7)
+    expected = []
+    for _ in range(3):
+        optimizer.step()
+        schedule.step()
+        expected.append(schedule.get_last_lr()[0])
+    assert [r["lr"] for r in logged if "lr" in r] == pytest.approx(expected)
     assert (tmp_path / "ddp" / "model" / "model.safetensors").exists()
     assert sorted(p.name for p in (tmp_path / "ddp" / "checkpoints").iterdir()) == ["step-2", "step-3"]
     assert result.stdout.count("pushed to ") == 1 and len(local_hub.requests_matching("/commit/")) == 1
