@@ -20,7 +20,9 @@ import hashlib
 import json
 import logging
 import os
+import tempfile
 from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import datasets
@@ -92,8 +94,19 @@ def train_tokenizer(
 
 
 def _tokenizer_hash(tokenizer) -> str:
-    """A content hash of a fast tokenizer (its serialized ``tokenizer.json``)."""
-    return hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode("utf-8")).hexdigest()[:16]
+    """A content hash of a tokenizer: a fast one's serialized ``tokenizer.json``; another's (a converted fairseq
+    tokenizer) files as ``save_pretrained`` writes them."""
+    digest = hashlib.sha256()
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        digest.update(backend.to_str().encode("utf-8"))
+        return digest.hexdigest()[:16]
+    with tempfile.TemporaryDirectory() as folder:
+        tokenizer.save_pretrained(folder)
+        for path in sorted(Path(folder).rglob("*")):
+            if path.is_file():
+                digest.update(path.name.encode("utf-8") + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def encode(
@@ -107,7 +120,7 @@ def encode(
 
     Args:
         ds: Dataset with str columns ``"source"``, ``"target"`` (other columns are kept).
-        tokenizer: a fast tokenizer that appends ``</s>`` (e.g. from :func:`train_tokenizer`).
+        tokenizer: a tokenizer that appends ``</s>`` (e.g. from :func:`train_tokenizer`, or a converted fairseq one).
         max_source_tokens, max_target_tokens: optional ints; an example whose ``input_ids`` (resp. ``labels``),
             ``</s>`` included, is longer is REMOVED (never truncated) and the number removed is logged at warning
             level. ``len(ds) - len(result)`` is exactly that number.

@@ -89,6 +89,7 @@ RUN_SETTINGS = ("max_tokens", "gradient_accumulation_steps", "learning_rate", "s
                 "warmup_init_lr", "adam_beta1", "adam_beta2", "weight_decay", "clip_norm", "label_smoothing",
                 "mixed_precision", "seed")
 RUN_FILE = "run_settings.json"  # in the run folder: RUN_SETTINGS and the training data's size, from its first start
+RESUME_POINT_FILE = "resume_point"  # in a checkpoint saved off the save_every schedule, where a run stopped
 
 
 @dataclasses.dataclass
@@ -349,15 +350,19 @@ class Trainer:
             with open(self.metrics_path, "a") as f:
                 f.write(json.dumps(record) + "\n")
 
-    def save_checkpoint(self):
+    def save_checkpoint(self, resume_point=False):
         """checkpoints/step-N, written as partial-step-N and renamed once every process has written its part: a
-        process killed while saving leaves no incomplete step-N for --resume to load."""
+        process killed while saving leaves no incomplete step-N for --resume to load. resume_point: a checkpoint
+        saved off the save_every schedule, where the run stopped (marked by RESUME_POINT_FILE; see
+        prune_checkpoints)."""
         folder = self.output_dir / "checkpoints"
         path, partial = folder / f"step-{self.state.global_step}", folder / f"partial-step-{self.state.global_step}"
         self.state.micro_step = self.accelerator.step
         self.accelerator.save_state(str(partial))
         self.accelerator.wait_for_everyone()  # every process has written its part before it is renamed
         if self.accelerator.is_main_process:
+            if resume_point:
+                (partial / RESUME_POINT_FILE).touch()
             shutil.rmtree(path, ignore_errors=True)
             partial.rename(path)
         self.accelerator.wait_for_everyone()  # step-N exists for every process before old ones are removed
@@ -366,12 +371,13 @@ class Trainer:
         return path
 
     def prune_checkpoints(self):
-        """Keep the newest checkpoint and the last keep_checkpoints of the save_every schedule. One saved off the
-        schedule (where a run stopped: max_steps, max_minutes, patience) is only a point to resume from: once a
-        later one exists it is removed, so a resumed run keeps and averages the checkpoints an uninterrupted one
-        would. The best checkpoint is kept too where patience may stop the run (it may end with it)."""
-        found, every = checkpoints(self.output_dir), self.config.save_every
-        resume_points = [p for p in found[:-1] if not (every and checkpoint_step(p) % every == 0)]
+        """Keep the last keep_checkpoints checkpoints, the newest among them, leaving out the resume points before
+        it: a checkpoint saved off the save_every schedule where a run stopped (max_steps, max_minutes, patience) is
+        only a point to resume from, removed once a later one exists, so a resumed run keeps and averages the
+        checkpoints an uninterrupted one would. The best checkpoint is kept too where patience may stop the run (it
+        may end with it)."""
+        found = checkpoints(self.output_dir)
+        resume_points = [p for p in found[:-1] if (p / RESUME_POINT_FILE).exists()]
         scheduled = [p for p in found if p not in resume_points]
         best = self.best_checkpoint() if self.config.patience else None
         for old in resume_points + scheduled[: -self.config.keep_checkpoints]:
@@ -425,7 +431,18 @@ class Trainer:
                 shutil.rmtree(partial)
         self.accelerator.load_state(str(found[-1]))
         self.accelerator.step = self.state.micro_step
+        self.check_schedule_position(found[-1])
         return found[-1]
+
+    def check_schedule_position(self, checkpoint):
+        """The learning-rate schedule steps once per update (none for an update whose optimizer step was skipped):
+        a checkpoint whose schedule is past its update count (one from a loop that stepped it once per process) is
+        refused, as resuming it would continue another schedule than the run's."""
+        position = self.scheduler.scheduler.last_epoch
+        if position > self.state.global_step:
+            raise ValueError(f"{checkpoint}: its learning-rate schedule is at step {position} after "
+                             f"{self.state.global_step} updates (a schedule stepped once per process per update); "
+                             "this run cannot continue it: train it again into another output_dir")
 
     def done(self):
         c, s = self.config, self.state
@@ -566,7 +583,7 @@ class Trainer:
         # be writing step-N, and every process must take part in the same save
         c, step = self.config, self.state.global_step
         if not (c.save_every and step % c.save_every == 0 and step > 0):
-            self.save_checkpoint()
+            self.save_checkpoint(resume_point=True)
         final = self.evaluate_averaged() if self.config.average_last else self.evaluate()
         return self.best_if_lower(final) if self.stopped_early() else final
 

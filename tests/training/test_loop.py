@@ -492,3 +492,22 @@ def test_a_resumed_run_keeps_and_averages_the_checkpoints_of_an_uninterrupted_on
     assert [p.name for p in checkpoints(tmp_path / "b")] == ["step-2", "step-4", "step-6"]
     for (name, p), q in zip(straight.model.named_parameters(), resumed.model.parameters()):
         assert torch.equal(p, q), name
+
+
+def test_a_changed_save_every_keeps_the_checkpoints_of_the_first_schedule(data, tmp_path):
+    """Checkpointing options may change on resume: the checkpoints of the first schedule stay, pruned by
+    keep_checkpoints, and only the point where the first run stopped (off its schedule) goes."""
+    run(data, tmp_path, max_steps=5, save_every=2, keep_checkpoints=4)
+    assert [p.name for p in checkpoints(tmp_path)] == ["step-2", "step-4", "step-5"]
+    run(data, tmp_path, max_steps=6, save_every=3, keep_checkpoints=4, resume=True)
+    assert [p.name for p in checkpoints(tmp_path)] == ["step-2", "step-4", "step-6"]
+
+
+def test_a_checkpoint_whose_schedule_ran_ahead_of_its_updates_is_refused(data, tmp_path):
+    """A checkpoint of a loop that stepped the schedule once per process per update cannot be continued."""
+    trainer = run(data, tmp_path, max_steps=2)
+    folder = checkpoints(tmp_path)[-1]
+    trainer.scheduler.scheduler.last_epoch = 4  # the schedule of 2 processes after 2 updates
+    trainer.accelerator.save_state(str(folder))
+    with pytest.raises(ValueError, match="schedule is at step 4 after 2 updates"):
+        run(data, tmp_path, max_steps=3, resume=True)

@@ -270,3 +270,19 @@ def test_a_tokenizer_of_the_other_kind_is_refused(pairs, tmp_path):
     with pytest.raises(ValueError, match=r"appends </s> to every encoding"):
         prepare_lm_data(tmp_path / "b", {"train": lines}, tokenizer=translation_tok, block_size=8)
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_a_converted_fairseq_tokenizer_prepares_data(tmp_path):
+    """A slow tokenizer (a converted fairseq checkpoint's, to fine-tune it) encodes the splits and keys the cache
+    by its files."""
+    from talk_hf.tokenization_fairseq import FairseqMosesBpeTokenizer
+
+    words = ["ein", "hund", "a", "dog", "."]
+    for side in ("src", "tgt"):
+        (tmp_path / f"dict.{side}.txt").write_text("".join(f"{w} 1\n" for w in words), encoding="utf-8")
+    tok = FairseqMosesBpeTokenizer(str(tmp_path / "dict.src.txt"), str(tmp_path / "dict.tgt.txt"))
+    pairs = datasets.Dataset.from_dict({"source": ["ein hund ."], "target": ["a dog ."]})
+    prepare_translation_data(tmp_path / "data", {"train": pairs}, tokenizer=tok, cache_dir=tmp_path / "cache")
+    train = datasets.load_from_disk(str(tmp_path / "data" / "train"))
+    assert train["input_ids"] == [tok("ein hund .")["input_ids"]]
+    assert train["labels"] == [tok(text_target="a dog .")["input_ids"]]
