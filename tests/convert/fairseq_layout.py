@@ -18,6 +18,16 @@ def write_dictionary(path, words):
     path.write_text("".join(f"w{i} {1000 - i}\n" for i in range(words)), encoding="utf-8")
 
 
+def fairseq_tokenizer(folder, source_text, target_text=None, **kwargs):
+    """A FairseqMosesBpeTokenizer without BPE codes (input split on spaces) on dictionaries of these lines
+    (dict.src.txt, dict.tgt.txt written in `folder`); kwargs go to the tokenizer (e.g. sep_token)."""
+    from talk_hf.tokenization_fairseq import FairseqMosesBpeTokenizer
+
+    (folder / "dict.src.txt").write_text(source_text, encoding="utf-8")
+    (folder / "dict.tgt.txt").write_text(target_text or source_text, encoding="utf-8")
+    return FairseqMosesBpeTokenizer(str(folder / "dict.src.txt"), str(folder / "dict.tgt.txt"), **kwargs)
+
+
 def fairseq_checkpoint(args, model_state):
     """The dict fairseq 0.10's checkpoint_utils.save_state writes (args, model, optimizer history, extra state,
     optimizer state)."""

@@ -249,17 +249,8 @@ def test_dictionary_lines_read_as_fairseqs_dictionary_reads_them(tmp_path, text,
 # Tokens added to the tokenizer
 
 
-def tokenizer_of(tmp_path, source_text, target_text=None):
-    """A FairseqMosesBpeTokenizer without BPE codes (input split on spaces) on dictionaries of these lines."""
-    from talk_hf.tokenization_fairseq import FairseqMosesBpeTokenizer
-
-    (tmp_path / "dict.src.txt").write_text(source_text, encoding="utf-8")
-    (tmp_path / "dict.tgt.txt").write_text(target_text or source_text, encoding="utf-8")
-    return FairseqMosesBpeTokenizer(str(tmp_path / "dict.src.txt"), str(tmp_path / "dict.tgt.txt"))
-
-
 def test_added_tokens_decode_to_themselves(tmp_path):
-    tokenizer = tokenizer_of(tmp_path, "a 5\nb 4\n")
+    tokenizer = layout.fairseq_tokenizer(tmp_path, "a 5\nb 4\n")
     assert tokenizer.add_tokens(["zebra", "<neu>"]) == 2
     ids = tokenizer("a zebra b <neu>")["input_ids"]
     assert ids == [4, 6, 5, 7, 2]
@@ -274,7 +265,7 @@ def test_added_tokens_decode_to_themselves(tmp_path):
 def test_added_tokens_take_ids_no_dictionary_entry_has(tmp_path, source, target, first):
     from transformers import AutoTokenizer
 
-    tokenizer = tokenizer_of(tmp_path, source, target)
+    tokenizer = layout.fairseq_tokenizer(tmp_path, source, target)
     assert len(tokenizer) == first
     tokenizer.add_tokens(["zz"])
     tokenizer.add_tokens(["yy", "zz"])  # a second call numbers on from the first's

@@ -14,6 +14,7 @@ from talk_hf.tokenization import train_joint_bpe
 from talk_hf.training.corpora import document_windows
 from talk_hf.training.models import build_model
 from talk_hf.training.run import evaluate_translation, split_documents
+from tests.convert.fairseq_layout import fairseq_tokenizer
 
 SOURCES = ["ein hund läuft .", "er bellt .", "die katze rennt weg .", "ein mann sieht den hund .", "er ruft ihn ."]
 TARGETS = ["a dog runs .", "it barks .", "the cat runs away .", "a man sees the dog .", "he calls it ."]
@@ -143,22 +144,13 @@ def test_seq2seq_trainer_document_metrics(setup):
         compute(EvalPrediction(predictions=labels[:4], label_ids=labels[:4]))
 
 
-def fairseq_document_tokenizer(folder):
-    """A converted rfa-doc-mt tokenizer in miniature: fairseq dictionaries (no BPE), its separator "[@@SEP@@]"."""
-    from talk_hf.tokenization_fairseq import FairseqMosesBpeTokenizer
-
-    words = ["[@@SEP@@]", "a", "dog", "runs", ".", "x"]
-    for side in ("src", "tgt"):
-        (folder / f"dict.{side}.txt").write_text("".join(f"{w} 1\n" for w in words), encoding="utf-8")
-    return FairseqMosesBpeTokenizer(str(folder / "dict.src.txt"), str(folder / "dict.tgt.txt"), sep_token="[@@SEP@@]")
-
-
 def test_document_metrics_split_windows_at_the_tokenizers_separator_and_keep_what_it_decodes(tmp_path):
     from transformers import EvalPrediction
 
     from talk_hf.training.evaluation import document_metrics, window_last_sentences
 
-    tok = fairseq_document_tokenizer(tmp_path)
+    words = ["[@@SEP@@]", "a", "dog", "runs", ".", "x"]  # a converted rfa-doc-mt tokenizer in miniature
+    tok = fairseq_tokenizer(tmp_path, "".join(f"{w} 1\n" for w in words), sep_token="[@@SEP@@]")
     predicted = tok(["x [@@SEP@@] a dog runs ."])["input_ids"]  # the same last sentence, another context
     labels = tok(["a [@@SEP@@] a dog runs ."])["input_ids"]
     scores = document_metrics(tok, ["d"])(EvalPrediction(predictions=np.array(predicted), label_ids=np.array(labels)))

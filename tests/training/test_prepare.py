@@ -22,6 +22,7 @@ from talk_hf.training.prepare import (
     prepare_translation_data,
     prepare_wiki_zh_en,
 )
+from tests.convert.fairseq_layout import fairseq_tokenizer
 
 FIXTURE = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "multi30k_pairs.tsv"
 COLUMNS = ["source", "target", "doc_id", "num_context", "input_ids", "labels", "num_tokens"]
@@ -275,12 +276,7 @@ def test_a_tokenizer_of_the_other_kind_is_refused(pairs, tmp_path):
 def test_a_converted_fairseq_tokenizer_prepares_data(tmp_path):
     """A slow tokenizer (a converted fairseq checkpoint's, to fine-tune it) encodes the splits and keys the cache
     by its files."""
-    from talk_hf.tokenization_fairseq import FairseqMosesBpeTokenizer
-
-    words = ["ein", "hund", "a", "dog", "."]
-    for side in ("src", "tgt"):
-        (tmp_path / f"dict.{side}.txt").write_text("".join(f"{w} 1\n" for w in words), encoding="utf-8")
-    tok = FairseqMosesBpeTokenizer(str(tmp_path / "dict.src.txt"), str(tmp_path / "dict.tgt.txt"))
+    tok = fairseq_tokenizer(tmp_path, "".join(f"{w} 1\n" for w in ["ein", "hund", "a", "dog", "."]))
     pairs = datasets.Dataset.from_dict({"source": ["ein hund ."], "target": ["a dog ."]})
     prepare_translation_data(tmp_path / "data", {"train": pairs}, tokenizer=tok, cache_dir=tmp_path / "cache")
     train = datasets.load_from_disk(str(tmp_path / "data" / "train"))
