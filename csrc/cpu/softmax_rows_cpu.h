@@ -57,16 +57,20 @@ bool nan_softmax_row(const scalar_t* logits, int64_t K) {
 // makes NaN (nan_softmax_row) is NaN here too.
 template <typename scalar_t, typename acc_t>
 void softmax_rows(const scalar_t* logits, int64_t rows, int64_t K, acc_t* probs) {
+  if (K == 0) return;
   for (int64_t i = 0; i < rows * K; ++i) probs[i] = static_cast<acc_t>(logits[i]);
+  bool any_nan_row = false;  // only then are the rows checked one by one after exp
   for (int64_t r = 0; r < rows; ++r) {
     acc_t* row = probs + r * K;
-    const acc_t m = *std::max_element(row, row + K);
+    acc_t m = row[0];
+    for (int64_t k = 1; k < K; ++k) m = (row[k] > m || row[k] != row[k]) ? row[k] : m;  // a NaN stays the max
+    any_nan_row |= !std::isfinite(m);
     for (int64_t k = 0; k < K; ++k) row[k] -= m;
   }
   exp_inplace(probs, rows * K);
   for (int64_t r = 0; r < rows; ++r) {
     acc_t* row = probs + r * K;
-    if (nan_softmax_row<acc_t>(logits + r * K, K)) {
+    if (any_nan_row && nan_softmax_row<acc_t>(logits + r * K, K)) {
       std::fill(row, row + K, std::numeric_limits<acc_t>::quiet_NaN());
       continue;
     }
