@@ -61,7 +61,8 @@ def load_fairseq_dictionary(path):
     """A fairseq ``dict.txt`` -> (symbols, indices): every id's token (ids 0..3 ``<s> <pad> </s> <unk>``, then the
     file's entries from id 4 in order; its length is the dictionary's size) and {token: id}. A repeated token is an
     error unless its line carries ``#fairseq:overwrite``; then, as fairseq's ``add_symbol(overwrite=True)``, it takes
-    a new id, and its earlier id keeps its place."""
+    a new id, and its earlier id keeps its place. Overwriting one of the four special tokens is an error: fairseq
+    keeps its id for the model (``eos_index``) and gives its text the new one."""
     symbols = list(SPECIAL_TOKENS)
     indices = {token: i for i, token in enumerate(symbols)}
     with open(path, encoding="utf-8") as handle:
@@ -69,6 +70,11 @@ def load_fairseq_dictionary(path):
             word, overwrite = _parse_dict_line(line, path, number)
             if word in indices and not overwrite:
                 raise ValueError(f"{path}, line {number}: duplicate token {word!r} (without {OVERWRITE_FLAG})")
+            if word in SPECIAL_TOKENS:
+                raise ValueError(
+                    f"{path}, line {number}: {word!r} overwrites a special token: fairseq then encodes the text "
+                    f"{word!r} as id {len(symbols)} but keeps id {SPECIAL_TOKENS.index(word)} as the model's "
+                    f"{word!r}, which one tokenizer token cannot be; remove the line")
             indices[word] = len(symbols)
             symbols.append(word)
     return symbols, indices

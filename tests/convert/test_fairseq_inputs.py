@@ -231,6 +231,27 @@ def test_dictionary_lines_are_read_by_fairseqs_rule(tmp_path, text, words):
         assert indices == {word: i for i, word in enumerate(symbols)}  # an overwritten word: its last id
 
 
+@pytest.mark.parametrize("token", ["<s>", "<pad>", "</s>", "<unk>"])
+def test_overwriting_a_special_token_is_refused(tmp_path, token):
+    from talk_hf.tokenization_fairseq import load_fairseq_dictionary
+
+    path = tmp_path / "dict.txt"
+    path.write_text(f"a 5\n{token} 3 #fairseq:overwrite\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=rf"line 2: '{re.escape(token)}' overwrites a special token"):
+        load_fairseq_dictionary(path)
+
+
+@needs_fairseq
+def test_fairseq_keeps_a_special_tokens_id_when_its_entry_is_overwritten(tmp_path):
+    """Why the overwrite is refused: fairseq's model id and its text's id part."""
+    from fairseq.data import Dictionary
+
+    path = tmp_path / "dict.txt"
+    path.write_text("a 5\n</s> 3 #fairseq:overwrite\n", encoding="utf-8")
+    dictionary = Dictionary.load(str(path))
+    assert dictionary.eos() == 2 and dictionary.index("</s>") == 5
+
+
 @needs_fairseq
 @pytest.mark.parametrize("text,words", DICTIONARY_LINES)
 def test_dictionary_lines_read_as_fairseqs_dictionary_reads_them(tmp_path, text, words):
