@@ -42,11 +42,25 @@ TALK_HD double reduce_pio2(double u, double j) {
 TALK_HD float round_small(float v) { return (v + 12582912.0f) - 12582912.0f; }
 TALK_HD double round_small(double v) { return (v + 6755399441055744.0) - 6755399441055744.0; }
 
+// u held within |u| <= 2^22 (fp32) / 2^31 (fp64), where round_small(u * 2 / pi) is still a whole number and fits
+// an int: past it the polynomials would be evaluated far outside [-pi/4, pi/4] (features of 1e3 at |u| ~ 1e8). A
+// held u's sine and cosine are as meaningless as the reduction's bits there, but bounded; inf and NaN pass, to a NaN
+// as torch.sin's. (One select on |u|: the vectoriser makes it a blend, where a chain of selects stays a branch.)
+TALK_HD float hold_reducible(float u) {
+  const float limit = 4194304.0f, a = fabsf(u);
+  return (a > limit && a < INFINITY) ? copysignf(limit, u) : u;
+}
+TALK_HD double hold_reducible(double u) {
+  const double limit = 2147483648.0, a = fabs(u);
+  return (a > limit && a < double(INFINITY)) ? copysign(limit, u) : u;
+}
+
 // sin u and cos u, within a few units in the last place of the accumulation type for |u| < 8192 (fp32) or 2^29
-// (fp64; beyond, the reduction loses bits gradually): u = j pi/2 + r with |r| <= pi/4, the polynomials of r, and
-// j's quadrant.
+// (fp64; beyond, the reduction loses bits gradually, and past hold_reducible's limit the result is only bounded):
+// u = j pi/2 + r with |r| <= pi/4, the polynomials of r, and j's quadrant.
 template <typename acc_t>
 TALK_HD void rfa_sincos(acc_t u, acc_t& sine, acc_t& cosine) {
+  u = hold_reducible(u);
   const acc_t j = round_small(u * acc_t(0.6366197723675813));  // u * 2 / pi
   const acc_t r = reduce_pio2(u, j);
   const acc_t z = r * r;

@@ -98,6 +98,24 @@ def test_feature_map_kernel_sine_and_cosine_over_a_wide_range(dtype, reach):
     assert (phi[:, 1] - 0.1 * torch.cos(u)).abs().max() <= 0.1 * 2 * ulp
 
 
+@pytest.mark.parametrize("dtype,top", [(torch.float32, 38), (torch.float64, 300)], ids=["fp32", "fp64"])
+def test_feature_map_kernel_stays_bounded_past_its_reduction_and_passes_inf_and_nan(dtype, top):
+    """Past |u| = 2^22 (fp32) / 2^51 (fp64) the reduction by pi/2 no longer yields a whole quadrant number: the kernel
+    holds u there, so features stay within 0.1 (a temperature near 0 gives such u), and inf or NaN give NaN as the
+    reference's torch.sin does."""
+    w = torch.logspace(3, top, 100_001, dtype=torch.float64)
+    w = torch.cat([w, -w]).to(dtype).view(1, -1, 1)
+    x = torch.ones(1, 1, 1, 1, dtype=dtype)
+    with torch.no_grad():
+        phi = ops.rfa_feature_map(x, w)
+    assert phi.isfinite().all() and phi.abs().max() <= 0.1 * (1 + 4 * torch.finfo(dtype).eps)
+    special = torch.tensor([float("inf"), -float("inf"), float("nan"), 1.0], dtype=dtype).view(1, -1, 1)
+    with torch.no_grad():
+        got, expected = ops.rfa_feature_map(x, special), ops.rfa_feature_map_ref(x, special)
+    assert torch.equal(got.isnan(), expected.isnan()) and got.isnan().sum() == 6
+    assert torch.allclose(got[..., 6:], expected[..., 6:])
+
+
 def test_feature_map_uses_the_kernel_without_gradients_and_pytorch_ops_with_them():
     from torch.profiler import profile
 
