@@ -395,10 +395,12 @@ def find_dictionaries(src_dir, args):
     raise ValueError("the checkpoint's args name no source_lang/target_lang: cannot tell the dictionaries apart")
 
 
-def check_vocab_size(path, rows, side):
-    size = len(load_fairseq_dictionary(path)[0])
-    if size != rows:
-        raise ValueError(f"{path} has {size} entries but the checkpoint's {side} embedding has {rows} rows")
+def check_vocab_size(path, rows, side, extra=()):
+    """The dictionary file `path` has one entry per embedding row but those of the `extra` symbols (not in files)."""
+    size, listed = len(load_fairseq_dictionary(path)[0]), rows - len(extra)
+    if size != listed:
+        split = f" = {listed} dictionary entries + {' '.join(extra)} (not in the file)" if extra else ""
+        raise ValueError(f"{path} has {size} entries but the checkpoint's {side} embedding has {rows} rows{split}")
 
 
 def moses_languages(state):
@@ -524,17 +526,18 @@ def embedding_rows(weights):
     return tuple(weights[f"{s}.embed_tokens.weight"].shape[0] for s in ("encoder", "decoder"))
 
 
-def read_dictionaries(src_dir, args, weights, extra=0):
+def read_dictionaries(src_dir, args, weights, extra=()):
     """The release's two dictionaries, checked against the embeddings -> (source path, target path, source rows,
-    target rows); extra: special symbols the model's dictionaries have beyond fairseq's four (not in the files)."""
+    target rows); extra: the special symbols the model's dictionaries have beyond fairseq's four (not in the
+    files)."""
     source_dict, target_dict = find_dictionaries(src_dir, args)
     if args.get("share_all_embeddings") and (load_fairseq_dictionary(source_dict)[0]
                                              != load_fairseq_dictionary(target_dict)[0]):
         raise ValueError(f"share_all_embeddings=True needs one dictionary for both sides, but {source_dict.name} and "
                          f"{target_dict.name} differ (fairseq refuses to build such a model)")
     source_rows, target_rows = embedding_rows(weights)
-    check_vocab_size(source_dict, source_rows - extra, "encoder")
-    check_vocab_size(target_dict, target_rows - extra, "decoder")
+    check_vocab_size(source_dict, source_rows, "encoder", extra)
+    check_vocab_size(target_dict, target_rows, "decoder", extra)
     return source_dict, target_dict, source_rows, target_rows
 
 

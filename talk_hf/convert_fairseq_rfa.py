@@ -95,6 +95,9 @@ def check_supported(args):
     refuse(args, "cross_self_attention", lambda v: not v, "cross+self attention")
     refuse(args, "adaptive_softmax_cutoff", lambda v: v is None, "adaptive softmax")
     refuse(args, "activation_fn", lambda v: v in ACTIVATIONS, f"activations other than {', '.join(ACTIVATIONS)}")
+    for name in ("encoder_layers_to_keep", "decoder_layers_to_keep"):
+        refuse(args, name, lambda v: not v, "fairseq keeps only the listed layers when it loads the checkpoint "
+                                            "(LayerDrop pruning); the converter reads every layer")
     if args.get("decoder_normalize_before"):
         refuse(args, "no_decoder_final_norm", lambda v: not v, "a pre-norm decoder without its final LayerNorm")
     embed = same(args, "encoder_embed_dim", "decoder_embed_dim", "d_model (the cross-attention projects both)")
@@ -206,13 +209,22 @@ def fixed_temperatures(args, config):
     return fixed
 
 
+def check_gate_weights(weights, config):
+    """The checkpoint has the gate's g_proj exactly when its args ask for the decay gate."""
+    has_gate = any(".self_attn.module.g_proj." in key for key in weights)
+    if config.sentential_gate == "decay" and not has_gate:
+        raise ValueError("decay_sentential_gate=True but the checkpoint has no g_proj (the gate's weights)")
+    if config.sentential_gate == "none" and has_gate:
+        raise ValueError("the checkpoint has g_proj (a sentential gate's weights) but decay_sentential_gate is off: "
+                         "its args do not say how the gate is applied")
+
+
 def convert_weights(weights, config, args):
     """rfa-doc-mt state dict -> talk_hf state dict (float32); both evaluation matrices are required."""
     missing = [key for key in (CAUSAL_EVAL, CROSS_EVAL) if key not in weights]
     if missing:
         raise ValueError(f"the checkpoint has no {', '.join(missing)}: its evaluation random matrices are unknown")
-    if config.sentential_gate == "decay" and "decoder.layers.0.module.self_attn.module.g_proj.weight" not in weights:
-        raise ValueError("decay_sentential_gate=True but the checkpoint has no g_proj (the gate's weights)")
+    check_gate_weights(weights, config)
     converted = convert_state_dict(weights, config, lambda key, value: rename(key, value, config))
     converted.update(fixed_temperatures(args, config))
     return converted
@@ -240,7 +252,8 @@ def convert_rfa_doc(state, src_dir, out_dir, arch):
 
     args, weights = model_args(state), state["model"]
     has_sep = task_name(state) == "doc_translation"
-    source_dict, target_dict, source_rows, target_rows = read_dictionaries(src_dir, args, weights, extra=int(has_sep))
+    extra = (SEP_SYMBOL,) if has_sep else ()
+    source_dict, target_dict, source_rows, target_rows = read_dictionaries(src_dir, args, weights, extra)
     config = config_from_args(args, source_rows, target_rows, has_sep)
     model = RfaDocForConditionalGeneration(config)
     load_weights(model, convert_weights(weights, config, args))

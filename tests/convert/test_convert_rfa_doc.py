@@ -398,6 +398,9 @@ def test_fixed_temperatures_and_no_gate(tmp_path):
     (dict(causal_proj_dim=8), r"decoder.random_matrices_eval has shape \(2, 4, 8\), expected"),
     (dict(arch="doc_translation_transformer_iwslt_de_en"), "softmax-attention baseline"),
     (dict(decay_sentential_gate=True, task="translation"), "needs the doc_translation task's separator"),
+    (dict(encoder_layers_to_keep="0"), "encoder_layers_to_keep='0' is not supported: fairseq keeps only the listed"),
+    (dict(decoder_layers_to_keep="0,1"), "decoder_layers_to_keep='0,1' is not supported: fairseq keeps only the"),
+    (dict(decay_sentential_gate=False), "has g_proj .* but decay_sentential_gate is off"),
 ])
 def test_what_talk_hf_cannot_compute_is_refused_by_name(tmp_path, change, message):
     from talk_hf.convert_fairseq import convert_fairseq_checkpoint
@@ -419,4 +422,17 @@ def test_missing_evaluation_matrices_are_refused(tmp_path):
     del state["encoder.cross_attention_project.random_matrices_eval"]
     folder, _ = write_rfa_release(tmp_path / "release", state=state)
     with pytest.raises(ValueError, match="no encoder.cross_attention_project.random_matrices_eval"):
+        convert_fairseq_checkpoint(folder, tmp_path / "out")
+
+
+def test_a_dictionary_of_another_size_is_refused_with_the_embeddings_rows(tmp_path):
+    """The size check counts the separator: the message gives the embedding's rows and the one for [@@SEP@@]."""
+    from talk_hf.convert_fairseq import convert_fairseq_checkpoint
+
+    folder, _ = write_rfa_release(tmp_path / "release")
+    layout.write_dictionary(folder / f"dict.{layout.TARGET_LANG}.txt", TARGET_WORDS + 1)
+    rows = TARGET_WORDS + 5
+    message = (rf"has {rows} entries but the checkpoint's decoder embedding has {rows} rows = {rows - 1} dictionary "
+               r"entries \+ \[@@SEP@@\] \(not in the file\)")
+    with pytest.raises(ValueError, match=message):
         convert_fairseq_checkpoint(folder, tmp_path / "out")
