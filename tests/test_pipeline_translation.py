@@ -187,3 +187,16 @@ def test_the_pipelines_keep_their_output_keys(tokenizer):
     model = tiny(tokenizer)
     assert isinstance(pipeline("summarization", model=model, tokenizer=tokenizer), SummarizationPipeline)
     assert set(pipeline("summarization", model=model, tokenizer=tokenizer)("a dog .", **SHORT)[0]) == {"summary_text"}
+
+
+def test_documents_written_with_any_line_break_are_each_a_document(tokenizer):
+    """A list of str is several documents when one holds a line break: "\n", "\r\n" or "\r", as a document's str
+    is split (`document_sentences`)."""
+    from talk_hf import translate_documents
+
+    model = tiny(tokenizer).eval()
+    translator = pipeline("document-translation", model=model, tokenizer=tokenizer)
+    documents = [SENTENCES[:2], SENTENCES[2:4]]
+    expected = [{"translations": t} for t in translate_documents(model, tokenizer, documents, window=2, **SHORT)]
+    for line_break in ("\n", "\r\n", "\r"):
+        assert translator([line_break.join(d) for d in documents], window=2, **SHORT) == expected

@@ -2,6 +2,7 @@
 and a document-level `compute_metrics` for transformers' Seq2SeqTrainer (RFA-doc windows)."""
 
 import math
+import warnings
 
 import numpy as np
 import sacrebleu
@@ -84,20 +85,38 @@ def document_metrics(tokenizer, doc_ids, sep_token=None):
     """A `compute_metrics` for transformers' Seq2SeqTrainer (predict_with_generate=True) on an evaluation set of
     document windows in document order: the last sentence of each generated window is that sentence's translation
     (`window_last_sentences`), the rows of one doc_id (consecutive) form a document, and the document_bleu scores
-    come back as {"bleu", "d_bleu"}. doc_ids: the evaluation set's doc_id column, one per row."""
+    come back as {"bleu", "d_bleu"}; generated windows without </s> are warned about (`warn_if_cut`). doc_ids: the
+    evaluation set's doc_id column, one per row."""
     doc_ids = list(doc_ids)
 
     def texts(ids):
         return window_last_sentences(tokenizer, np.where(ids != -100, ids, tokenizer.pad_token_id), sep_token)
 
     def compute_metrics(prediction):
-        hyps, refs = texts(generated_ids(prediction.predictions)), texts(prediction.label_ids)
+        generated = generated_ids(prediction.predictions)
+        warn_if_cut(tokenizer, generated)
+        hyps, refs = texts(generated), texts(prediction.label_ids)
         if len(hyps) != len(doc_ids):
             raise ValueError(f"{len(hyps)} predictions for an evaluation set of {len(doc_ids)} rows (doc_ids)")
         scores = document_scores(group_documents(hyps, doc_ids), group_documents(refs, doc_ids))
         return {"bleu": scores["bleu"], "d_bleu": scores["d_bleu"]}
 
     return compute_metrics
+
+
+def warn_if_cut(tokenizer, generated):
+    """Warn when generated windows (rows of token ids, the decoder start first) hold no </s> after their start: the
+    generation length limit cut them, and the last sentence of such a window, scored as its current one, may be a
+    context sentence cut short."""
+    eos = tokenizer.eos_token_id
+    if eos is None:
+        return
+    cut = sum(eos not in [int(i) for i in row[1:]] for row in generated)
+    if cut:
+        warnings.warn(f"{cut} of {len(generated)} generated windows have no </s>: the generation length limit cut "
+                      "them, and the last sentence scored for each may be a context sentence cut short rather than "
+                      "the window's current one; raise generation_max_length (Seq2SeqTrainingArguments) or the "
+                      "generation config's max_new_tokens", stacklevel=3)
 
 
 def generated_ids(predictions):

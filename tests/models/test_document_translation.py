@@ -41,25 +41,36 @@ def model_for(kind, tokenizer, seed=0, **overrides):
 
 def by_hand(model, tokenizer, sentences, window, positions=None, shortened=None, **generate_kwargs):
     """The sliding-window definition, one window at a time: source window joined by <sep>; decoder forced with
-    the start token and the ids kept for the previous window sentences, each followed by <sep>; keep what comes
-    before the first </s>, <sep> or pad. With `positions`, a window drops its oldest sentences until its source
-    and its start token, prefix and max_new_tokens each fit (counted in the list `shortened`)."""
-    start, stops = model.config.decoder_start_token_id, {SEP_ID, tokenizer.eos_token_id, tokenizer.pad_token_id}
+    the decoder start (the start token, given or the model's, and a forced_bos_token_id given or configured) and
+    the ids kept for the previous window sentences, each followed by <sep>; generate until </s> or <sep>; keep what
+    comes before the first </s>, <sep> or pad. With `positions`, a window drops its oldest sentences until its
+    source and its decoder start, prefix and max_new_tokens each fit (counted in the list `shortened`)."""
+    start = decoder_start(model, generate_kwargs)
+    stops = {SEP_ID, tokenizer.eos_token_id, tokenizer.pad_token_id}
     kept = []
     for i in range(len(sentences)):
         for first in range(max(0, i - window + 1), i + 1):
             source = tokenizer(join_sentences(sentences[first : i + 1]), return_tensors="pt")
             prefix = [t for ids in kept[first:] for t in ids + [SEP_ID]]
             if positions is None or (source["input_ids"].shape[1] <= positions
-                                     and 1 + len(prefix) + generate_kwargs["max_new_tokens"] <= positions):
+                                     and len(start) + len(prefix) + generate_kwargs["max_new_tokens"] <= positions):
                 break
         if first > max(0, i - window + 1):
             shortened.append(i)
-        out = model.generate(**source, decoder_input_ids=torch.tensor([[start] + prefix]), **generate_kwargs)
-        assert out[0, : len(prefix) + 1].tolist() == [start] + prefix  # the prefix is forced
-        new = out[0, len(prefix) + 1 :].tolist()
+        out = model.generate(**source, decoder_input_ids=torch.tensor([start + prefix]),
+                             eos_token_id=[tokenizer.eos_token_id, SEP_ID], **generate_kwargs)
+        assert out[0, : len(start) + len(prefix)].tolist() == start + prefix  # the prefix is forced
+        new = out[0, len(start) + len(prefix) :].tolist()
         kept.append(new[: next((j for j, t in enumerate(new) if t in stops), len(new))])
     return [tokenizer.decode(ids, skip_special_tokens=True).strip() for ids in kept]
+
+
+def decoder_start(model, generate_kwargs):
+    """The ids every decoder input begins with: the start token (given, else the model's), then the forced BOS
+    token (given, else the model's generation config's), if any."""
+    start = generate_kwargs.get("decoder_start_token_id", model.config.decoder_start_token_id)
+    bos = generate_kwargs.get("forced_bos_token_id", model.generation_config.forced_bos_token_id)
+    return [start] + ([bos] if bos is not None else [])
 
 
 @pytest.mark.parametrize("kind", ["talk", "dynamic_conv", "rfa_doc", "marian"])
@@ -119,11 +130,12 @@ def test_window_one_is_sentence_level_translation(tokenizer):
     assert got == expected
 
 
-def streaming_by_hand(model, tokenizer, sentences, window, max_new_tokens):
+def streaming_by_hand(model, tokenizer, sentences, window, max_new_tokens, **start):
     """Streaming's definition with forward calls: one decoder state for the document; sentence i's source window
-    replaces the cross-attention source; greedy tokens until </s> or <sep>; the next sentence starts with <sep>."""
-    start, stops = model.config.decoder_start_token_id, {SEP_ID, tokenizer.eos_token_id}
-    cache, feed, out = None, [start], []
+    replaces the cross-attention source; greedy tokens until </s> or <sep>; the next sentence starts with <sep>.
+    start: decoder_start_token_id / forced_bos_token_id, as `decoder_start` takes them."""
+    stops = {SEP_ID, tokenizer.eos_token_id}
+    cache, feed, out = None, decoder_start(model, start), []
     with torch.no_grad():
         for i in range(len(sentences)):
             source = tokenizer(join_sentences(sentences[max(0, i - window + 1) : i + 1]), return_tensors="pt")
@@ -345,3 +357,129 @@ def test_the_separator_is_the_tokenizers_own(tokenizer):
     bart_like = copy.deepcopy(tokenizer)
     bart_like.add_special_tokens({"sep_token": bart_like.eos_token})
     assert document_separator(bart_like) == SEP_TOKEN
+
+
+class Prefers(LogitsProcessor):
+    """Adds `bias` to one token's score at every step (a trained model's preference, in a tiny random one)."""
+
+    def __init__(self, token, bias):
+        self.token, self.bias = token, bias
+
+    def __call__(self, input_ids, scores):
+        scores[:, self.token] += self.bias
+        return scores
+
+
+def test_the_separator_ends_a_sentence_for_generate(tokenizer):
+    """generate() is told that <sep> ends the sentence, as </s> does: min_new_tokens holds both back, and beam
+    search ranks hypotheses that end at <sep> (not by what would follow it)."""
+    model = model_for("talk", tokenizer)
+    eager = dict(num_beams=1, max_new_tokens=6, min_new_tokens=3,
+                 logits_processor=LogitsProcessorList([Prefers(SEP_ID, 50.0)]))
+    got = translate_document(model, tokenizer, SENTENCES[:3], window=2, **eager)
+    assert got == by_hand(model, tokenizer, SENTENCES[:3], 2, **eager)
+    assert all(got)  # each sentence has its 3 tokens before the separator
+    beams = dict(num_beams=4, max_new_tokens=8, logits_processor=LogitsProcessorList([Prefers(SEP_ID, 2.0)]))
+    got = translate_document(model, tokenizer, SENTENCES[:3], window=2, **beams)
+    assert got == by_hand(model, tokenizer, SENTENCES[:3], 2, **beams) and got[0]
+
+
+def test_a_decoder_start_token_given_begins_every_window(tokenizer):
+    """decoder_start_token_id, as an argument or in a generation config passed, is the start token of every
+    window's decoder input (and of the streamed one)."""
+    from transformers import GenerationConfig
+
+    model = model_for("talk", tokenizer)
+    other = tokenizer.bos_token_id
+    expected = by_hand(model, tokenizer, SENTENCES[:4], 2, decoder_start_token_id=other, **GREEDY)
+    assert expected != by_hand(model, tokenizer, SENTENCES[:4], 2, **GREEDY)  # the start token matters
+    assert translate_document(model, tokenizer, SENTENCES[:4], window=2, decoder_start_token_id=other,
+                              **GREEDY) == expected
+    given = GenerationConfig(decoder_start_token_id=other, **GREEDY)
+    assert translate_document(model, tokenizer, SENTENCES[:4], window=2, generation_config=given) == expected
+    assert translate_document_streaming(model, tokenizer, SENTENCES[:4], window=2, max_new_tokens=4,
+                                        decoder_start_token_id=other) == streaming_by_hand(
+        model, tokenizer, SENTENCES[:4], 2, 4, decoder_start_token_id=other)
+    with pytest.raises(ValueError, match="decoder_start_token_id must be one token id"):
+        translate_document(model, tokenizer, SENTENCES[:4], window=2, decoder_start_token_id=[other], **GREEDY)
+
+
+def test_a_forced_bos_token_begins_every_window_and_is_not_kept(tokenizer):
+    """forced_bos_token_id (mBART-50's and NLLB's target language code), given or in the model's generation config,
+    follows the start token in every window's decoder input: not generated, not counted in max_new_tokens, not in
+    a sentence's translation or in a later window's prefix."""
+    model = model_for("talk", tokenizer)
+    language = 7
+    expected = by_hand(model, tokenizer, SENTENCES[:4], 2, forced_bos_token_id=language, **GREEDY)
+    assert translate_document(model, tokenizer, SENTENCES[:4], window=2, forced_bos_token_id=language,
+                              **GREEDY) == expected
+    streamed = streaming_by_hand(model, tokenizer, SENTENCES[:4], 2, 4, forced_bos_token_id=language)
+    assert translate_document_streaming(model, tokenizer, SENTENCES[:4], window=2, max_new_tokens=4,
+                                        forced_bos_token_id=language) == streamed
+    model.generation_config.forced_bos_token_id = language
+    assert translate_document(model, tokenizer, SENTENCES[:4], window=2, **GREEDY) == expected
+    assert translate_document_streaming(model, tokenizer, SENTENCES[:4], window=2, max_new_tokens=4) == streamed
+
+
+def test_a_configured_min_length_is_each_new_sentences(tokenizer):
+    """A min_length in the model's generation config or one passed is each new sentence's, less the start token
+    (as max_length is): min_new_tokens, the forced prefix not counted."""
+    from transformers import GenerationConfig
+
+    model = model_for("talk", tokenizer)
+    eager = dict(num_beams=1, max_new_tokens=8, logits_processor=LogitsProcessorList([Prefers(tokenizer.eos_token_id,
+                                                                                              50.0)]))
+    four = translate_documents(model, tokenizer, DOCUMENTS, window=3, min_new_tokens=4, **eager)
+    assert four == [by_hand(model, tokenizer, doc, 3, min_new_tokens=4, **eager) for doc in DOCUMENTS]
+    assert four != translate_documents(model, tokenizer, DOCUMENTS, window=3, **eager)
+    streamed = translate_document_streaming(model, tokenizer, SENTENCES, window=2, min_new_tokens=4, **eager)
+    passed = GenerationConfig(min_length=5, max_new_tokens=8, num_beams=1)
+    assert translate_documents(model, tokenizer, DOCUMENTS, window=3, generation_config=passed,
+                               logits_processor=eager["logits_processor"]) == four
+    model.generation_config.min_length = 5
+    assert translate_documents(model, tokenizer, DOCUMENTS, window=3, **eager) == four
+    assert translate_document_streaming(model, tokenizer, SENTENCES, window=2, **eager) == streamed
+
+
+def by_hand_configured(model, tokenizer, sentences, window, positions, limit, shortened, **generate_kwargs):
+    """The sliding-window definition with a limit taken from the generation config (`limit` new tokens) and a
+    model of `positions` positions: a window's sentence may take the limit within the positions its start token
+    and forced prefix leave; a sentence those positions cut (no </s> or <sep> before them, short of the limit)
+    is translated again with the window's oldest context sentence dropped (counted in the list `shortened`)."""
+    start, eos = model.config.decoder_start_token_id, tokenizer.eos_token_id
+    stops = {SEP_ID, eos, tokenizer.pad_token_id}
+    kept = []
+    for i in range(len(sentences)):
+        for first in range(max(0, i - window + 1), i + 1):
+            source = tokenizer(join_sentences(sentences[first : i + 1]), return_tensors="pt")
+            prefix = [t for ids in kept[first:] for t in ids + [SEP_ID]]
+            room = min(limit, positions - 1 - len(prefix))
+            if source["input_ids"].shape[1] > positions or room < 1:
+                continue
+            out = model.generate(**source, decoder_input_ids=torch.tensor([[start] + prefix]), max_new_tokens=room,
+                                 eos_token_id=[eos, SEP_ID], **generate_kwargs)
+            new = out[0, len(prefix) + 1 :].tolist()
+            end = next((j for j, t in enumerate(new) if t in stops), None)
+            if end is not None or room == limit or first == i:
+                break
+        if first > max(0, i - window + 1):
+            shortened.append(i)
+        kept.append(new[:end])
+    return [tokenizer.decode(ids, skip_special_tokens=True).strip() for ids in kept]
+
+
+def test_a_sentence_cut_by_the_positions_under_a_configured_limit_drops_context(tokenizer):
+    """A configured limit (max_length as long as the positions, as Hub Marian models set it) leaves a sentence
+    after a long forced prefix few positions: a sentence they cut is translated again with less context, and the
+    windows shortened are warned about, as for a given max_new_tokens."""
+    model = model_for("marian", tokenizer, seed=4, max_position_embeddings=18)
+    model.generation_config.max_length = 18
+    stop = dict(num_beams=1, logits_processor=LogitsProcessorList([EndsSentencesAfter(14, tokenizer.eos_token_id)]))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = translate_documents(model, tokenizer, DOCUMENTS, window=2, **stop)
+    shortened = []
+    assert got == [by_hand_configured(model, tokenizer, doc, 2, 18, 17, shortened, **stop) for doc in DOCUMENTS]
+    assert shortened
+    [record] = [w for w in caught if issubclass(w.category, ContextShortenedWarning)]
+    assert (record.message.shortened, record.message.windows) == (len(shortened), sum(map(len, DOCUMENTS)))

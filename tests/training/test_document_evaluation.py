@@ -1,6 +1,8 @@
 """Document-level evaluation: a split of document windows translated as whole documents and scored sentence by
 sentence, with the document_bleu `evaluate` metric shipped in the package."""
 
+import warnings
+
 import datasets
 import numpy as np
 import evaluate
@@ -157,3 +159,27 @@ def test_document_metrics_split_windows_at_the_tokenizers_separator_and_keep_wha
     assert scores == {"bleu": pytest.approx(100), "d_bleu": pytest.approx(100)}
     # fairseq's decoding keeps <unk>, and so does the sentence scored ("a  runs ." if it were dropped)
     assert window_last_sentences(tok, tok(["a [@@SEP@@] a zebra runs ."])["input_ids"]) == ["a <unk> runs ."]
+
+
+def test_document_metrics_warn_of_windows_cut_by_the_generation_limit(setup):
+    """A generated window without </s> was cut by the generation length limit: its last sentence may be a context
+    sentence cut short rather than the window's current one, which the scores cannot tell; they warn, naming the
+    limits to raise."""
+    from transformers import EvalPrediction
+
+    from talk_hf.training.evaluation import document_metrics
+
+    _, tokenizer, windows = setup
+    labels = tokenizer(text_target=list(windows["target"]), padding=True, return_tensors="np")["input_ids"]
+    start = np.full((len(labels), 1), tokenizer.eos_token_id)  # generated rows begin with the decoder start (</s>)
+    generated = np.concatenate([start, labels], axis=1)
+    compute = document_metrics(tokenizer, windows["doc_id"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        complete = compute(EvalPrediction(predictions=generated, label_ids=labels))
+    cut = generated.copy()
+    cut[1, 3:] = tokenizer.pad_token_id  # row 1 stops after two tokens of its context sentence, without </s>
+    with pytest.warns(UserWarning, match=r"1 of 5 generated windows have no </s>.*generation_max_length.*"
+                                         r"max_new_tokens"):
+        compute(EvalPrediction(predictions=cut, label_ids=labels))
+    assert complete == {"bleu": pytest.approx(100), "d_bleu": pytest.approx(100)}
