@@ -5,15 +5,27 @@ by talk_hf/backend.py, and only ever through the installed package (never as Hub
 registrations below happen exactly once per process.
 """
 
+import importlib
+
 import torch
 
-try:
-    from talk_hf import _C  # noqa: F401  (loading the library registers torch.ops.talk_hf.*)
 
-    _LOAD_ERROR = None
-except ImportError as err:  # package installed without building the extension (TALK_HF_SKIP_BUILD=1)
-    _C = None
-    _LOAD_ERROR = f"the extension talk_hf._C is not built ({err})"
+def _load_extension():
+    """-> (the module talk_hf._C or None, why it is None). Loading the library registers torch.ops.talk_hf.*. By
+    its full name: ``from talk_hf import _C`` while talk_hf is initialising reports a missing file as a circular
+    import."""
+    try:
+        return importlib.import_module("talk_hf._C"), None
+    except ModuleNotFoundError as err:
+        if err.name != "talk_hf._C":
+            raise
+        return None, ("the extension talk_hf._C is not built (the package was installed with TALK_HF_SKIP_BUILD=1 "
+                      "or without a C++ compiler; reinstall with `pip install --no-build-isolation` to build it)")
+    except ImportError as err:  # built, but does not load (e.g. against another torch than the one installed)
+        return None, f"the extension talk_hf._C does not load ({err}); rebuild it against the installed torch"
+
+
+_C, _LOAD_ERROR = _load_extension()
 
 
 def load_error():

@@ -1,10 +1,12 @@
 """A wheel of the package works outside the checkout: templates and metric modules as package data, no path into
-the source tree."""
+the source tree; the source distribution holds what a build from it compiles."""
 
 import os
 import shutil
 import subprocess
 import sys
+import sysconfig
+import tarfile
 import textwrap
 import zipfile
 from pathlib import Path
@@ -50,18 +52,43 @@ USE = textwrap.dedent("""
 """)
 
 
+def _copy_checkout(source):
+    """The files of a clean clone (no build/ left by an earlier build) copied to ``source``."""
+    listed = subprocess.run(["git", "-C", str(ROOT), "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+                            check=True, capture_output=True, text=True).stdout.split("\0")
+    for name in filter(None, listed):
+        if (ROOT / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, source / name)
+    return sorted(name for name in listed if name and (ROOT / name).is_file())
+
+
+def test_source_distribution_holds_every_kernel_source_and_no_tests(tmp_path):
+    """The sdist (setuptools' build_meta, as `python -m build --sdist` runs it) holds every file under csrc/ (the
+    headers and CUDA sources the compiler reads, not only the .cpp files ext_modules names), the build files and the
+    licence; not the tests, which need the repository's fixtures."""
+    source, dist = tmp_path / "source", tmp_path / "dist"
+    files = _copy_checkout(source)
+    build = "import sys; from setuptools import build_meta; print(build_meta.build_sdist(sys.argv[1]))"
+    result = subprocess.run([sys.executable, "-c", build, str(dist)], cwd=source, capture_output=True, text=True,
+                            env={**os.environ, "TALK_HF_SKIP_BUILD": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    (sdist,) = dist.glob("talk_hf-*.tar.gz")
+    with tarfile.open(sdist) as archive:
+        names = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
+    kernel_sources = {name for name in files if name.startswith("csrc/")}
+    assert kernel_sources and kernel_sources <= names, sorted(kernel_sources - names)
+    assert {"setup.py", "pyproject.toml", "LICENSE", "README.md", "talk_hf/__init__.py"} <= names
+    assert not any(name.startswith("tests/") for name in names)
+
+
 def test_wheel_works_outside_the_checkout(tmp_path):
     """`pip wheel --no-build-isolation .` (TALK_HF_SKIP_BUILD=1: the pure-PyTorch ops, no compiler run) installed
     into an empty folder and imported from another directory: train step, save, model card, pipeline."""
     env = {**os.environ, "TALK_HF_SKIP_BUILD": "1"}
     source, wheels, site, work = (tmp_path / name for name in ("source", "wheels", "site", "work"))
     work.mkdir()
-    listed = subprocess.run(["git", "-C", str(ROOT), "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
-                            check=True, capture_output=True, text=True).stdout.split("\0")
-    for name in filter(None, listed):  # the files of a clean clone: no build/ left by an earlier build
-        if (ROOT / name).is_file():
-            (source / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / name, source / name)
+    _copy_checkout(source)
     pip = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check"]
     subprocess.run([*pip, "wheel", "--no-build-isolation", "--no-deps", "-w", str(wheels), str(source)], check=True,
                    env=env, capture_output=True)
@@ -74,8 +101,14 @@ def test_wheel_works_outside_the_checkout(tmp_path):
     subprocess.run([*pip, "install", "--no-deps", "--no-compile", "--target", str(site), str(wheel)], check=True,
                    capture_output=True)
     assert (site / "talk_hf" / "training" / "templates" / "translation.md").is_file()
-    result = subprocess.run([sys.executable, "-c", USE, str(site)], cwd=work, capture_output=True, text=True,
-                            env={**env, "PYTHONPATH": str(site)})
+    # -S: no .pth files, so the checkout's editable install (a finder that also resolves talk_hf._C) stays out;
+    # the dependencies come from this environment's site-packages
+    python = [sys.executable, "-S"]
+    env["PYTHONPATH"] = os.pathsep.join([str(site), sysconfig.get_paths()["purelib"]])
+    result = subprocess.run([*python, "-c", USE, str(site)], cwd=work, capture_output=True, text=True, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split("\n")[-4:-1] == ["True", "document_bleu: 100", "no bundled corpus: True"], result.stdout
+    env_report = subprocess.run([*python, "-m", "talk_hf", "env"], cwd=work, capture_output=True, text=True, env=env)
+    assert env_report.returncode == 0, env_report.stderr[-3000:]
+    assert "talk_hf._C is not built (the package was installed with TALK_HF_SKIP_BUILD=1" in env_report.stdout
     assert (work / "model" / "README.md").is_file()
