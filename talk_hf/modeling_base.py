@@ -514,6 +514,7 @@ class RecurrentPreTrainedModel(PreTrainedModel):
 
     base_model_prefix = "model"
     supports_gradient_checkpointing = True
+    _supports_sdpa = True  # the softmax attentions call F.scaled_dot_product_attention (SoftmaxAttention.attend)
     _no_split_modules = ["EncoderLayer", "DecoderLayer"]
     _skip_keys_device_placement = ["cache", "past_key_values"]
     _is_stateful = True  # the state cannot be rolled back: assisted decoding is refused
@@ -522,6 +523,19 @@ class RecurrentPreTrainedModel(PreTrainedModel):
     def __init__(self, config, *args, **kwargs):
         config.check_layer_lists()
         super().__init__(config, *args, **kwargs)
+
+    def enable_input_require_grads(self):
+        """transformers' hooks (the output of each inner PreTrainedModel's `get_input_embeddings()`, the decoder's
+        embedding, requires grad) and the same hook on the encoder's token embedding, a module of its own tied to
+        the decoder's by weight: with frozen embeddings and reentrant checkpointing, a stack whose embedding output
+        does not require grad gives its layers no gradients."""
+        super().enable_input_require_grads()
+        if not self.config.is_encoder_decoder:
+            return
+        embedding = self.get_encoder().embed.embed_tokens
+        if embedding is not self.get_input_embeddings():
+            hook = embedding.register_forward_hook(lambda module, inputs, output: output.requires_grad_(True))
+            self._require_grads_hooks.append(hook)
 
     def _get_static_cache_init_shape(self):
         """generate() asks for the (heads, head_dim) of the key/value buffers of a StaticCache it allocates before

@@ -77,7 +77,8 @@ class RfaGateProjection(nn.Linear):
 class RandomFeatures(nn.Module):
     """Random projections (H, D, d) of one attention layer: a fixed evaluation draw (a persistent buffer, the
     N(0, 1) draw of `seed`, the same in every layer) and, when `resample` is on, a fresh Gaussian draw for every
-    training forward."""
+    training forward; and the layer's learned per-head temperatures. Its forward hands out both for one forward
+    pass of the layer: reading them there (not as attributes) lets accelerate's hooks load offloaded weights."""
 
     def __init__(self, heads, num_frequencies, head_dim, resample, seed):
         super().__init__()
@@ -97,14 +98,11 @@ class RandomFeatures(nn.Module):
         """The evaluation projection: (H, D, d) fp32 on the CPU, from `seed`."""
         return rfa_random_projection(*self.projection.shape, generator=torch.Generator().manual_seed(self.seed))
 
-    def current(self):
-        if self.training and self.resample:
-            return torch.randn_like(self.projection)
-        return self.projection
-
-    def __call__(self, x, projection):
-        """x: (B, T, H, d) -> features (B, T, H, 2D) in fp32."""
-        return rfa_feature_map(x, projection, self.tau)
+    def forward(self):
+        """-> (projection (H, D, d), tau (H,)) of this forward pass: the evaluation draw, or a fresh one in a
+        training forward when resampling; `rfa_feature_map(x, projection, tau)` maps (B, T, H, d) rows with them."""
+        projection = torch.randn_like(self.projection) if self.training and self.resample else self.projection
+        return projection, self.tau
 
 
 def _heads(x, heads):  # (B, T, C) -> (B, T, H, C/H)
@@ -130,9 +128,9 @@ class RfaCausalAttention(nn.Module):
         return torch.where(separators.unsqueeze(-1), gate, torch.ones_like(gate))
 
     def forward(self, x, attention_mask=None, cache=None, separators=None):
-        projection = self.features.current()
-        q = self.features(_heads(self.q_proj(x), self.heads), projection)
-        k = self.features(_heads(self.k_proj(x), self.heads), projection)
+        projection, tau = self.features()
+        q = rfa_feature_map(_heads(self.q_proj(x), self.heads), projection, tau)
+        k = rfa_feature_map(_heads(self.k_proj(x), self.heads), projection, tau)
         if attention_mask is not None:  # padded keys contribute nothing
             k = k * attention_mask[:, :, None, None].to(k.dtype)
         v = _heads(self.v_proj(x), self.heads)
@@ -159,21 +157,21 @@ class RfaCrossAttention(nn.Module):
         self.features = RandomFeatures(self.heads, config.cross_num_frequencies, d // self.heads,
                                        config.resample_random_features, config.random_feature_seed)
 
-    def source(self, encoder_hidden_states, encoder_attention_mask, projection):
+    def source(self, encoder_hidden_states, encoder_attention_mask, projection, tau):
         """(B, S, C) encoder states -> the source side of the attention (`rfa_cross_source`): the (B, H, 2D, d + 1)
         state, or for short sources the (keys, values) pair, whichever is smaller."""
         k = _heads(self.k_proj(encoder_hidden_states), self.heads)
-        scale = rfa_key_norm_rescale(k, self.features.tau, encoder_attention_mask) if self.norm_rescale else None
+        scale = rfa_key_norm_rescale(k, tau, encoder_attention_mask) if self.norm_rescale else None
         v = _heads(self.v_proj(encoder_hidden_states), self.heads)
-        return rfa_cross_source(self.features(k, projection), v, encoder_attention_mask, key_scale=scale)
+        return rfa_cross_source(rfa_feature_map(k, projection, tau), v, encoder_attention_mask, key_scale=scale)
 
     def forward(self, x, encoder_hidden_states, encoder_attention_mask=None, cache=None):
-        projection = self.features.current()
+        projection, tau = self.features()
         source = _cached_source(cache)
         if source is None:
-            source = self.source(encoder_hidden_states, encoder_attention_mask, projection)
+            source = self.source(encoder_hidden_states, encoder_attention_mask, projection, tau)
             _cache_source(cache, source)
-        q = self.features(_heads(self.q_proj(x), self.heads), projection)
+        q = rfa_feature_map(_heads(self.q_proj(x), self.heads), projection, tau)
         out = rfa_cross(q, source, eps=self.eps).to(x.dtype)
         return self.out_proj(out.reshape(x.shape))
 

@@ -88,12 +88,17 @@ def test_output_switches_from_the_config(name):
 
 @pytest.mark.parametrize("name", list(ALL))
 def test_attention_weights_are_refused_not_ignored(name):
+    """Under transformers' default implementation ("sdpa") the config switch is refused by transformers, as for its
+    own models; under "eager", and as a keyword under either, by the model."""
     model = make(name)
     inputs = inputs_for(name)
     with torch.no_grad():
         model(**inputs, output_attentions=False)
         with pytest.raises(ValueError, match="no attention weights"):
             model(**inputs, output_attentions=True)
+        with pytest.raises(ValueError, match="not supported when using the `attn_implementation` set to sdpa"):
+            model.config.output_attentions = True
+        model = make(name, attn_implementation="eager")
         model.config.output_attentions = True
         with pytest.raises(ValueError, match="no attention weights"):
             model(**inputs)
@@ -182,6 +187,45 @@ def test_save_load_round_trip_with_tied_weights_stored_once(name, tmp_path):
     assert type(base) is ALL[name][1]
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["model_type"] == model.config.model_type and "auto_map" in config
+
+
+@pytest.mark.parametrize("name", list(ALL))
+def test_weights_offloaded_to_disk_compute_what_the_loaded_model_does(name, tmp_path):
+    """from_pretrained(device_map="auto") with too little memory for the model puts some modules' weights on disk;
+    accelerate's hooks load each module's weights for its forward (a module must read its parameters and buffers in
+    its own forward). Logits and greedy decoding equal the model's in memory."""
+    from accelerate.utils import compute_module_sizes
+
+    model = make(name)
+    model.save_pretrained(tmp_path / "model")
+    head_class = AutoModelForSeq2SeqLM if name in SEQ2SEQ else AutoModelForCausalLM
+    budget = {"cpu": compute_module_sizes(model)[""] // 2}
+    offloaded = head_class.from_pretrained(tmp_path / "model", device_map="auto", max_memory=budget,
+                                           offload_folder=tmp_path / "offload").eval()
+    assert "disk" in set(offloaded.hf_device_map.values())
+    inputs = inputs_for(name)
+    with torch.no_grad():
+        assert torch.allclose(offloaded(**inputs).logits, model(**inputs).logits, rtol=1e-5, atol=1e-6)
+    prompt = {k: v for k, v in inputs.items() if not k.startswith("decoder")}
+    settings = dict(max_new_tokens=4, do_sample=False, pad_token_id=model.config.pad_token_id)
+    assert torch.equal(offloaded.generate(**prompt, **settings), model.generate(**prompt, **settings))
+
+
+@pytest.mark.parametrize("name", list(ALL))
+def test_attention_implementation_sdpa_or_eager_loads_and_computes_the_same(name, tmp_path):
+    """The softmax attentions (cross-attention, the RFA-doc encoder) run torch's scaled_dot_product_attention, so
+    attn_implementation="sdpa" (what scripts pass for speed) is accepted, as "eager" is; neither changes a logit.
+    Implementations the models do not have are refused by transformers."""
+    model = make(name)
+    model.save_pretrained(tmp_path)
+    head_class = AutoModelForSeq2SeqLM if name in SEQ2SEQ else AutoModelForCausalLM
+    inputs = inputs_for(name)
+    for implementation in ("sdpa", "eager"):
+        loaded = head_class.from_pretrained(tmp_path, attn_implementation=implementation).eval()
+        assert loaded.config._attn_implementation == implementation
+        assert torch.equal(loaded(**inputs).logits, model(**inputs).logits)
+    with pytest.raises(ValueError, match="Flash Attention 2"):
+        head_class.from_pretrained(tmp_path, attn_implementation="flash_attention_2")
 
 
 def test_untied_embeddings_are_saved_separately(tmp_path):
@@ -474,6 +518,34 @@ def test_gradient_checkpointing_gives_the_same_gradients(name, reentrant):
         inputs = {k: v for k, v in inputs_for(name).items() if k != "decoder_input_ids"}
         model(**inputs, labels=labels if labels is not None else inputs["input_ids"]).loss.backward()
         grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    for key in grads[0]:
+        torch.testing.assert_close(grads[1][key], grads[0][key], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["talk", "lightconv", "rfa_doc", "talk_lm"])
+def test_frozen_embeddings_with_input_grads_and_reentrant_checkpointing_train_every_layer(name):
+    """The adapter fine-tuning recipe: embeddings frozen, enable_input_require_grads(), reentrant checkpointing. Each
+    stack's embedding output must require grad, or reentrant checkpointing gives that stack's layers no gradients;
+    the encoder's embedding is a module of its own, tied to the decoder's by weight. The gradients equal those of
+    the same model without checkpointing."""
+    labels = target_batch(seed=9) if name in SEQ2SEQ else None
+    inputs = {k: v for k, v in inputs_for(name).items() if k != "decoder_input_ids"}
+    grads = []
+    for checkpointing in (False, True):
+        model = make(name).train()
+        for embedding in model.modules():
+            if isinstance(embedding, torch.nn.Embedding):
+                embedding.weight.requires_grad_(False)
+        if checkpointing:
+            model.enable_input_require_grads()
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+        model(**inputs, labels=labels if labels is not None else inputs["input_ids"]).loss.backward()
+        grads.append({n: p.grad for n, p in model.named_parameters() if p.requires_grad})
+        if checkpointing:
+            model.disable_input_require_grads()
+            assert model._require_grads_hooks == []
+    missing = sorted(n for n, g in grads[1].items() if g is None)
+    assert not missing, missing[:4]
     for key in grads[0]:
         torch.testing.assert_close(grads[1][key], grads[0][key], rtol=1e-5, atol=1e-6)
 

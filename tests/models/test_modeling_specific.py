@@ -124,9 +124,9 @@ def test_rfa_random_features_fixed_in_eval_and_resampled_in_training():
     features = model.model.decoder.layers[0].mixer.features
     other = model.model.decoder.layers[1].mixer.features
     assert torch.equal(features.projection, other.projection)  # one evaluation draw for every layer
-    assert torch.equal(features.current(), features.projection)
+    assert torch.equal(features()[0], features.projection) and features()[1] is features.tau
     model.train()
-    assert not torch.equal(features.current(), features.projection)
+    assert not torch.equal(features()[0], features.projection)
     src, mask = source_batch()
     dec = torch.tensor([[2, 7, 8, 9]] * 3)
     torch.manual_seed(0)
