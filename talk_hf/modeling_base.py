@@ -261,12 +261,13 @@ def shared_sources(cross_caches, encoder_hidden_states, encoder_attention_mask):
 
     cross_caches: the layers' cross-attention RecurrentLayers (Nones without a cache); encoder_hidden_states:
     (B, S, C); encoder_attention_mask: (B, S) or None -> the states (B / k, S, C) and mask (B / k, S) of every k-th
-    row, k consecutive rows sharing each.
+    row, k consecutive rows sharing each. Compiled or exported (torch.compiler.is_compiling()), every row keeps its
+    own: comparing rows is control flow on the data, which a single graph cannot hold.
     """
     if cross_caches[0] is None:
         return encoder_hidden_states, encoder_attention_mask
     if not cross_caches[0].has_source():
-        rows = (1 if needs_grad(encoder_hidden_states) else
+        rows = (1 if needs_grad(encoder_hidden_states) or torch.compiler.is_compiling() else
                 rows_per_source(encoder_hidden_states, encoder_attention_mask))
         for layer_cache in cross_caches:
             layer_cache.rows_per_source = rows
@@ -696,9 +697,6 @@ class RecurrentSeq2SeqModel(RecurrentPreTrainedModel):
             return embedding
         return self._get_resized_embeddings(embedding, rows, mean_resizing=getattr(self, "_mean_resizing", True))
 
-    def get_encoder(self):
-        return self.encoder
-
     def get_decoder(self):
         return self.decoder
 
@@ -785,9 +783,6 @@ class RecurrentSeq2SeqLM(RecurrentLMHead):
     """Encoder-decoder generation head over a RecurrentSeq2SeqModel."""
 
     _tied_weights_keys = {"lm_head.weight": "model.shared.weight"}
-
-    def get_encoder(self):
-        return self.model.get_encoder()
 
     def get_decoder(self):
         return self.model.get_decoder()

@@ -558,6 +558,29 @@ def test_torch_compile_forward(name):
     torch.testing.assert_close(compiled(**inputs, use_cache=False).logits, model(**inputs, use_cache=False).logits)
 
 
+@pytest.mark.parametrize("name", ["talk", "dynamic_conv", "rfa_doc"])
+def test_a_forward_that_fills_the_cache_compiles_as_one_graph(name):
+    """generate()'s prefill: a no-grad forward with use_cache=True. Telling which rows share a source compares rows
+    (data-dependent control flow); compiled (or exported), every row keeps its own source, the same numbers."""
+    model = make(name)
+    inputs = inputs_for(name)
+    with torch.no_grad():
+        eager = model(**inputs, use_cache=True).logits
+        torch._dynamo.reset()
+        compiled = torch.compile(model, fullgraph=True, backend="eager")(**inputs, use_cache=True).logits
+    torch.testing.assert_close(compiled, eager)
+
+
+@pytest.mark.parametrize("name", SEQ2SEQ_NAMES)
+def test_get_encoder_takes_transformers_modality_argument(name):
+    """PreTrainedModel.get_encoder(modality=None), which transformers' exporters and multimodal checks call."""
+    model = make(name)
+    encoder = model.model.encoder
+    assert model.get_encoder() is encoder and model.get_encoder(modality=None) is encoder
+    assert model.model.get_encoder(modality=None) is encoder
+    assert model.get_encoder(modality="image") is model  # transformers' answer for a model without that encoder
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("name", ["talk", "lightconv", "rfa_doc", "talk_lm"])
 def test_autocast_forward_and_backward(name, dtype):
