@@ -213,8 +213,9 @@ class _TalkHfModelTest(ModelTesterMixin, GenerationTesterMixin):
     # As transformers' Mamba and xLSTM tests set it (`has_attentions = False  # Mamba does not support attentions`):
     # the token mixers (TaLK and DynamicConv convolutions, RFA's linear recurrence) have no attention matrix to
     # output, and the softmax parts (cross-attention, the RFA-doc encoder) run through scaled_dot_product_attention
-    # without returning weights: forward has no `output_attentions` (**kwargs swallows it). This is what skips the
-    # upstream attention tests (test_attention_outputs, the sdpa/eager dispatch tests, the attention parts of others).
+    # without returning weights: output_attentions=True is refused (modeling_base.refuse_attention_weights). This
+    # skips the upstream attention tests (test_attention_outputs, the sdpa/eager dispatch tests, the attention parts
+    # of others).
     has_attentions = False
     # The upstream gate skips models whose config file has no copyright line from 2023 on ("Not a prioritized
     # model for now"); a model package written now is expected to initialise every weight in _init_weights.
