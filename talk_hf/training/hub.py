@@ -6,7 +6,9 @@
 The folder is the one ``scripts/train.py`` writes to ``<output_dir>/model``: weights, ``config.json`` and the
 modeling ``.py`` files (``auto_map``), tokenizer files, ``generation_config.json``, the ``README.md`` model card,
 ``metrics.jsonl`` / ``eval_results.json`` and ``metrics.png``. Everything in it is uploaded in one commit except
-training state that does not belong in a model repository (see ``DEFAULT_IGNORE``). The local folder is only read.
+training state that does not belong in a model repository (see ``DEFAULT_IGNORE``); the same commit deletes the
+repository's weight files and BPE codes that the folder does not have (see ``REPLACED``). The local folder is only
+read.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pathlib import Path
 
 from huggingface_hub import HfApi
 
-__all__ = ["DEFAULT_IGNORE", "HubUploadError", "push_run"]
+__all__ = ["DEFAULT_IGNORE", "REPLACED", "HubUploadError", "push_run"]
 
 logger = logging.getLogger(__name__)
 
@@ -28,6 +30,11 @@ DEFAULT_IGNORE = (
     "scaler.pt", "rng_state*", "training_args.bin", "trainer_state.json", ".*", ".*/**", "**/.*", "**/.*/**",
     "__pycache__/**", "**/__pycache__/**", "*.pyc",
 )
+# Files whose mere presence in a repository changes what loads, so that an earlier push's copies must not outlive a
+# push without them: the weights in any layout (transformers loads a leftover model.safetensors before a newer
+# sharded index) and subword-nmt codes (a fairseq tokenizer applies BPE when a bpecodes file is there). The pushed
+# folder's own files of these names replace them; other files in the repository are kept.
+REPLACED = ("*.safetensors", "*.safetensors.index.json", "*.bin", "*.bin.index.json", "bpecodes")
 _WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 
 
@@ -67,7 +74,9 @@ def push_run(
     token: str | bool | None = None,
     ignore_patterns: tuple[str, ...] | list[str] | None = DEFAULT_IGNORE,
 ) -> str:
-    """Upload a saved run folder to ``repo_id`` (one commit for a model-sized folder) and return the commit URL.
+    """Upload a saved run folder to ``repo_id`` (one commit for a model-sized folder) and return the commit URL. The
+    commit also deletes the branch's files matching ``REPLACED`` that the folder lacks (weights of an earlier
+    layout, BPE codes of an earlier tokenizer).
 
     Args:
         folder: the saved model folder (``save_pretrained`` output plus tokenizer, card, metrics, plot).
@@ -109,6 +118,7 @@ def push_run(
             repo_id=repo_id, folder_path=folder, revision=branch,
             commit_message=commit_message or f"Upload {folder.name} with talk_hf",
             ignore_patterns=list(ignore_patterns) if ignore_patterns else None,
+            delete_patterns=list(REPLACED),
         )
     except Exception as exc:  # HfHubHTTPError, connection errors, ValueError from the client: all become one error
         raise HubUploadError(repo_id, branch, step, _reason(exc)) from exc

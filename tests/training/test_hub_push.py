@@ -139,6 +139,25 @@ def test_revision_lands_on_a_branch_and_loads_by_revision(local_hub, tokenizer, 
     assert len(local_hub.repo(REPO).commits) == n_commits
 
 
+def test_a_push_replaces_weights_of_another_layout_and_keeps_other_files(local_hub, tokenizer, tmp_path):
+    """A single-file run, then a sharded run to the same branch: the repository loads the second (transformers
+    loads model.safetensors before an index, so a leftover one would win); files the runs do not write stay."""
+    save_run(tmp_path / "a", tokenizer, seed=0)
+    push_run(tmp_path / "a", REPO)
+    HfApi().upload_file(path_or_fileobj=b"kept", path_in_repo="notes.md", repo_id=REPO)
+    sharded = save_run(tmp_path / "b", tokenizer, seed=1)
+    (tmp_path / "b" / "model.safetensors").unlink()
+    sharded.save_pretrained(tmp_path / "b", max_shard_size="20KB")
+    assert (tmp_path / "b" / "model.safetensors.index.json").is_file()
+
+    push_run(tmp_path / "b", REPO)
+
+    files = local_hub.files(REPO)
+    assert "model.safetensors" not in files and "model.safetensors.index.json" in files
+    assert files["notes.md"] == b"kept" and "README.md" in files
+    assert_same_weights(AutoModelForSeq2SeqLM.from_pretrained(REPO), sharded)
+
+
 def test_private_is_recorded(local_hub, tokenizer, tmp_path):
     save_run(tmp_path / "m", tokenizer, ignored=False)
     push_run(tmp_path / "m", "user/secret-run", private=True)
