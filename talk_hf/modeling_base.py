@@ -261,13 +261,14 @@ def shared_sources(cross_caches, encoder_hidden_states, encoder_attention_mask):
 
     cross_caches: the layers' cross-attention RecurrentLayers (Nones without a cache); encoder_hidden_states:
     (B, S, C); encoder_attention_mask: (B, S) or None -> the states (B / k, S, C) and mask (B / k, S) of every k-th
-    row, k consecutive rows sharing each. Compiled or exported (torch.compiler.is_compiling()), every row keeps its
-    own: comparing rows is control flow on the data, which a single graph cannot hold.
+    row, k consecutive rows sharing each. Under torch.export every row keeps its own: comparing rows is control flow
+    on the data, which one exported graph cannot hold (torch.compile breaks the graph there and compares eagerly,
+    so a compiled forward shares sources as an eager one does; with fullgraph=True it cannot fill a cache).
     """
     if cross_caches[0] is None:
         return encoder_hidden_states, encoder_attention_mask
     if not cross_caches[0].has_source():
-        rows = (1 if needs_grad(encoder_hidden_states) or torch.compiler.is_compiling() else
+        rows = (1 if needs_grad(encoder_hidden_states) or torch.compiler.is_exporting() else
                 rows_per_source(encoder_hidden_states, encoder_attention_mask))
         for layer_cache in cross_caches:
             layer_cache.rows_per_source = rows

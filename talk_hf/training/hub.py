@@ -13,6 +13,8 @@ read.
 
 from __future__ import annotations
 
+import fnmatch
+import glob
 import logging
 import warnings
 from pathlib import Path
@@ -30,10 +32,10 @@ DEFAULT_IGNORE = (
     "scaler.pt", "rng_state*", "training_args.bin", "trainer_state.json", ".*", ".*/**", "**/.*", "**/.*/**",
     "__pycache__/**", "**/__pycache__/**", "*.pyc",
 )
-# Files whose mere presence in a repository changes what loads, so that an earlier push's copies must not outlive a
-# push without them: the weights in any layout (transformers loads a leftover model.safetensors before a newer
-# sharded index) and subword-nmt codes (a fairseq tokenizer applies BPE when a bpecodes file is there). The pushed
-# folder's own files of these names replace them; other files in the repository are kept.
+# Files at a repository's root whose mere presence changes what loads, so that an earlier push's copies must not
+# outlive a push without them: the weights in any layout (transformers loads a leftover model.safetensors before a
+# newer sharded index) and subword-nmt codes (a fairseq tokenizer applies BPE when a bpecodes file is there). Those
+# the pushed folder lacks are deleted; files in subfolders, and those the folder has (uploaded or ignored), stay.
 REPLACED = ("*.safetensors", "*.safetensors.index.json", "*.bin", "*.bin.index.json", "bpecodes")
 _WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 
@@ -59,6 +61,12 @@ def _check_folder(folder: Path) -> None:
                       "(write one with talk_hf.training.model_card.write_model_card)", stacklevel=3)
 
 
+def _stale_files(repo_files: list[str], folder: Path) -> list[str]:
+    """The branch's root files matching ``REPLACED`` that the folder does not have."""
+    return [name for name in repo_files if "/" not in name and not (folder / name).exists()
+            and any(fnmatch.fnmatchcase(name, pattern) for pattern in REPLACED)]
+
+
 def _reason(exc: BaseException) -> str:
     text = str(exc).strip() or type(exc).__name__
     return f"{type(exc).__name__}: {text}"
@@ -75,7 +83,7 @@ def push_run(
     ignore_patterns: tuple[str, ...] | list[str] | None = DEFAULT_IGNORE,
 ) -> str:
     """Upload a saved run folder to ``repo_id`` (one commit for a model-sized folder) and return the commit URL. The
-    commit also deletes the branch's files matching ``REPLACED`` that the folder lacks (weights of an earlier
+    commit also deletes the branch's root files matching ``REPLACED`` that the folder lacks (weights of an earlier
     layout, BPE codes of an earlier tokenizer).
 
     Args:
@@ -113,12 +121,14 @@ def push_run(
         if branch != "main":
             step = f"create the branch {branch!r}"
             api.create_branch(repo_id, branch=branch, exist_ok=True)
+        step = f"list the files of the branch {branch!r}"
+        stale = _stale_files(api.list_repo_files(repo_id, revision=branch), folder)
         step = f"commit the files of {folder}"
         info = api.upload_folder(
             repo_id=repo_id, folder_path=folder, revision=branch,
             commit_message=commit_message or f"Upload {folder.name} with talk_hf",
             ignore_patterns=list(ignore_patterns) if ignore_patterns else None,
-            delete_patterns=list(REPLACED),
+            delete_patterns=[glob.escape(name) for name in stale] or None,
         )
     except Exception as exc:  # HfHubHTTPError, connection errors, ValueError from the client: all become one error
         raise HubUploadError(repo_id, branch, step, _reason(exc)) from exc

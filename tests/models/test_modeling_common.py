@@ -558,17 +558,32 @@ def test_torch_compile_forward(name):
     torch.testing.assert_close(compiled(**inputs, use_cache=False).logits, model(**inputs, use_cache=False).logits)
 
 
+class _Logits(torch.nn.Module):
+    """A model's forward with use_cache=True (generate()'s prefill) -> its logits alone."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, **inputs):
+        return self.model(**inputs, use_cache=True).logits
+
+
 @pytest.mark.parametrize("name", ["talk", "dynamic_conv", "rfa_doc"])
-def test_a_forward_that_fills_the_cache_compiles_as_one_graph(name):
-    """generate()'s prefill: a no-grad forward with use_cache=True. Telling which rows share a source compares rows
-    (data-dependent control flow); compiled (or exported), every row keeps its own source, the same numbers."""
+def test_a_forward_that_fills_the_cache_exports_and_compiled_beams_share_sources(name):
+    """Telling which rows share a source compares rows (data-dependent control flow): under torch.export every row
+    keeps its own source (the same numbers); under torch.compile the graph breaks there, so the beams of a compiled
+    model still share one source each."""
     model = make(name)
     inputs = inputs_for(name)
     with torch.no_grad():
-        eager = model(**inputs, use_cache=True).logits
-        torch._dynamo.reset()
-        compiled = torch.compile(model, fullgraph=True, backend="eager")(**inputs, use_cache=True).logits
-    torch.testing.assert_close(compiled, eager)
+        exported = torch.export.export(_Logits(model), (), inputs, strict=False).module()
+        torch.testing.assert_close(exported(**inputs), model(**inputs, use_cache=True).logits)
+    torch._dynamo.reset()
+    model.forward = torch.compile(model.forward, backend="eager")
+    source = {k: v for k, v in inputs.items() if not k.startswith("decoder")}
+    out = model.generate(**source, num_beams=3, max_new_tokens=2, return_dict_in_generate=True)
+    assert out.past_key_values.cross_attention_cache.layers[0].rows_per_source == 3
 
 
 @pytest.mark.parametrize("name", SEQ2SEQ_NAMES)

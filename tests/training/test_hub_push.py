@@ -144,7 +144,8 @@ def test_a_push_replaces_weights_of_another_layout_and_keeps_other_files(local_h
     loads model.safetensors before an index, so a leftover one would win); files the runs do not write stay."""
     save_run(tmp_path / "a", tokenizer, seed=0)
     push_run(tmp_path / "a", REPO)
-    HfApi().upload_file(path_or_fileobj=b"kept", path_in_repo="notes.md", repo_id=REPO)
+    for name in ("notes.md", "adapters/x/adapter_model.safetensors"):
+        HfApi().upload_file(path_or_fileobj=b"kept", path_in_repo=name, repo_id=REPO)
     sharded = save_run(tmp_path / "b", tokenizer, seed=1)
     (tmp_path / "b" / "model.safetensors").unlink()
     sharded.save_pretrained(tmp_path / "b", max_shard_size="20KB")
@@ -154,7 +155,14 @@ def test_a_push_replaces_weights_of_another_layout_and_keeps_other_files(local_h
 
     files = local_hub.files(REPO)
     assert "model.safetensors" not in files and "model.safetensors.index.json" in files
-    assert files["notes.md"] == b"kept" and "README.md" in files
+    assert files["notes.md"] == files["adapters/x/adapter_model.safetensors"] == b"kept" and "README.md" in files
+    assert_same_weights(AutoModelForSeq2SeqLM.from_pretrained(REPO), sharded)
+
+    # a card-only update: the weights it leaves out are ignored files of the folder, not deleted
+    (tmp_path / "b" / "README.md").write_text("---\nlicense: mit\n---\nnew card\n")
+    push_run(tmp_path / "b", REPO, ignore_patterns=["*.safetensors", "*.safetensors.index.json"])
+    files = local_hub.files(REPO)
+    assert files["README.md"].endswith(b"new card\n") and "model.safetensors.index.json" in files
     assert_same_weights(AutoModelForSeq2SeqLM.from_pretrained(REPO), sharded)
 
 
