@@ -133,9 +133,10 @@ def translate_documents_counted(model, tokenizer, documents, window=4, batch_siz
         while rows:  # the windows of sentence i; again, with one context sentence less, those the positions cut
             sources = [join_sentences(docs[d][starts[d] : i + 1], sep_token) for d in rows]
             prefixes = [_forced_prefix(done[d][starts[d] : i], separator) for d in rows]
+            kept = _generate_windows(model, tokenizer, sources, start, prefixes, stops, batch_size, fit,
+                                     generate_kwargs)
             again = []
-            for d, prefix, ids in zip(rows, prefixes, _generate_windows(
-                    model, tokenizer, sources, start, prefixes, stops, batch_size, fit, generate_kwargs)):
+            for d, prefix, ids in zip(rows, prefixes, kept):
                 if fit.cut_short(len(prefix), ids) and starts[d] < i:
                     starts[d] += 1
                     again.append(d)
@@ -226,16 +227,16 @@ def _per_sentence(model, generate_kwargs, start_length, **settings):
 
 def _sentence_limit(generate_kwargs, configs, name, total, start_length):
     """A limit of one new sentence: `name` (max_new_tokens, min_new_tokens) given, else in the first of `configs`
-    that sets it, else `total` (max_length, min_length; 0 sets none) less the decoder start, as the first config that
-    sets it has it; None if none does."""
+    that sets it (not None), else `total` (max_length, min_length) less the decoder start, as the first config that
+    sets it has it (a total of 0: no limit); None if none does."""
     value = generate_kwargs.get(name)
     for config in configs:
         if value is None:
             value = getattr(config, name, None)
-    for config in configs:
-        if value is None and getattr(config, total, None):
-            value = getattr(config, total) - start_length
-    return value
+    if value is not None:
+        return value
+    length = next((getattr(c, total) for c in configs if getattr(c, total, None) is not None), None)
+    return length - start_length if length else None
 
 
 def _warn_if_training(model):

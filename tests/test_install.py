@@ -5,7 +5,6 @@ import os
 import shutil
 import subprocess
 import sys
-import sysconfig
 import tarfile
 import textwrap
 import zipfile
@@ -102,9 +101,10 @@ def test_wheel_works_outside_the_checkout(tmp_path):
                    capture_output=True)
     assert (site / "talk_hf" / "training" / "templates" / "translation.md").is_file()
     # -S: no .pth files, so the checkout's editable install (a finder that also resolves talk_hf._C) stays out;
-    # the dependencies come from this environment's site-packages
+    # the dependencies come from this interpreter's site-packages folders (not the checkout on sys.path)
     python = [sys.executable, "-S"]
-    env["PYTHONPATH"] = os.pathsep.join([str(site), sysconfig.get_paths()["purelib"]])
+    packages = [p for p in sys.path if Path(p).name in ("site-packages", "dist-packages")]
+    env["PYTHONPATH"] = os.pathsep.join([str(site), *packages])
     result = subprocess.run([*python, "-c", USE, str(site)], cwd=work, capture_output=True, text=True, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split("\n")[-4:-1] == ["True", "document_bleu: 100", "no bundled corpus: True"], result.stdout

@@ -111,7 +111,7 @@ def warn_if_cut(tokenizer, generated):
     eos = tokenizer.eos_token_id
     if eos is None:
         return
-    cut = sum(eos not in [int(i) for i in row[1:]] for row in generated)
+    cut = int((~(np.asarray(generated)[:, 1:] == eos).any(axis=1)).sum())
     if cut:
         warnings.warn(f"{cut} of {len(generated)} generated windows have no </s>: the generation length limit cut "
                       "them, and the last sentence scored for each may be a context sentence cut short rather than "

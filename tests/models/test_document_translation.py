@@ -419,6 +419,14 @@ def test_a_forced_bos_token_begins_every_window_and_is_not_kept(tokenizer):
     model.generation_config.forced_bos_token_id = language
     assert translate_document(model, tokenizer, SENTENCES[:4], window=2, **GREEDY) == expected
     assert translate_document_streaming(model, tokenizer, SENTENCES[:4], window=2, max_new_tokens=4) == streamed
+    marian = model_for("marian", tokenizer, seed=4, max_position_embeddings=18)  # the BOS takes a position too
+    shortened = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ContextShortenedWarning)
+        got = translate_documents(marian, tokenizer, DOCUMENTS, window=3, forced_bos_token_id=language, **GREEDY)
+    assert got == [by_hand(marian, tokenizer, doc, 3, positions=18, shortened=shortened, forced_bos_token_id=language,
+                           **GREEDY) for doc in DOCUMENTS]
+    assert shortened
 
 
 def test_a_configured_min_length_is_each_new_sentences(tokenizer):
@@ -431,7 +439,8 @@ def test_a_configured_min_length_is_each_new_sentences(tokenizer):
                                                                                               50.0)]))
     four = translate_documents(model, tokenizer, DOCUMENTS, window=3, min_new_tokens=4, **eager)
     assert four == [by_hand(model, tokenizer, doc, 3, min_new_tokens=4, **eager) for doc in DOCUMENTS]
-    assert four != translate_documents(model, tokenizer, DOCUMENTS, window=3, **eager)
+    free = translate_documents(model, tokenizer, DOCUMENTS, window=3, **eager)
+    assert four != free
     streamed = translate_document_streaming(model, tokenizer, SENTENCES, window=2, min_new_tokens=4, **eager)
     passed = GenerationConfig(min_length=5, max_new_tokens=8, num_beams=1)
     assert translate_documents(model, tokenizer, DOCUMENTS, window=3, generation_config=passed,
@@ -439,26 +448,29 @@ def test_a_configured_min_length_is_each_new_sentences(tokenizer):
     model.generation_config.min_length = 5
     assert translate_documents(model, tokenizer, DOCUMENTS, window=3, **eager) == four
     assert translate_document_streaming(model, tokenizer, SENTENCES, window=2, **eager) == streamed
+    unset = GenerationConfig(min_length=0, max_new_tokens=8, num_beams=1)  # a passed 0 wins, as in generate()
+    assert translate_documents(model, tokenizer, DOCUMENTS, window=3, generation_config=unset,
+                               logits_processor=eager["logits_processor"]) == free
 
 
 def by_hand_configured(model, tokenizer, sentences, window, positions, limit, shortened, **generate_kwargs):
     """The sliding-window definition with a limit taken from the generation config (`limit` new tokens) and a
-    model of `positions` positions: a window's sentence may take the limit within the positions its start token
+    model of `positions` positions: a window's sentence may take the limit within the positions its decoder start
     and forced prefix leave; a sentence those positions cut (no </s> or <sep> before them, short of the limit)
     is translated again with the window's oldest context sentence dropped (counted in the list `shortened`)."""
-    start, eos = model.config.decoder_start_token_id, tokenizer.eos_token_id
+    start, eos = decoder_start(model, generate_kwargs), tokenizer.eos_token_id
     stops = {SEP_ID, eos, tokenizer.pad_token_id}
     kept = []
     for i in range(len(sentences)):
         for first in range(max(0, i - window + 1), i + 1):
             source = tokenizer(join_sentences(sentences[first : i + 1]), return_tensors="pt")
             prefix = [t for ids in kept[first:] for t in ids + [SEP_ID]]
-            room = min(limit, positions - 1 - len(prefix))
+            room = min(limit, positions - len(start) - len(prefix))
             if source["input_ids"].shape[1] > positions or room < 1:
                 continue
-            out = model.generate(**source, decoder_input_ids=torch.tensor([[start] + prefix]), max_new_tokens=room,
+            out = model.generate(**source, decoder_input_ids=torch.tensor([start + prefix]), max_new_tokens=room,
                                  eos_token_id=[eos, SEP_ID], **generate_kwargs)
-            new = out[0, len(prefix) + 1 :].tolist()
+            new = out[0, len(start) + len(prefix) :].tolist()
             end = next((j for j, t in enumerate(new) if t in stops), None)
             if end is not None or room == limit or first == i:
                 break
@@ -483,3 +495,8 @@ def test_a_sentence_cut_by_the_positions_under_a_configured_limit_drops_context(
     assert shortened
     [record] = [w for w in caught if issubclass(w.category, ContextShortenedWarning)]
     assert (record.message.shortened, record.message.windows) == (len(shortened), sum(map(len, DOCUMENTS)))
+    with warnings.catch_warnings():  # a forced BOS token (a target language code) takes a position too
+        warnings.simplefilter("ignore", ContextShortenedWarning)
+        got = translate_documents(model, tokenizer, DOCUMENTS, window=2, forced_bos_token_id=7, **stop)
+    assert got == [by_hand_configured(model, tokenizer, doc, 2, 18, 16, [], forced_bos_token_id=7, **stop)
+                   for doc in DOCUMENTS]

@@ -100,7 +100,7 @@ def test_feature_map_kernel_sine_and_cosine_over_a_wide_range(dtype, reach):
 
 @pytest.mark.parametrize("dtype,top", [(torch.float32, 38), (torch.float64, 300)], ids=["fp32", "fp64"])
 def test_feature_map_kernel_stays_bounded_past_its_reduction_and_passes_inf_and_nan(dtype, top):
-    """Past |u| = 2^22 (fp32) / 2^51 (fp64) the reduction by pi/2 no longer yields a whole quadrant number: the kernel
+    """Past |u| = 2^22 (fp32) / 2^31 (fp64) the reduction by pi/2 no longer yields a whole quadrant number: the kernel
     holds u there, so features stay within 0.1 (a temperature near 0 gives such u), and inf or NaN give NaN as the
     reference's torch.sin does."""
     w = torch.logspace(3, top, 100_001, dtype=torch.float64)
