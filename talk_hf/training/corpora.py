@@ -20,6 +20,7 @@ import json
 import os
 import re
 import tarfile
+import zlib
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -78,8 +79,8 @@ def read_lines(path: str | os.PathLike) -> list[str]:
     Raises:
         ValueError: the file is not valid UTF-8, or a file whose lines end in ``\n`` holds a lone ``\r`` (which
         would end a line that ``wc -l`` and line-aligned tools count as one, shifting every line after it against
-        an aligned file); the error names the file and the line. A file that is not gzip data but is named
-        ``.gz`` is a ValueError naming it.
+        an aligned file); the error names the file and the line. A file named ``.gz`` that is not gzip data, or
+        whose gzip data is truncated or corrupt, is a ValueError naming it.
     """
     path = os.fspath(path)
     opener = gzip.open if path.endswith(".gz") else open
@@ -87,7 +88,9 @@ def read_lines(path: str | os.PathLike) -> list[str]:
         with opener(path, "rb") as f:
             raw = f.read()
     except gzip.BadGzipFile as err:
-        raise ValueError(f"{path}: named .gz but not gzip data ({err})") from None
+        raise ValueError(f"{path}: named .gz but not gzip data, or corrupt gzip data ({err})") from None
+    except (EOFError, zlib.error) as err:
+        raise ValueError(f"{path}: truncated or corrupt gzip data ({type(err).__name__}: {err})") from None
     start = len(codecs.BOM_UTF8) if raw.startswith(codecs.BOM_UTF8) else 0
     try:
         text = raw[start:].decode("utf-8")
@@ -104,9 +107,11 @@ def read_lines(path: str | os.PathLike) -> list[str]:
 
 
 def write_lines(path: str | os.PathLike, lines: Iterable[str]) -> None:
-    """Write `lines` as UTF-8, each ended by ``\n`` (read back unchanged by :func:`read_lines`)."""
+    """Write `lines` as UTF-8, each ended by ``\n``, so that :func:`read_lines` reads back one line per entry: a
+    line break inside an entry (``\r\n``, ``\r`` or ``\n``, as a byte-level tokenizer can decode) becomes a
+    space; entries without one read back unchanged."""
     with open(path, "w", encoding="utf-8", newline="\n") as f:
-        f.write("".join(line + "\n" for line in lines))
+        f.write("".join(re.sub(r"\r\n|\r|\n", " ", line) + "\n" for line in lines))
 
 
 def split_lines(text: str) -> list[str]:
@@ -229,14 +234,16 @@ def load_json_pairs(
         Dataset with str columns ``"source"``, ``"target"`` and, with ``doc_key``, ``"doc_id"`` (stored as str).
 
     Raises:
-        ValueError: a line is not valid JSON, or lacks a field, or the field is not a string (file, line and field
-        are named).
+        ValueError: a line is not valid JSON, or lacks a field, or a text field is not a string, or a document id is
+        neither a string nor an integer, or the file's ids mix the two (``1`` and ``"1"`` would be one document);
+        file, line and field are named.
     """
     path = os.fspath(path)
     roles = {"source": source_key, "target": target_key}
     if doc_key is not None:
         roles["doc_id"] = doc_key
     columns: dict[str, list[str]] = {name: [] for name in roles}
+    id_type = None  # str or int: the type of the file's first document id
     for number, line in enumerate(read_lines(path), start=1):
         if not line.strip():
             continue
@@ -246,8 +253,39 @@ def load_json_pairs(
             raise ValueError(f"{path}: line {number} is not valid JSON ({err})") from None
         for name, key in roles.items():
             value = _get_key(record, key, path, number, require_str=name != "doc_id")
-            columns[name].append(str(value) if name == "doc_id" else value)
+            if name == "doc_id":
+                id_type = _doc_id_type(value, id_type, path, number, key)
+                value = str(value)
+            columns[name].append(value)
     return datasets.Dataset.from_dict(columns)
+
+
+def _doc_id_type(value: Any, id_type: type | None, path: str, number: int, key: str) -> type:
+    """The type of a JSON document id (str or int), checked against the file's earlier ids' type."""
+    kind = type(value) if type(value) in (str, int) else None
+    if kind is None:
+        raise ValueError(f"{path}: line {number} field {key!r} is {json.dumps(value)}, expected a string or an "
+                         "integer document id")
+    if id_type is not None and kind is not id_type:
+        raise ValueError(f"{path}: line {number} field {key!r} is {json.dumps(value)}, a{'n' * (kind is int)} "
+                         f"{kind.__name__} where earlier ids are {id_type.__name__}s: 1 and \"1\" would be one "
+                         "document; use one type")
+    return kind
+
+
+def _saved_dataset(name: str) -> datasets.Dataset | datasets.DatasetDict | None:
+    """The Dataset or DatasetDict a ``save_to_disk`` folder `name` holds; None when `name` is no such folder."""
+    local = Path(name)
+    if local.is_dir() and ((local / "state.json").exists() or (local / "dataset_dict.json").exists()):
+        return datasets.load_from_disk(str(local))
+    return None
+
+
+def saved_without_split(name: str) -> bool:
+    """Whether `name` is a folder of one ``Dataset.save_to_disk`` with no split recorded (``Dataset.from_dict`` and
+    the like record none): :func:`load_hub_pairs` gives it for any split name."""
+    saved = _saved_dataset(name)
+    return isinstance(saved, datasets.Dataset) and saved.split is None
 
 
 def load_hub_pairs(
@@ -276,9 +314,9 @@ def load_hub_pairs(
     Raises:
         ValueError: the split is missing, or neither layout has the two languages (names the dataset and columns).
     """
-    local = Path(name)
-    if local.is_dir() and ((local / "state.json").exists() or (local / "dataset_dict.json").exists()):
-        loaded = datasets.load_from_disk(str(local))
+    saved = _saved_dataset(name)
+    if saved is not None:
+        loaded = saved
         if isinstance(loaded, datasets.DatasetDict):
             if split not in loaded:
                 raise ValueError(f"{name}: no split {split!r}, splits are {list(loaded)}")
@@ -411,7 +449,7 @@ def load_iwslt15_ted_zh_en(split: str, folder: str | os.PathLike | None = None) 
         source, target = (read_lines(f"{stem}.{lang}.gz") for lang in ("zh", "en"))
         if len(source) != len(target):
             raise ValueError(f"{stem}: {len(source)} Chinese lines but {len(target)} English lines")
-        starts = [int(line) for line in Path(f"{stem}.doc").read_text(encoding="utf-8-sig").split()]
+        starts = _document_start_lines(Path(f"{stem}.doc"))
         if not starts or starts[0] != 0 or starts != sorted(set(starts)) or starts[-1] >= len(source):
             raise ValueError(f"{stem}.doc: document starts must begin at 0 and increase below {len(source)}")
         first_doc = columns["doc_id"][-1] + 1 if columns["doc_id"] else 0
@@ -421,6 +459,15 @@ def load_iwslt15_ted_zh_en(split: str, folder: str | os.PathLike | None = None) 
         columns["source"] += source
         columns["target"] += target
     return datasets.Dataset.from_dict(columns)
+
+
+def _document_start_lines(path: Path) -> list[int]:
+    """The whitespace-separated line numbers of an IWSLT ``.doc`` file (the first line of each talk)."""
+    fields = path.read_text(encoding="utf-8-sig").split()
+    bad = next((field for field in fields if not re.fullmatch(r"[0-9]+", field)), None)
+    if bad is not None:
+        raise ValueError(f"{path}: {bad!r} is not a line number (the file lists each talk's first line)")
+    return [int(field) for field in fields]
 
 
 def load_wikitext2(split: str, folder: str | os.PathLike | None = None) -> list[str]:

@@ -42,6 +42,7 @@ from .corpora import (
     load_tsv_pairs,
     load_wiki_zh_en,
     reverse_pairs,
+    saved_without_split,
 )
 from .data import appends_eos, encode, lm_token_stream, stream_blocks, train_tokenizer
 
@@ -127,7 +128,8 @@ def load_pair_splits(
 
     Raises:
         ValueError: none or several kinds of input, an empty one, repeated ``hub_splits``, ``hub_dataset`` without
-        both languages, or an error of the loader (naming the file, line and field).
+        both languages, several ``hub_splits`` of one dataset saved without a split name, or an error of the loader
+        (naming the file, line and field).
     """
     given = {"text_files": text_files, "tsv_files": tsv_files, "json_files": json_files, "hub_dataset": hub_dataset}
     kinds = [name for name, value in given.items() if value is not None]
@@ -146,6 +148,10 @@ def load_pair_splits(
     if not (source_lang and target_lang):
         raise ValueError(f"load_pair_splits: hub_dataset {hub_dataset!r} needs source_lang and target_lang")
     _check_unique(hub_splits, "hub_splits")
+    if len(hub_splits) > 1 and saved_without_split(hub_dataset):
+        raise ValueError(f"{hub_dataset} holds one dataset saved without a split name, which cannot be "
+                         f"{len(hub_splits)} splits ({', '.join(hub_splits)}): save a DatasetDict of them, or ask for "
+                         "one split (--hub_splits train)")
     return {
         name: load_hub_pairs(hub_dataset, name, source_lang, target_lang, hub_config, cache_dir=cache_dir)
         for name in hub_splits

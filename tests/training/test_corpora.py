@@ -28,6 +28,7 @@ from talk_hf.training.corpora import (
     load_tsv_pairs,
     load_wiki_zh_en,
     reverse_pairs,
+    write_lines,
 )
 from talk_hf.training.evaluation import last_sentences
 
@@ -121,6 +122,23 @@ def test_load_text_pairs_refuses_a_stray_carriage_return(tmp_path):
     assert read_lines(write(tmp_path / "mac", "a\rb\r")) == ["a", "b"]  # \r alone ends every line: fine
 
 
+@pytest.mark.parametrize("damage", ["truncated", "corrupt"])
+def test_damaged_gzip_data_is_named(tmp_path, damage):
+    data = gzip.compress(("ein Hund läuft\n" * 200).encode())
+    data = data[: len(data) // 2] if damage == "truncated" else data[:20] + bytes(40) + data[60:]
+    path = tmp_path / "d.de.gz"
+    path.write_bytes(data)
+    with pytest.raises(ValueError, match=r"d\.de\.gz: (truncated or corrupt gzip data|named \.gz but not gzip data, or "
+                                         r"corrupt)"):
+        read_lines(path)
+
+
+def test_write_lines_keeps_one_line_per_entry(tmp_path):
+    """A byte-level tokenizer can decode a line break inside a hypothesis: it becomes a space, one line each."""
+    write_lines(tmp_path / "h.txt", ["a\nb", "c\r\nd", "e\rf", "g\u2028h", ""])
+    assert read_lines(tmp_path / "h.txt") == ["a b", "c d", "e f", "g\u2028h", ""]
+
+
 def test_a_gz_name_on_plain_text_is_named(tmp_path):
     with pytest.raises(ValueError, match=r"plain\.gz: named \.gz but not gzip data"):
         read_lines(write(tmp_path / "plain.gz", "a\n"))
@@ -167,6 +185,19 @@ def test_load_json_pairs(tmp_path):
     assert load_json_pairs(flat, "s", "t").to_dict() == {"source": ["x"], "target": ["y"]}
 
 
+@pytest.mark.parametrize("ids,message", [
+    (['"a"', "null"], r"line 2 field 'doc' is null, expected a string or an integer"),
+    (['{"id": 7}'], r"line 1 field 'doc' is \{\"id\": 7\}, expected"),
+    (["true"], "line 1 field 'doc' is true, expected"),
+    (["1", '"1"'], r"line 2 field 'doc' is \"1\", a str where earlier ids are ints: 1 and \"1\" would be one"),
+])
+def test_json_document_ids_are_strings_or_integers_of_one_type(tmp_path, ids, message):
+    """The ids are stored as str: null, objects and booleans would all become one id, and 1 and "1" the same."""
+    lines = "".join(f'{{"s": "a", "t": "b", "doc": {i}}}\n' for i in ids)
+    with pytest.raises(ValueError, match=message):
+        load_json_pairs(write(tmp_path / "d.jsonl", lines), "s", "t", doc_key="doc")
+
+
 def test_load_json_errors(tmp_path):
     missing = write(tmp_path / "m.jsonl", '{"s": "a", "t": "b"}\n{"s": "c"}\n')
     with pytest.raises(ValueError, match=r"m\.jsonl: line 2 has no field 't'"):
@@ -195,6 +226,19 @@ def test_load_hub_pairs_local_data_files(tmp_path):
     assert rev.to_dict() == {"source": ["Bye"], "target": ["Tschüss"]}
     with pytest.raises(ValueError, match="'fr'"):
         load_hub_pairs(str(folder), "train", "fr", "en", cache_dir=tmp_path / "cache")
+
+
+def test_a_saved_dataset_without_a_split_is_not_several_splits(tmp_path):
+    """Dataset.from_dict(...).save_to_disk records no split: load_hub_pairs gives it for any split name, so
+    preparing train, validation and test from it would make three copies (the test set trained on)."""
+    from talk_hf.training.prepare import load_pair_splits
+
+    datasets.Dataset.from_dict({"de": ["a", "b"], "en": ["x", "y"]}).save_to_disk(str(tmp_path / "one"))
+    with pytest.raises(ValueError, match=r"one dataset saved without a split name, which cannot be 3 splits"):
+        load_pair_splits(hub_dataset=str(tmp_path / "one"), source_lang="de", target_lang="en")
+    splits = load_pair_splits(hub_dataset=str(tmp_path / "one"), source_lang="de", target_lang="en",
+                              hub_splits=["train"])
+    assert splits["train"].to_dict() == {"source": ["a", "b"], "target": ["x", "y"]}
 
 
 def test_load_hub_pairs_save_to_disk_folder(tmp_path):
@@ -351,6 +395,16 @@ def test_iwslt15_ted_zh_en_talks():
         load_iwslt15_ted_zh_en("train")
     with pytest.raises(FileNotFoundError, match="pass folder="):
         load_iwslt15_ted_zh_en("dev2010", folder="/nonexistent")
+
+
+def test_an_iwslt_document_file_that_is_not_line_numbers_is_named(tmp_path):
+    import shutil
+
+    for name in ("zh", "en"):
+        shutil.copy(DATA / "iwslt15_ted_zh_en" / f"IWSLT15.TED.dev2010.zh-en.{name}.gz", tmp_path)
+    (tmp_path / "IWSLT15.TED.dev2010.zh-en.doc").write_text("0\n0,2\n")
+    with pytest.raises(ValueError, match=r"IWSLT15\.TED\.dev2010\.zh-en\.doc: '0,2' is not a line number"):
+        load_iwslt15_ted_zh_en("dev2010", folder=tmp_path)
 
 
 def test_group_documents_follows_runs_of_doc_ids():
