@@ -109,6 +109,20 @@ def _tokenizer_hash(tokenizer) -> str:
     return digest.hexdigest()[:16]
 
 
+def _check_no_special_text(tokenizer, enc, indices: list[int]) -> None:
+    """Text that spells ``<s>``, ``<pad>`` or ``</s>`` is encoded as that token (transformers reads special tokens
+    out of text): inside a source or target it would start, pad or end the sentence. Refused, naming the row."""
+    specials = {tokenizer.bos_token_id, tokenizer.pad_token_id, tokenizer.eos_token_id} - {None}
+    leading = tokenizer.num_special_tokens_to_add() - 1  # ids the tokenizer puts before the text (</s> ends it)
+    for side, column in (("source", "input_ids"), ("target", "labels")):
+        for index, ids in zip(indices, enc[column]):
+            found = next((i for i in ids[leading:-1] if i in specials), None)
+            if found is not None:
+                token = tokenizer.convert_ids_to_tokens(found)
+                raise ValueError(f"encode: row {index}'s {side} holds the text {token!r}, which the tokenizer reads "
+                                 f"as its special token {token!r} (not as text): remove or rewrite it in the data")
+
+
 def encode(
     ds: datasets.Dataset,
     tokenizer,
@@ -144,12 +158,13 @@ def encode(
         json.dumps([ds._fingerprint, _tokenizer_hash(tokenizer), max_source_tokens, max_target_tokens]).encode()
     ).hexdigest()[:20]
 
-    def tokenize(batch: dict[str, list]) -> dict[str, list]:
+    def tokenize(batch: dict[str, list], indices: list[int]) -> dict[str, list]:
         enc = tokenizer(batch["source"], text_target=batch["target"], add_special_tokens=True)
         if any(not ids or ids[-1] != tokenizer.eos_token_id for ids in enc["labels"]):
             raise ValueError(f"encode: the tokenizer {getattr(tokenizer, 'name_or_path', '')!r} does not end every "
                              "target with </s> (a language-model tokenizer, add_eos=False?): a translation model "
                              "trained on them never learns to stop; use one that appends </s> (train_tokenizer's)")
+        _check_no_special_text(tokenizer, enc, indices)
         keep = [
             (max_source_tokens is None or len(src) <= max_source_tokens)
             and (max_target_tokens is None or len(tgt) <= max_target_tokens)
@@ -168,7 +183,8 @@ def encode(
         kwargs["load_from_cache_file"] = True
     else:
         kwargs["keep_in_memory"] = True
-    encoded = ds.map(tokenize, batched=True, remove_columns=input_columns, desc="encode", **kwargs)
+    encoded = ds.map(tokenize, batched=True, with_indices=True, remove_columns=input_columns, desc="encode",
+                     **kwargs)
     dropped = len(ds) - len(encoded)
     if dropped:
         logger.warning(

@@ -114,6 +114,16 @@ def test_encode_cache_reuse(tok, pairs_ds, tmp_path):
         encode(pairs_ds, _CachedOnly(tok), max_source_tokens=41, cache_dir=cache)
 
 
+@pytest.mark.parametrize("side", ["source", "target"])
+@pytest.mark.parametrize("text", ["use </s> here", "<pad> first", "an <s> tag"])
+def test_encode_refuses_text_that_spells_a_special_token(tok, pairs_ds, side, text):
+    """The tokenizer reads "</s>" in text as its end-of-sequence token: mid-sentence it would end the target."""
+    rows = pairs_ds.select(range(3)).to_dict()
+    rows[side][2] = text
+    with pytest.raises(ValueError, match=rf"row 2's {side} holds the text '<"):
+        encode(datasets.Dataset.from_dict(rows), tok)
+
+
 def test_encode_rejects_bad_limits(tok, pairs_ds):
     with pytest.raises(ValueError, match="max_source_tokens"):
         encode(pairs_ds, tok, max_source_tokens=0)
