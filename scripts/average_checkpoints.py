@@ -2,14 +2,30 @@
 """Average the weights of the last N checkpoints of a run (fairseq's checkpoint averaging) into a saved model.
 
     python scripts/average_checkpoints.py --run runs/multi30k/talk --last 5 --output runs/multi30k/talk/averaged
+
+The output folder is the run's model/ (config, code, tokenizer, generation settings) with the averaged weights, and
+a model card naming the checkpoints averaged, with the run card's languages, licence and datasets (not its scores,
+which are another model's).
 """
 
 import argparse
+from pathlib import Path
 
+from huggingface_hub import ModelCard
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
 import talk_hf  # noqa: F401
 from talk_hf.training.loop import average_checkpoints, checkpoints
+from talk_hf.training.model_card import write_model_card
+
+
+def card_metadata(model_dir):
+    """The languages, licence and datasets of the run's model card (none without one)."""
+    path = Path(model_dir) / "README.md"
+    if not path.is_file():
+        return {}
+    data = ModelCard.load(path).data
+    return {"languages": data.language or (), "license": data.license, "datasets": data.datasets or ()}
 
 
 def main(argv=None):
@@ -24,6 +40,9 @@ def main(argv=None):
     if len(found) < args.last:
         raise SystemExit(f"{args.run} has {len(found)} checkpoints, fewer than --last {args.last}")
     model_dir = f"{args.run}/model"
+    if not Path(model_dir, "config.json").is_file():
+        raise SystemExit(f"{args.run} has no model/ folder (a run saves it when it ends): its config, code and "
+                         "tokenizer are what the averaged weights are saved with")
     config = AutoConfig.from_pretrained(model_dir)
     auto = AutoModelForSeq2SeqLM if config.is_encoder_decoder else AutoModelForCausalLM
     model = auto.from_pretrained(model_dir)
@@ -32,7 +51,10 @@ def main(argv=None):
         raise SystemExit(f"checkpoint weights do not match the model: missing {missing}, unexpected {unexpected}")
     model.save_pretrained(args.output)
     AutoTokenizer.from_pretrained(model_dir).save_pretrained(args.output)
-    print(f"averaged {[p.name for p in found[-args.last:]]} into {args.output}")
+    names = [p.name for p in found[-args.last :]]
+    write_model_card(args.output, model, training_args={"averaged_checkpoints": " ".join(names)},
+                     **card_metadata(model_dir))
+    print(f"averaged {names} into {args.output}")
     return args.output
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from accelerate import Accelerator
+from accelerate import Accelerator, PartialState
 from accelerate.utils import set_seed
 from safetensors.torch import load_file
 from torch.utils.data import DataLoader
@@ -297,15 +297,37 @@ def checkpoint_step(path):
 
 
 def average_checkpoints(paths):
-    """Element-wise mean of the model weights of several checkpoints (fp32 accumulation, original dtypes)."""
+    """Element-wise mean of the model weights of several checkpoints -> {name: tensor}, each in its dtype.
+    Floating tensors are summed in fp64, so a tensor equal in every checkpoint (a fixed random projection, frozen
+    positions) comes back unchanged; other tensors (integers, booleans) must be equal and are copied.
+
+    Raises:
+        ValueError: no checkpoints; one whose weight names, or a tensor's shape or dtype, differ from the first's;
+        an integer or boolean tensor that differs between checkpoints.
+    """
     if not paths:
         raise ValueError("no checkpoints to average")
     states = [load_file(str(Path(p) / "model.safetensors")) for p in paths]
-    keys = states[0].keys()
-    for path, state in zip(paths, states):
-        if state.keys() != keys:
+    first = states[0]
+    for path, state in zip(paths[1:], states[1:]):
+        if state.keys() != first.keys():
             raise ValueError(f"{path} holds different weights than {paths[0]}")
-    return {k: sum(s[k].float() for s in states).div(len(states)).to(states[0][k].dtype) for k in keys}
+        for key, value in state.items():
+            if (value.shape, value.dtype) != (first[key].shape, first[key].dtype):
+                raise ValueError(f"{path}: {key} is {tuple(value.shape)} {value.dtype}, but {tuple(first[key].shape)} "
+                                 f"{first[key].dtype} in {paths[0]}")
+    return {key: _mean_tensor(key, [state[key] for state in states], paths) for key in first}
+
+
+def _mean_tensor(key, tensors, paths):
+    """The mean of one weight's tensors (same shape and dtype) across checkpoints."""
+    if tensors[0].is_floating_point():
+        return sum(t.double() for t in tensors).div(len(tensors)).to(tensors[0].dtype)
+    differs = next((p for p, t in zip(paths[1:], tensors[1:]) if not torch.equal(t, tensors[0])), None)
+    if differs is not None:
+        raise ValueError(f"{key} is {tensors[0].dtype}, which has no mean, and {differs} holds other values than "
+                         f"{paths[0]}")
+    return tensors[0]
 
 
 class Trainer:
@@ -323,6 +345,9 @@ class Trainer:
         self.config, self.tokenizer = config, tokenizer
         self.train_dataset, self.valid_dataset, self.valid_texts = train_dataset, valid_dataset, valid_texts
         self.output_dir = Path(config.output_dir)
+        if config.mixed_precision == "fp16" and PartialState().device.type == "cpu":
+            raise ValueError("mixed_precision='fp16' does not run on a CPU (Accelerate autocasts fp16 only on "
+                             "accelerators): the run would train in fp32; use 'bf16' or 'no'")
         # the schedule counts updates: stepped once per update here (Accelerate's default steps it once per process)
         self.accelerator = Accelerator(
             mixed_precision=config.mixed_precision, gradient_accumulation_steps=config.gradient_accumulation_steps,

@@ -164,6 +164,16 @@ def test_other_training_data_is_refused_on_resume(data, tmp_path):
                 dataset.select(range(16)), config).train()
 
 
+def test_fp16_on_a_cpu_is_refused_not_run_in_fp32(data, tmp_path):
+    """Accelerate autocasts fp16 only on accelerators: on a CPU the run would train in fp32 while its settings
+    say fp16."""
+    tokenizer, dataset = data
+    config = TrainConfig(output_dir=str(tmp_path), max_tokens=256, max_steps=2, bleu_sentences=0,
+                         mixed_precision="fp16")
+    with pytest.raises(ValueError, match="mixed_precision=.fp16. does not run on a CPU"):
+        Trainer(build_model("talk", tokenizer, overrides=TINY), tokenizer, dataset, dataset, config)
+
+
 def test_empty_sets_and_validation_examples_past_the_batch_budget_are_refused(data, tmp_path):
     tokenizer, dataset = data
     config = TrainConfig(output_dir=str(tmp_path), max_tokens=256, max_steps=2, bleu_sentences=0)
@@ -177,6 +187,35 @@ def test_empty_sets_and_validation_examples_past_the_batch_budget_are_refused(da
     short = dataset.filter(lambda n: n < longest, input_columns="num_tokens")
     with pytest.raises(ValueError, match=f"a validation example has {longest} tokens, more than max_tokens"):
         Trainer(model, tokenizer, short, dataset, small)
+
+
+def test_averaging_keeps_equal_tensors_and_refuses_what_has_no_mean(tmp_path):
+    """Three checkpoints: a weight equal in all comes back bit-equal (a fixed random projection; fp32 sums of three
+    equal values do not always divide back), integers are copied when equal and refused when not, a tensor of
+    another shape or dtype is refused by name."""
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    fixed, ids = torch.randn(1000), torch.tensor([1, 2 ** 40 + 1])
+    paths = []
+    for i, scale in enumerate((1.0, 2.0, 4.0)):
+        paths.append(tmp_path / f"step-{i}")
+        paths[-1].mkdir()
+        save_file({"fixed": fixed, "w": torch.full((3,), scale, dtype=torch.bfloat16), "ids": ids},
+                  str(paths[-1] / "model.safetensors"))
+    averaged = average_checkpoints(paths)
+    assert torch.equal(averaged["fixed"], fixed) and torch.equal(averaged["ids"], ids)
+    assert averaged["w"].dtype == torch.bfloat16 and torch.equal(averaged["w"], torch.full((3,), 7 / 3).bfloat16())
+    for name, value, message in [
+        ("ids", torch.tensor([1, 3]), r"ids is torch.int64, which has no mean, and .*step-2"),
+        ("w", torch.ones(3, 1, dtype=torch.bfloat16), r"step-2: w is \(3, 1\) torch.bfloat16, but \(3,\)"),
+        ("w", torch.ones(3), r"step-2: w is \(3,\) torch.float32, but \(3,\) torch.bfloat16"),
+    ]:
+        state = load_file(str(paths[2] / "model.safetensors"))
+        save_file({**state, name: value}, str(paths[2] / "model.safetensors"))
+        with pytest.raises(ValueError, match=message):
+            average_checkpoints(paths)
+        save_file(state, str(paths[2] / "model.safetensors"))
 
 
 def test_checkpoints_are_kept_and_averaged(data, tmp_path):

@@ -5,6 +5,7 @@ import gzip
 import importlib.util
 import json
 import math
+import shutil
 import socket
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from huggingface_hub import ModelCard
 from safetensors.torch import load_file
 from datasets import load_from_disk
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
@@ -166,8 +168,22 @@ def test_average_checkpoints_script(run, tmp_path):
     model = AutoModelForSeq2SeqLM.from_pretrained(target)
     key = "model.encoder.layers.0.mixer.linear1.weight"
     torch.testing.assert_close(model.state_dict()[key], (states[0][key] + states[1][key]) / 2)
+    card = ModelCard.load(Path(target) / "README.md")
+    assert f"{found[0].name} {found[1].name}" in card.text
+    assert not card.data.eval_results  # the run's scores are another model's
+    from talk_hf.training.model_card import write_model_card
+
+    shutil.copytree(root / "talk" / "model", tmp_path / "carded")
+    write_model_card(tmp_path / "carded", model, languages=["de", "en"], license="mit", datasets=["multi30k"])
+    assert script("average_checkpoints").card_metadata(tmp_path / "carded") == {
+        "languages": ["de", "en"], "license": "mit", "datasets": ["multi30k"]}
     with pytest.raises(SystemExit, match="fewer than"):
         script("average_checkpoints").main(["--run", str(root / "talk"), "--last", "99", "--output", str(tmp_path)])
+    (tmp_path / "killed" / "checkpoints").mkdir(parents=True)
+    shutil.copytree(found[0], tmp_path / "killed" / "checkpoints" / found[0].name)
+    with pytest.raises(SystemExit, match="has no model/ folder"):
+        script("average_checkpoints").main(["--run", str(tmp_path / "killed"), "--last", "1", "--output",
+                                            str(tmp_path / "o")])
 
 
 def test_demo_smoke(tmp_path, capsys):
