@@ -18,8 +18,19 @@ def generate_translations(model, tokenizer, sources, num_beams=4, length_penalty
                           batch_size=64, **generate_kwargs):
     """Generate a translation of each of `sources` (list of str) with beam search; sentences are batched by length,
     results keep the input order; `generate_kwargs` go to `model.generate`. -> list of lists of token ids (the
-    decoder start and any padding included)."""
+    decoder start and any padding included). Runs in eval mode and leaves the model in the mode it was given in
+    (a training run's validation BLEU must not switch its dropout off)."""
+    was_training = model.training
     model.eval()
+    try:
+        return _generate_in_order(model, tokenizer, sources, num_beams, length_penalty, max_new_tokens, batch_size,
+                                  generate_kwargs)
+    finally:
+        model.train(was_training)
+
+
+def _generate_in_order(model, tokenizer, sources, num_beams, length_penalty, max_new_tokens, batch_size,
+                       generate_kwargs):
     device = next(model.parameters()).device
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
     outputs = [None] * len(sources)

@@ -245,9 +245,11 @@ def _rolled_sources(batch):
 def summed_losses(model, dataset, collator, max_tokens, accelerator=None, swap_sources=False):
     """One pass over a dataset in token-budget batches -> LossSums: the cross-entropy (no smoothing) of every target
     token and, with swap_sources (an encoder-decoder), the source gain's sums: on each batch of two rows or more,
-    the loss with every source swapped for another row's minus the loss with the right ones."""
+    the loss with every source swapped for another row's minus the loss with the right ones. Runs in eval mode and
+    leaves the model in the mode it was given in."""
     if swap_sources and is_causal_lm(model):
         raise ValueError("the source gain needs an encoder-decoder: a causal LM has no source")
+    was_training = model.training
     model.eval()
     batches = TokenBatchSampler(dataset["num_tokens"], max_tokens, shuffle=False).batches(0)
     sums = LossSums()
@@ -261,7 +263,7 @@ def summed_losses(model, dataset, collator, max_tokens, accelerator=None, swap_s
         if swap_sources and len(labels) > 1:  # a lone row has no other source to take
             sums.gain_total += token_loss(model, _rolled_sources(batch), reduction="sum").item() - right
             sums.gain_tokens += tokens
-    model.train()
+    model.train(was_training)
     return sums
 
 

@@ -21,8 +21,10 @@ from talk_hf.training.loop import (
     average_checkpoints,
     checkpoints,
     inverse_sqrt_schedule,
+    make_collator,
     make_scheduler,
     source_gain,
+    validation_loss,
 )
 from talk_hf.training.models import build_model, count_parameters
 from talk_hf.training.run import final_weights
@@ -162,6 +164,31 @@ def test_other_training_data_is_refused_on_resume(data, tmp_path):
     with pytest.raises(ValueError, match="train_examples"):
         Trainer(build_model("talk", tokenizer, overrides=TINY), tokenizer, dataset.select(range(40)),
                 dataset.select(range(16)), config).train()
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_validation_runs_in_eval_mode_and_leaves_the_models_mode(data, training):
+    tokenizer, dataset = data
+    model = build_model("talk", tokenizer, overrides=dict(TINY, dropout=0.5)).train(training)
+    collator = make_collator(model)
+    losses = [validation_loss(model, dataset.select(range(8)), collator, 256) for _ in range(2)]
+    assert model.training is training and losses[0] == losses[1]  # dropout off: the same loss twice
+
+
+def test_every_training_step_runs_in_training_mode_after_validations_with_bleu(data, tmp_path, monkeypatch):
+    """Validation (loss and BLEU, whose generate() needs eval mode) every 2 updates: the updates after it still
+    train with dropout."""
+    tokenizer, dataset = data
+    model = build_model("talk", tokenizer, overrides=TINY)
+    modes = []
+    forward = type(model).forward
+    monkeypatch.setattr(type(model), "forward", lambda self, *a, **k: (
+        modes.append(self.training) if torch.is_grad_enabled() else None, forward(self, *a, **k))[1])
+    config = TrainConfig(output_dir=str(tmp_path), max_tokens=256, max_steps=6, eval_every=2, bleu_sentences=4,
+                         max_new_tokens=3)
+    texts = (list(dataset["source"][:8]), list(dataset["target"][:8]))
+    Trainer(model, tokenizer, dataset, dataset.select(range(8)), config, valid_texts=texts).train()
+    assert len(modes) == 6 and all(modes), modes
 
 
 def test_fp16_on_a_cpu_is_refused_not_run_in_fp32(data, tmp_path):
