@@ -20,12 +20,13 @@ from talk_hf.training.model_card import write_model_card
 
 
 def card_metadata(model_dir):
-    """The languages, licence and datasets of the run's model card (none without one)."""
+    """The languages, licence, datasets and base model of the run's model card (none without one)."""
     path = Path(model_dir) / "README.md"
     if not path.is_file():
         return {}
     data = ModelCard.load(path).data
-    return {"languages": data.language or (), "license": data.license, "datasets": data.datasets or ()}
+    return {"languages": data.language or (), "license": data.license, "datasets": data.datasets or (),
+            "base_model": data.base_model}
 
 
 def main(argv=None):
@@ -43,6 +44,7 @@ def main(argv=None):
     if not Path(model_dir, "config.json").is_file():
         raise SystemExit(f"{args.run} has no model/ folder (a run saves it when it ends): its config, code and "
                          "tokenizer are what the averaged weights are saved with")
+    card = card_metadata(model_dir)  # read first: a card that does not parse stops the script before it writes
     config = AutoConfig.from_pretrained(model_dir)
     auto = AutoModelForSeq2SeqLM if config.is_encoder_decoder else AutoModelForCausalLM
     model = auto.from_pretrained(model_dir)
@@ -52,8 +54,7 @@ def main(argv=None):
     model.save_pretrained(args.output)
     AutoTokenizer.from_pretrained(model_dir).save_pretrained(args.output)
     names = [p.name for p in found[-args.last :]]
-    write_model_card(args.output, model, training_args={"averaged_checkpoints": " ".join(names)},
-                     **card_metadata(model_dir))
+    write_model_card(args.output, model, training_args={"averaged_checkpoints": " ".join(names)}, **card)
     print(f"averaged {names} into {args.output}")
     return args.output
 

@@ -3,7 +3,7 @@
 report sacreBLEU on test2016, save the model with its tokenizer and card, and translate a few sentences through
 pipeline("translation"). The last line printed is the test BLEU.
 
-    python scripts/demo.py                       # 7-13 minutes on 2 CPU cores
+    python scripts/demo.py                       # about 11 minutes on 2 CPU cores
     python scripts/demo.py --max_steps 50        # a quick smoke run
 """
 
@@ -38,7 +38,7 @@ MODEL = dict(d_model=256, encoder_layers=3, decoder_layers=3, encoder_ffn_dim=51
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--output_dir", default=str(ROOT / "runs" / "demo"))
-    parser.add_argument("--max_steps", type=int, default=500, help="optimizer updates (7-13 minutes on 2 cores)")
+    parser.add_argument("--max_steps", type=int, default=500, help="optimizer updates (about 11 minutes on 2 cores)")
     parser.add_argument("--max_minutes", type=float, default=20.0, help="training time cap on slow machines")
     parser.add_argument("--vocab_size", type=int, default=8000)
     parser.add_argument("--test_limit", type=int, default=0, help="score only the first N test sentences (0: all)")

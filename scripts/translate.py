@@ -11,7 +11,7 @@ import sys
 from transformers import pipeline
 
 import talk_hf  # noqa: F401  (registers the models and the translation task)
-from talk_hf.training.corpora import read_lines, split_lines
+from talk_hf.training.corpora import one_line, read_lines, split_lines, write_lines
 from evaluate_model import generation_settings  # scripts/evaluate_model.py: the same settings as it scores with
 
 
@@ -46,10 +46,10 @@ def main(argv=None):
     translator = pipeline("translation", model=args.model, trust_remote_code=args.trust_remote_code)
     lines = read_lines(args.input) if args.input else split_lines(sys.stdin.read().removeprefix("\ufeff"))
     translations = translate_lines(translator, lines, args)
-    out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
-    out.write("".join(t + "\n" for t in translations))
     if args.output:
-        out.close()
+        write_lines(args.output, translations)
+    else:
+        sys.stdout.write("".join(one_line(t) + "\n" for t in translations))
     return translations
 
 

@@ -71,7 +71,7 @@ COVERAGE = {
     # ---- README.md
     ("README.md", "make demo   #"): Shell(
         subs=[("make demo", f"{MAKE_DRY_RUN} demo"), ("make test", f"{MAKE_DRY_RUN} test")],
-        why="make demo trains for 7-13 minutes and make test is the whole suite: their recipes are printed "
+        why="make demo trains for about 11 minutes and make test is the whole suite: their recipes are printed "
             "(--dry-run) and checked to be scripts/demo.py and pytest; scripts/demo.py itself runs tiny in "
             "tests/training/test_scripts.py::test_demo_smoke"),
     ("README.md", 'translator = pipeline("translation", model=model'): Existing(

@@ -43,8 +43,10 @@ __all__ = [
     "load_tsv_pairs",
     "load_wiki_zh_en",
     "load_wikitext2",
+    "one_line",
     "read_lines",
     "reverse_pairs",
+    "saved_without_split",
     "split_lines",
     "write_lines",
 ]
@@ -106,12 +108,16 @@ def read_lines(path: str | os.PathLike) -> list[str]:
     return split_lines(text)
 
 
+def one_line(text: str) -> str:
+    """`text` with each line break (``\r\n``, ``\r`` or ``\n``, as a byte-level tokenizer can decode) made a space."""
+    return re.sub(r"\r\n|\r|\n", " ", text)
+
+
 def write_lines(path: str | os.PathLike, lines: Iterable[str]) -> None:
     """Write `lines` as UTF-8, each ended by ``\n``, so that :func:`read_lines` reads back one line per entry: a
-    line break inside an entry (``\r\n``, ``\r`` or ``\n``, as a byte-level tokenizer can decode) becomes a
-    space; entries without one read back unchanged."""
+    line break inside an entry becomes a space (:func:`one_line`); entries without one read back unchanged."""
     with open(path, "w", encoding="utf-8", newline="\n") as f:
-        f.write("".join(re.sub(r"\r\n|\r|\n", " ", line) + "\n" for line in lines))
+        f.write("".join(one_line(line) + "\n" for line in lines))
 
 
 def split_lines(text: str) -> list[str]:

@@ -109,6 +109,9 @@ def _tokenizer_hash(tokenizer) -> str:
     return digest.hexdigest()[:16]
 
 
+# Part of encode's cache key: a cache file written by an encode that checked less is not reused.
+ENCODE_VERSION = 2
+
 def _check_no_special_text(tokenizer, enc, indices: list[int]) -> None:
     """Text that spells ``<s>``, ``<pad>`` or ``</s>`` is encoded as that token (transformers reads special tokens
     out of text): inside a source or target it would start, pad or end the sentence. Refused, naming the row."""
@@ -154,9 +157,9 @@ def encode(
     if missing:
         raise ValueError(f"encode: dataset has no column(s) {missing}, columns are {ds.column_names}")
     input_columns = list(ds.column_names)
-    key = hashlib.sha256(
-        json.dumps([ds._fingerprint, _tokenizer_hash(tokenizer), max_source_tokens, max_target_tokens]).encode()
-    ).hexdigest()[:20]
+    key = hashlib.sha256(json.dumps([
+        ENCODE_VERSION, ds._fingerprint, _tokenizer_hash(tokenizer), max_source_tokens, max_target_tokens,
+    ]).encode()).hexdigest()[:20]
 
     def tokenize(batch: dict[str, list], indices: list[int]) -> dict[str, list]:
         enc = tokenizer(batch["source"], text_target=batch["target"], add_special_tokens=True)

@@ -116,7 +116,7 @@ def document_metrics(tokenizer, doc_ids, sep_token=None):
 
 
 def warn_if_cut(tokenizer, generated):
-    """Warn when generated windows (rows of token ids, the decoder start first) hold no </s> after their start: the
+    """Warn when generated windows ((rows, T) token ids, the decoder start first) hold no </s> after their start: the
     generation length limit cut them, and the last sentence of such a window, scored as its current one, may be a
     context sentence cut short."""
     eos = tokenizer.eos_token_id

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from accelerate import Accelerator, PartialState
-from accelerate.utils import set_seed
+from accelerate.utils import parse_flag_from_env, set_seed
 from safetensors.torch import load_file
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
@@ -251,6 +251,13 @@ def summed_losses(model, dataset, collator, max_tokens, accelerator=None, swap_s
         raise ValueError("the source gain needs an encoder-decoder: a causal LM has no source")
     was_training = model.training
     model.eval()
+    try:
+        return _summed_losses(model, dataset, collator, max_tokens, accelerator, swap_sources)
+    finally:
+        model.train(was_training)
+
+
+def _summed_losses(model, dataset, collator, max_tokens, accelerator, swap_sources):
     batches = TokenBatchSampler(dataset["num_tokens"], max_tokens, shuffle=False).batches(0)
     sums = LossSums()
     device = accelerator.device if accelerator is not None else next(model.parameters()).device
@@ -263,7 +270,6 @@ def summed_losses(model, dataset, collator, max_tokens, accelerator=None, swap_s
         if swap_sources and len(labels) > 1:  # a lone row has no other source to take
             sums.gain_total += token_loss(model, _rolled_sources(batch), reduction="sum").item() - right
             sums.gain_tokens += tokens
-    model.train(was_training)
     return sums
 
 
@@ -300,8 +306,8 @@ def checkpoint_step(path):
 
 def average_checkpoints(paths):
     """Element-wise mean of the model weights of several checkpoints -> {name: tensor}, each in its dtype.
-    Floating tensors are summed in fp64, so a tensor equal in every checkpoint (a fixed random projection, frozen
-    positions) comes back unchanged; other tensors (integers, booleans) must be equal and are copied.
+    A tensor equal in every checkpoint (a fixed random projection, frozen positions) is copied unchanged; other
+    floating tensors are summed in fp64; other tensors (integers, booleans) have no mean and must be equal.
 
     Raises:
         ValueError: no checkpoints; one whose weight names, or a tensor's shape or dtype, differ from the first's;
@@ -322,14 +328,14 @@ def average_checkpoints(paths):
 
 
 def _mean_tensor(key, tensors, paths):
-    """The mean of one weight's tensors (same shape and dtype) across checkpoints."""
+    """The mean of one weight's tensors (same shape and dtype) across checkpoints; one equal in all, itself."""
+    if all(torch.equal(t, tensors[0]) for t in tensors[1:]):
+        return tensors[0]
     if tensors[0].is_floating_point():
         return sum(t.double() for t in tensors).div(len(tensors)).to(tensors[0].dtype)
-    differs = next((p for p, t in zip(paths[1:], tensors[1:]) if not torch.equal(t, tensors[0])), None)
-    if differs is not None:
-        raise ValueError(f"{key} is {tensors[0].dtype}, which has no mean, and {differs} holds other values than "
-                         f"{paths[0]}")
-    return tensors[0]
+    differs = next(p for p, t in zip(paths[1:], tensors[1:]) if not torch.equal(t, tensors[0]))
+    raise ValueError(f"{key} is {tensors[0].dtype}, which has no mean, and {differs} holds other values than "
+                     f"{paths[0]}")
 
 
 class Trainer:
@@ -347,7 +353,8 @@ class Trainer:
         self.config, self.tokenizer = config, tokenizer
         self.train_dataset, self.valid_dataset, self.valid_texts = train_dataset, valid_dataset, valid_texts
         self.output_dir = Path(config.output_dir)
-        if config.mixed_precision == "fp16" and PartialState().device.type == "cpu":
+        cpu = parse_flag_from_env("ACCELERATE_USE_CPU")  # `accelerate launch --cpu`, as Accelerator reads it
+        if config.mixed_precision == "fp16" and PartialState(cpu=cpu).device.type == "cpu":
             raise ValueError("mixed_precision='fp16' does not run on a CPU (Accelerate autocasts fp16 only on "
                              "accelerators): the run would train in fp32; use 'bf16' or 'no'")
         # the schedule counts updates: stepped once per update here (Accelerate's default steps it once per process)

@@ -176,7 +176,7 @@ def test_average_checkpoints_script(run, tmp_path):
     shutil.copytree(root / "talk" / "model", tmp_path / "carded")
     write_model_card(tmp_path / "carded", model, languages=["de", "en"], license="mit", datasets=["multi30k"])
     assert script("average_checkpoints").card_metadata(tmp_path / "carded") == {
-        "languages": ["de", "en"], "license": "mit", "datasets": ["multi30k"]}
+        "languages": ["de", "en"], "license": "mit", "datasets": ["multi30k"], "base_model": None}
     with pytest.raises(SystemExit, match="fewer than"):
         script("average_checkpoints").main(["--run", str(root / "talk"), "--last", "99", "--output", str(tmp_path)])
     (tmp_path / "killed" / "checkpoints").mkdir(parents=True)
