@@ -80,7 +80,7 @@ COVERAGE = {
         "tests/test_readme.py::test_readme_python_blocks_run", test_readme.python_blocks),
     ("README.md", "translate_documents(model, tokenizer, [doc_a, doc_b]"): Existing(
         "tests/test_readme.py::test_readme_python_blocks_run", test_readme.python_blocks),
-    ("README.md", 'pip install "talk_hf[fairseq]"'): Exempt(
+    ("README.md", "pip install sacremoses subword-nmt"): Exempt(
         "converts a released checkpoint that must be downloaded first (no network here); tests/convert runs the "
         "same conversion on checkpoints that fairseq builds and saves"),
     ("README.md", "python scripts/preprocess.py --split train="): Shell(subs=[
