@@ -34,18 +34,14 @@ sentence dropped. `translate_documents` warns (`ContextShortenedWarning`) with h
 """
 
 import copy
-import re
 import sys
 import warnings
 
 import torch
 
 from .modeling_base import RecurrentPreTrainedModel
-from .tokenization import document_separator, join_sentences, token_id
+from .tokenization import LINE_BREAK, document_separator, join_sentences, token_id
 from .versions import CACHE_NAME
-
-
-LINE_BREAK = re.compile(r"\r\n|\r|\n")  # the line breaks of a document written one sentence per line, as files are read
 
 
 def document_sentences(document):

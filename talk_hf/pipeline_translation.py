@@ -21,12 +21,12 @@ from transformers import AutoModelForSeq2SeqLM, Pipeline
 from transformers.pipelines import PIPELINE_REGISTRY, REMOVED_TASKS
 
 from .document_translation import (
-    LINE_BREAK,
     document_sentences,
     translate_document,
     translate_document_streaming,
     translate_documents,
 )
+from .tokenization import LINE_BREAK
 
 LENGTH_SETTINGS = ("max_length", "max_new_tokens")
 

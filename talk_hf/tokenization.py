@@ -19,6 +19,7 @@ Document windows are plain strings with sentences separated by ``" <sep> "``::
     split_sentences(tok.decode(ids), tok.sep_token)               # ["Ein Hund rennt.", "Er bellt."]
 """
 
+import re
 from collections.abc import Iterable
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
@@ -28,6 +29,7 @@ BOS_TOKEN, PAD_TOKEN, EOS_TOKEN, UNK_TOKEN, SEP_TOKEN = "<s>", "<pad>", "</s>", 
 SPECIAL_TOKENS = [BOS_TOKEN, PAD_TOKEN, EOS_TOKEN, UNK_TOKEN, SEP_TOKEN]  # ids 0..4, in this order
 BOS_ID, PAD_ID, EOS_ID, UNK_ID, SEP_ID = range(len(SPECIAL_TOKENS))
 MIN_VOCAB_SIZE = len(SPECIAL_TOKENS) + 1  # the special tokens and at least one learned token
+LINE_BREAK = re.compile(r"\r\n|\r|\n")  # the line breaks of text read as lines (universal newlines)
 
 
 def _special_added_tokens() -> list[AddedToken]:

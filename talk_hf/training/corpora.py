@@ -27,7 +27,7 @@ from typing import Any
 
 import datasets
 
-from ..tokenization import SEP_TOKEN, join_sentences
+from ..tokenization import LINE_BREAK, SEP_TOKEN, join_sentences
 
 __all__ = [
     "IWSLT15_ZH_EN_SETS",
@@ -110,7 +110,7 @@ def read_lines(path: str | os.PathLike) -> list[str]:
 
 def one_line(text: str) -> str:
     """`text` with each line break (``\r\n``, ``\r`` or ``\n``, as a byte-level tokenizer can decode) made a space."""
-    return re.sub(r"\r\n|\r|\n", " ", text)
+    return LINE_BREAK.sub(" ", text)
 
 
 def write_lines(path: str | os.PathLike, lines: Iterable[str]) -> None:
@@ -320,9 +320,8 @@ def load_hub_pairs(
     Raises:
         ValueError: the split is missing, or neither layout has the two languages (names the dataset and columns).
     """
-    saved = _saved_dataset(name)
-    if saved is not None:
-        loaded = saved
+    loaded = _saved_dataset(name)
+    if loaded is not None:
         if isinstance(loaded, datasets.DatasetDict):
             if split not in loaded:
                 raise ValueError(f"{name}: no split {split!r}, splits are {list(loaded)}")

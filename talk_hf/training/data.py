@@ -112,6 +112,7 @@ def _tokenizer_hash(tokenizer) -> str:
 # Part of encode's cache key: a cache file written by an encode that checked less is not reused.
 ENCODE_VERSION = 2
 
+
 def _check_no_special_text(tokenizer, enc, indices: list[int]) -> None:
     """Text that spells ``<s>``, ``<pad>`` or ``</s>`` is encoded as that token (transformers reads special tokens
     out of text): inside a source or target it would start, pad or end the sentence. Refused, naming the row."""

@@ -1,6 +1,7 @@
 """Evaluation: batched translation, sacreBLEU and chrF (with their signatures), ROUGE for summaries, perplexity for LMs,
 and a document-level `compute_metrics` for transformers' Seq2SeqTrainer (RFA-doc windows)."""
 
+import contextlib
 import math
 import warnings
 
@@ -13,34 +14,36 @@ from ..tokenization import SEP_TOKEN, document_separator, split_sentences, token
 from .corpora import group_documents
 
 
+@contextlib.contextmanager
+def eval_mode(model):
+    """The model in eval mode inside the block (no dropout; RFA-doc's fixed random features), and back in the mode
+    it was in after it, whatever the block raised."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
+
+
 @torch.no_grad()
 def generate_translations(model, tokenizer, sources, num_beams=4, length_penalty=1.0, max_new_tokens=128,
                           batch_size=64, **generate_kwargs):
     """Generate a translation of each of `sources` (list of str) with beam search; sentences are batched by length,
     results keep the input order; `generate_kwargs` go to `model.generate`. -> list of lists of token ids (the
-    decoder start and any padding included). Runs in eval mode and leaves the model in the mode it was given in
-    (a training run's validation BLEU must not switch its dropout off)."""
-    was_training = model.training
-    model.eval()
-    try:
-        return _generate_in_order(model, tokenizer, sources, num_beams, length_penalty, max_new_tokens, batch_size,
-                                  generate_kwargs)
-    finally:
-        model.train(was_training)
-
-
-def _generate_in_order(model, tokenizer, sources, num_beams, length_penalty, max_new_tokens, batch_size,
-                       generate_kwargs):
+    decoder start and any padding included). Runs in `eval_mode` (a training run's validation BLEU must not switch
+    its dropout off)."""
     device = next(model.parameters()).device
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
     outputs = [None] * len(sources)
-    for start in range(0, len(order), batch_size):
-        index = order[start : start + batch_size]
-        inputs = tokenizer([sources[i] for i in index], return_tensors="pt", padding=True).to(device)
-        ids = model.generate(**inputs, num_beams=num_beams, length_penalty=length_penalty,
-                             max_new_tokens=max_new_tokens, **generate_kwargs)
-        for i, row in zip(index, ids.tolist()):
-            outputs[i] = row
+    with eval_mode(model):
+        for start in range(0, len(order), batch_size):
+            index = order[start : start + batch_size]
+            inputs = tokenizer([sources[i] for i in index], return_tensors="pt", padding=True).to(device)
+            ids = model.generate(**inputs, num_beams=num_beams, length_penalty=length_penalty,
+                                 max_new_tokens=max_new_tokens, **generate_kwargs)
+            for i, row in zip(index, ids.tolist()):
+                outputs[i] = row
     return outputs
 
 

@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 from transformers import get_cosine_schedule_with_warmup
 
 from .data import Seq2SeqCollator, TokenBatchSampler, pad_right
-from .evaluation import corpus_bleu, translate
+from .evaluation import corpus_bleu, eval_mode, translate
 
 SCHEDULES = ("inverse_sqrt", "cosine")
 
@@ -245,31 +245,21 @@ def _rolled_sources(batch):
 def summed_losses(model, dataset, collator, max_tokens, accelerator=None, swap_sources=False):
     """One pass over a dataset in token-budget batches -> LossSums: the cross-entropy (no smoothing) of every target
     token and, with swap_sources (an encoder-decoder), the source gain's sums: on each batch of two rows or more,
-    the loss with every source swapped for another row's minus the loss with the right ones. Runs in eval mode and
-    leaves the model in the mode it was given in."""
+    the loss with every source swapped for another row's minus the loss with the right ones. Runs in `eval_mode`."""
     if swap_sources and is_causal_lm(model):
         raise ValueError("the source gain needs an encoder-decoder: a causal LM has no source")
-    was_training = model.training
-    model.eval()
-    try:
-        return _summed_losses(model, dataset, collator, max_tokens, accelerator, swap_sources)
-    finally:
-        model.train(was_training)
-
-
-def _summed_losses(model, dataset, collator, max_tokens, accelerator, swap_sources):
     batches = TokenBatchSampler(dataset["num_tokens"], max_tokens, shuffle=False).batches(0)
     sums = LossSums()
     device = accelerator.device if accelerator is not None else next(model.parameters()).device
-    for batch in _loader(dataset, batches, collator):
-        batch = {k: v.to(device) for k, v in batch.items()}
-        right = token_loss(model, batch, reduction="sum").item()
-        labels = batch["labels"][:, 1:] if is_causal_lm(model) else batch["labels"]
-        tokens = int((labels != -100).sum())
-        sums.total, sums.tokens = sums.total + right, sums.tokens + tokens
-        if swap_sources and len(labels) > 1:  # a lone row has no other source to take
-            sums.gain_total += token_loss(model, _rolled_sources(batch), reduction="sum").item() - right
-            sums.gain_tokens += tokens
+    with eval_mode(model):
+        for batch in _loader(dataset, batches, collator):
+            batch = {k: v.to(device) for k, v in batch.items()}
+            right = token_loss(model, batch, reduction="sum").item()
+            tokens = int(target_tokens(model, batch))
+            sums.total, sums.tokens = sums.total + right, sums.tokens + tokens
+            if swap_sources and len(batch["labels"]) > 1:  # a lone row has no other source to take
+                sums.gain_total += token_loss(model, _rolled_sources(batch), reduction="sum").item() - right
+                sums.gain_tokens += tokens
     return sums
 
 
@@ -329,11 +319,11 @@ def average_checkpoints(paths):
 
 def _mean_tensor(key, tensors, paths):
     """The mean of one weight's tensors (same shape and dtype) across checkpoints; one equal in all, itself."""
-    if all(torch.equal(t, tensors[0]) for t in tensors[1:]):
+    differs = next((p for p, t in zip(paths[1:], tensors[1:]) if not torch.equal(t, tensors[0])), None)
+    if differs is None:
         return tensors[0]
     if tensors[0].is_floating_point():
         return sum(t.double() for t in tensors).div(len(tensors)).to(tensors[0].dtype)
-    differs = next(p for p, t in zip(paths[1:], tensors[1:]) if not torch.equal(t, tensors[0]))
     raise ValueError(f"{key} is {tensors[0].dtype}, which has no mean, and {differs} holds other values than "
                      f"{paths[0]}")
 
