@@ -10,7 +10,7 @@ import torch
 
 from talk_hf import ops
 from talk_hf.rfa import rfa_causal_chunked
-from tests.ops.test_rfa import features, gate
+from tests.ops.test_rfa import check_feature_map_bounded, check_feature_map_sine_and_cosine, features, gate
 from tests.utils import REL_TOL, assert_close, grads, offsets, rel_err
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
@@ -394,3 +394,15 @@ def test_rfa_feature_map_kernel_matches_reference(B, T, H, d, D, dtype):
         got = ops.rfa_feature_map(*on(CUDA, x, proj, tau))
     assert got.is_cuda and got.dtype == expected.dtype == acc
     assert rel_err(got.cpu(), expected) <= REL_TOL[acc]
+
+
+@pytest.mark.parametrize("dtype,reach", [(torch.float32, 8000.0), (torch.float64, 1e8)], ids=["fp32", "fp64"])
+def test_rfa_feature_map_kernel_sine_and_cosine_over_a_wide_range(dtype, reach):
+    """The CUDA build of csrc/rfa_features.h's sine and cosine (nvcc may contract them into FMAs) to a few units in
+    the last place of float64 truth, as on the CPU."""
+    check_feature_map_sine_and_cosine(dtype, reach, CUDA)
+
+
+@pytest.mark.parametrize("dtype,top", [(torch.float32, 38), (torch.float64, 300)], ids=["fp32", "fp64"])
+def test_rfa_feature_map_kernel_stays_bounded_and_passes_inf_and_nan(dtype, top):
+    check_feature_map_bounded(dtype, top, CUDA)

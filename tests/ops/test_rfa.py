@@ -85,13 +85,17 @@ def test_feature_map_kernel_matches_reference(B, T, H, d, D, dtype, with_tau):
 
 @pytest.mark.parametrize("dtype,reach", [(torch.float32, 8000.0), (torch.float64, 1e8)], ids=["fp32", "fp64"])
 def test_feature_map_kernel_sine_and_cosine_over_a_wide_range(dtype, reach):
+    check_feature_map_sine_and_cosine(dtype, reach, torch.device("cpu"))
+
+
+def check_feature_map_sine_and_cosine(dtype, reach, device):
     """The kernel's sine and cosine (polynomials after a reduction by pi/2, csrc/rfa_features.h) against float64
     truth for |u| up to 8,000 (fp32) or 1e8 (fp64). With d = 1 and x = 1 the projection is u = w * (1 / 1.001) in
-    the input dtype, one rounding, so the truth is known exactly."""
+    the input dtype, one rounding, so the truth is known exactly. (tests/ops/test_cuda_kernels.py runs it on CUDA.)"""
     w = torch.linspace(-reach, reach, 200_003, dtype=torch.float64).to(dtype).view(1, -1, 1)
     x = torch.ones(1, 1, 1, 1, dtype=dtype)
     with torch.no_grad():
-        phi = ops.rfa_feature_map(x, w).double().view(-1, 2)
+        phi = ops.rfa_feature_map(x.to(device), w.to(device)).cpu().double().view(-1, 2)
     u = (w.view(-1) * (1 / torch.tensor(1.001, dtype=dtype))).double()
     ulp = torch.finfo(dtype).eps
     assert (phi[:, 0] - 0.1 * torch.sin(u)).abs().max() <= 0.1 * 2 * ulp
@@ -100,18 +104,23 @@ def test_feature_map_kernel_sine_and_cosine_over_a_wide_range(dtype, reach):
 
 @pytest.mark.parametrize("dtype,top", [(torch.float32, 38), (torch.float64, 300)], ids=["fp32", "fp64"])
 def test_feature_map_kernel_stays_bounded_past_its_reduction_and_passes_inf_and_nan(dtype, top):
+    check_feature_map_bounded(dtype, top, torch.device("cpu"))
+
+
+def check_feature_map_bounded(dtype, top, device):
     """Past |u| = 2^22 (fp32) / 2^31 (fp64) the reduction by pi/2 no longer yields a whole quadrant number: the kernel
     holds u there, so features stay within 0.1 (a temperature near 0 gives such u), and inf or NaN give NaN as the
-    reference's torch.sin does."""
+    reference's torch.sin does. (tests/ops/test_cuda_kernels.py runs it on CUDA.)"""
     w = torch.logspace(3, top, 100_001, dtype=torch.float64)
     w = torch.cat([w, -w]).to(dtype).view(1, -1, 1)
     x = torch.ones(1, 1, 1, 1, dtype=dtype)
     with torch.no_grad():
-        phi = ops.rfa_feature_map(x, w)
+        phi = ops.rfa_feature_map(x.to(device), w.to(device)).cpu()
     assert phi.isfinite().all() and phi.abs().max() <= 0.1 * (1 + 4 * torch.finfo(dtype).eps)
     special = torch.tensor([float("inf"), -float("inf"), float("nan"), 1.0], dtype=dtype).view(1, -1, 1)
     with torch.no_grad():
-        got, expected = ops.rfa_feature_map(x, special), ops.rfa_feature_map_ref(x, special)
+        got = ops.rfa_feature_map(x.to(device), special.to(device)).cpu()
+        expected = ops.rfa_feature_map_ref(x, special)
     assert torch.equal(got.isnan(), expected.isnan()) and got.isnan().sum() == 6
     assert torch.allclose(got[..., 6:], expected[..., 6:])
 
