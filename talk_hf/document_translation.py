@@ -34,6 +34,7 @@ sentence dropped. `translate_documents` warns (`ContextShortenedWarning`) with h
 """
 
 import copy
+import logging
 import sys
 import warnings
 
@@ -369,6 +370,25 @@ def _kept(new_ids, stops):
 
 
 @torch.no_grad()
+class _SentenceMinimumFilter(logging.Filter):
+    """Drops generate()'s "Both `min_new_tokens` and `min_length` seem to have been set" message (see `_generate`)."""
+
+    def filter(self, record):
+        return not record.getMessage().startswith("Both `min_new_tokens`")
+
+
+def _generate(model, **kwargs):
+    """model.generate(**kwargs) without its "Both `min_new_tokens` and `min_length`" message: generate() logs it on
+    every call when the model's generation config sets min_length, which `_per_sentence` passes on as each
+    sentence's min_new_tokens, so it would come once per window and report nothing the caller did."""
+    logger, quiet = logging.getLogger("transformers.generation.utils"), _SentenceMinimumFilter()
+    logger.addFilter(quiet)
+    try:
+        return model.generate(**kwargs)
+    finally:
+        logger.removeFilter(quiet)
+
+
 def _generate_windows(model, tokenizer, sources, start, prefixes, stops, batch_size, fit, generate_kwargs):
     """Translate windows (source text, forced prefix ids) -> the kept ids of each window's new sentence, in order;
     start: the decoder start ids before each prefix; each group's max_new_tokens cut to the decoder positions its
@@ -385,7 +405,7 @@ def _generate_windows(model, tokenizer, sources, start, prefixes, stops, batch_s
             chunk = rows[first : first + batch_size]
             inputs = tokenizer([sources[r] for r in chunk], return_tensors="pt", padding=True).to(model.device)
             decoder_input_ids = torch.tensor([[*start, *prefixes[r]] for r in chunk], device=model.device)
-            out = model.generate(**inputs, decoder_input_ids=decoder_input_ids, **group_kwargs)
+            out = _generate(model, **inputs, decoder_input_ids=decoder_input_ids, **group_kwargs)
             for r, ids in zip(chunk, out[:, len(start) + length :].tolist()):
                 kept[r] = _kept(ids, ends)
     return kept
@@ -424,9 +444,9 @@ def translate_document_streaming(model, tokenizer, document, window=4, sep_token
         if cache is not None:
             cache.cross_attention_cache.reset()  # the next forward reads the new source window
         decoder_input_ids = torch.tensor([tokens], device=model.device)
-        out = model.generate(**inputs, decoder_input_ids=decoder_input_ids,
-                             decoder_attention_mask=torch.ones_like(decoder_input_ids), **{CACHE_NAME: cache},
-                             **generate_kwargs)
+        out = _generate(model, **inputs, decoder_input_ids=decoder_input_ids,
+                        decoder_attention_mask=torch.ones_like(decoder_input_ids), **{CACHE_NAME: cache},
+                        **generate_kwargs)
         cache = getattr(out, CACHE_NAME)
         new = out.sequences[0, len(tokens) :].tolist()
         kept = _kept(new, stops)

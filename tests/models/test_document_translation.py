@@ -453,6 +453,29 @@ def test_a_configured_min_length_is_each_new_sentences(tokenizer):
                                logits_processor=eager["logits_processor"]) == free
 
 
+def test_a_configured_min_length_is_not_reported_once_per_window(tokenizer):
+    """generate() logs "Both `min_new_tokens` and `min_length` seem to have been set" whenever the model's generation
+    config sets min_length; document translation passes that min_length as each sentence's min_new_tokens, so the
+    message would come once per window (per sentence) and say nothing: it is left out, other messages are not."""
+    import logging
+
+    model = model_for("talk", tokenizer)
+    model.generation_config.min_length = 3
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger("transformers.generation.utils")
+    logger.addHandler(handler)
+    try:
+        translate_documents(model, tokenizer, DOCUMENTS, window=2, **GREEDY)
+        translate_document_streaming(model, tokenizer, SENTENCES, window=2, **GREEDY)
+        assert not [r for r in records if "min_new_tokens" in r.getMessage()]
+        model.generate(**tokenizer(["a dog runs ."], return_tensors="pt"), min_new_tokens=2, max_new_tokens=4)
+        assert [r for r in records if "min_new_tokens" in r.getMessage()]  # outside document translation it stays
+    finally:
+        logger.removeHandler(handler)
+
+
 def by_hand_configured(model, tokenizer, sentences, window, positions, limit, shortened, **generate_kwargs):
     """The sliding-window definition with a limit taken from the generation config (`limit` new tokens) and a
     model of `positions` positions: a window's sentence may take the limit within the positions its decoder start
