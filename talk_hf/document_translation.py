@@ -369,7 +369,6 @@ def _kept(new_ids, stops):
     return kept
 
 
-@torch.no_grad()
 class _SentenceMinimumFilter(logging.Filter):
     """Drops generate()'s "Both `min_new_tokens` and `min_length` seem to have been set" message (see `_generate`)."""
 
@@ -389,6 +388,7 @@ def _generate(model, **kwargs):
         logger.removeFilter(quiet)
 
 
+@torch.no_grad()
 def _generate_windows(model, tokenizer, sources, start, prefixes, stops, batch_size, fit, generate_kwargs):
     """Translate windows (source text, forced prefix ids) -> the kept ids of each window's new sentence, in order;
     start: the decoder start ids before each prefix; each group's max_new_tokens cut to the decoder positions its

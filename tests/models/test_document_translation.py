@@ -518,8 +518,20 @@ def test_a_sentence_cut_by_the_positions_under_a_configured_limit_drops_context(
     assert shortened
     [record] = [w for w in caught if issubclass(w.category, ContextShortenedWarning)]
     assert (record.message.shortened, record.message.windows) == (len(shortened), sum(map(len, DOCUMENTS)))
-    with warnings.catch_warnings():  # a forced BOS token (a target language code) takes a position too
-        warnings.simplefilter("ignore", ContextShortenedWarning)
+    lengths, generate = [], model.generate
+
+    def measured(**kwargs):
+        out = generate(**kwargs)
+        lengths.append(out.shape[1])
+        return out
+
+    model.generate = measured
+    with warnings.catch_warnings(record=True) as caught:  # a forced BOS token (a target language code) takes a
+        warnings.simplefilter("always")                    # position too: the same translations and the same count
         got = translate_documents(model, tokenizer, DOCUMENTS, window=2, forced_bos_token_id=7, **stop)
-    assert got == [by_hand_configured(model, tokenizer, doc, 2, 18, 16, [], forced_bos_token_id=7, **stop)
+    assert max(lengths) == 18  # no decoder input past the model's positions (the retry would hide one)
+    shortened = []
+    assert got == [by_hand_configured(model, tokenizer, doc, 2, 18, 16, shortened, forced_bos_token_id=7, **stop)
                    for doc in DOCUMENTS]
+    [record] = [w for w in caught if issubclass(w.category, ContextShortenedWarning)]
+    assert shortened and record.message.shortened == len(shortened)
