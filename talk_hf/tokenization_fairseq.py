@@ -202,8 +202,9 @@ class FairseqMosesBpeTokenizer(PreTrainedTokenizer):
     def tokenize(self, text, **kwargs):
         """fairseq's encode_line on raw text: Moses and BPE over all of it (a "</s>" or "<unk>" written in the text
         is text, which Moses escapes, as fairseq does); a document model's separator (sep_token) and tokens added
-        with `add_tokens` are kept whole between the parts around them."""
-        whole = [t for t in self.added_tokens_encoder if t not in self.all_special_tokens]
+        with `add_tokens` or as special tokens (a language tag) are kept whole between the parts around them."""
+        fairseq_specials = {self.bos_token, self.pad_token, self.eos_token, self.unk_token}
+        whole = [t for t in self.added_tokens_encoder if t not in fairseq_specials]
         whole += [self.special_tokens_map["sep_token"]] if self.special_tokens_map.get("sep_token") else []
         if not whole:
             return self._tokenize(text)
@@ -229,14 +230,10 @@ class FairseqMosesBpeTokenizer(PreTrainedTokenizer):
         return self.moses_detokenize(text) if self.bpe is not None else text
 
     def _decode(self, token_ids, skip_special_tokens=False, clean_up_tokenization_spaces=None, **kwargs):
-        """Target ids -> text. skip_special_tokens drops <s>, <pad>, </s> and a document model's separator but keeps
-        <unk> (fairseq's Dictionary.string prints it; rfa-doc-mt's drops the separator)."""
+        """Target ids -> text. skip_special_tokens drops <s>, <pad>, </s>, a document model's separator and tokens
+        added as special but keeps <unk> (fairseq's Dictionary.string prints it; rfa-doc-mt's drops the separator)."""
         token_ids = [token_ids] if isinstance(token_ids, int) else list(token_ids)
-        skipped = set()
-        if skip_special_tokens:
-            skipped = {self.bos_token_id, self.pad_token_id, self.eos_token_id}
-            if self.special_tokens_map.get("sep_token"):
-                skipped.add(self.sep_token_id)
+        skipped = set(self.all_special_ids) - {self.unk_token_id} if skip_special_tokens else set()
         return self.convert_tokens_to_string(self.convert_ids_to_tokens([i for i in token_ids if i not in skipped]))
 
     def build_inputs_with_special_tokens(self, token_ids_0, token_ids_1=None):

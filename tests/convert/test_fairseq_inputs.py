@@ -279,6 +279,22 @@ def test_added_tokens_decode_to_themselves(tmp_path):
     assert tokenizer.convert_ids_to_tokens(ids) == ["a", "zebra", "b", "<neu>", "</s>"]
 
 
+@pytest.mark.parametrize("how", ["add_special_tokens", "add_tokens"])
+def test_added_special_tokens_stay_whole_and_are_skipped_on_decode(tmp_path, how):
+    """A token added as special (a language tag for fine-tuning) is one id, as transformers' own Moses + BPE
+    tokenizer (FSMT) keeps it, and decode(skip_special_tokens=True) drops it."""
+    tokenizer = layout.fairseq_tokenizer(tmp_path, "a 5\nb 4\n")
+    if how == "add_special_tokens":
+        tokenizer.add_special_tokens({"additional_special_tokens": ["<2en>"]})
+    else:
+        tokenizer.add_tokens(["<2en>"], special_tokens=True)
+    tag = tokenizer.convert_tokens_to_ids("<2en>")
+    ids = tokenizer("<2en> a b")["input_ids"]
+    assert ids == [tag, 4, 5, 2]
+    assert tokenizer.decode(ids, skip_special_tokens=True) == "a b"
+    assert tokenizer.decode(ids) == "<2en> a b </s>"
+
+
 @pytest.mark.parametrize("source,target,first", [
     ("a 5\nb 4\na 3 #fairseq:overwrite\n", None, 7),  # ids 0..6 (a's earlier id 4 stays), 6 distinct tokens
     ("a 5\nb 4\n", "a 5\nb 4\nc 3\nd 2\n", 8),  # the target dictionary, which decoding reads, is the larger
