@@ -268,7 +268,7 @@ class _WindowFit:
     positions left."""
 
     def __init__(self, model, tokenizer, sep_token, start_length, new_tokens, limit=None):
-        self.encoder_positions, self.decoder_positions = _position_limits(model.config)
+        self.encoder_positions, self.decoder_positions = position_limits(model.config)
         self.tokenizer, self.sep_token, self.new_tokens = tokenizer, sep_token, new_tokens
         self.start_length, self.limit = start_length, new_tokens if limit is None else limit
         if self.decoder_positions is not None and self._decoder_length(0) > self.decoder_positions:
@@ -309,7 +309,7 @@ class _WindowFit:
                          f"tokens, more than the model's {self.encoder_positions} encoder positions")
 
 
-def _position_limits(config):
+def position_limits(config):
     """(encoder, decoder) positions a model can take: fairseq-style max_source/target_positions, else
     max_position_embeddings (Marian, BART), else None (no limit: the talk_hf models' sinusoids)."""
     shared = getattr(config, "max_position_embeddings", None)

@@ -19,9 +19,11 @@ import warnings
 import torch
 from transformers import AutoModelForSeq2SeqLM, Pipeline
 from transformers.pipelines import PIPELINE_REGISTRY, REMOVED_TASKS
+from transformers.utils import ModelOutput
 
 from .document_translation import (
     document_sentences,
+    position_limits,
     translate_document,
     translate_document_streaming,
     translate_documents,
@@ -61,10 +63,15 @@ class Text2TextPipeline(Pipeline):
     The model config's `prefix` is put before every input, unless the config's `task_specific_params` for the task
     give one; the other settings there (num_beams, max_length, ...) are generation defaults under those of the
     pipeline and of each call (a `generation_config` passed replaces them; a length set by the caller, max_length or
-    max_new_tokens, replaces theirs). Keyword arguments: truncation (default True: a source is cut at the
-    tokenizer's model_max_length); return_tensors (token ids under "<return_name>_token_ids"); return_text (default:
-    not return_tensors); clean_up_tokenization_spaces (for decoding; default: the tokenizer's); generate_kwargs (a
-    dict); any other keyword goes to `model.generate` (num_beams, max_new_tokens, num_return_sequences, ...)."""
+    max_new_tokens, replaces theirs). Keyword arguments: truncation (default: a source longer than the model's
+    positions, max_source_positions or max_position_embeddings, is cut to them with a warning, and a model without a
+    limit, as the talk_hf models, takes it whole; True: cut at the tokenizer's model_max_length; False: never cut);
+    return_tensors (token ids under "<return_name>_token_ids"); return_text (default: not return_tensors);
+    clean_up_tokenization_spaces (for decoding; default: the tokenizer's); generate_kwargs (a dict); any other keyword
+    goes to `model.generate` (num_beams, max_new_tokens, num_return_sequences, ...). With return_dict_in_generate
+    (passed or in the model's generation config), each record also holds its sequence's own outputs: those with one
+    row per sequence (sequences_scores, beam_indices) and the per-step ones (scores, logits) stacked over the steps;
+    the encoder's and per-layer outputs are not per sequence and are left out."""
 
     _load_processor = False
     _load_image_processor = False
@@ -101,16 +108,24 @@ class Text2TextPipeline(Pipeline):
         check_outputs({**getattr(self, "_postprocess_params", {}), **postprocess})
         return given(truncation=truncation), generation_arguments(generate_kwargs, kwargs), postprocess
 
-    def preprocess(self, text, truncation=True):
-        return self._encode(self._prefixed(text), truncation=truncation)
+    def preprocess(self, text, truncation=None):
+        text = self._prefixed(text)
+        return self._encode(lambda **cut: self.tokenizer(text, return_tensors="pt", **cut), truncation)
 
     def _prefixed(self, text):
         if not isinstance(text, str):
             raise TypeError(f"{type(self).__name__} takes a string or a list of strings, got {type(text).__name__}")
         return (self.prefix or "") + text
 
-    def _encode(self, text, truncation):
-        inputs = self.tokenizer(text, return_tensors="pt", truncation=truncation)
+    def _encode(self, encode, truncation):
+        """encode(truncation=..., max_length=...) -> the model inputs, cut as `truncation` says (class docstring)."""
+        inputs = encode(truncation=bool(truncation))
+        limit, length = position_limits(self.model.config)[0], inputs["input_ids"].shape[-1]
+        if truncation is None and limit is not None and length > limit:
+            warnings.warn(f"a source of {length} tokens is cut to the model's {limit} positions; pass truncation=False "
+                          "to keep it whole (for a model that takes it) or translate shorter parts", UserWarning,
+                          stacklevel=2)
+            inputs = encode(truncation=True, max_length=limit)
         inputs.pop("token_type_ids", None)  # a tokenizer output that generate() does not take
         return inputs
 
@@ -118,9 +133,13 @@ class Text2TextPipeline(Pipeline):
         """-> {"output_ids": (inputs, sequences per input, T)}: the pipeline's batches split along the first axis,
         so each input keeps its own num_return_sequences rows."""
         model_inputs = {key: unbatched(value) for key, value in model_inputs.items()}
-        output_ids = self.model.generate(**model_inputs, **self._with_task_settings(generate_kwargs))
+        output = self.model.generate(**model_inputs, **self._with_task_settings(generate_kwargs))
         inputs = model_inputs["input_ids"].shape[0]
-        return {"output_ids": output_ids.reshape(inputs, output_ids.shape[0] // inputs, *output_ids.shape[1:])}
+        if not isinstance(output, ModelOutput):
+            return {"output_ids": per_input(output, inputs)}
+        rows = output.sequences.shape[0]
+        return {"output_ids": per_input(output.sequences, inputs),
+                "outputs": {key: per_input(value, inputs) for key, value in sequence_outputs(output, rows).items()}}
 
     def _with_task_settings(self, generate_kwargs):
         """The generation arguments over the task's settings (see the class docstring)."""
@@ -136,11 +155,13 @@ class Text2TextPipeline(Pipeline):
         decode = {} if clean_up_tokenization_spaces is None else {
             "clean_up_tokenization_spaces": clean_up_tokenization_spaces}
         records = []
-        for ids in model_outputs["output_ids"][0]:
+        outputs = model_outputs.get("outputs", {})
+        for i, ids in enumerate(model_outputs["output_ids"][0]):
             record = {f"{self.return_name}_token_ids": ids} if return_tensors else {}
             if return_text:
                 text = self.tokenizer.decode(ids, skip_special_tokens=True, **decode)
                 record[f"{self.return_name}_text"] = text.strip()
+            record.update({key: value[0][i] for key, value in outputs.items()})
             records.append(record)
         return records
 
@@ -154,6 +175,25 @@ class Text2TextPipeline(Pipeline):
         if isinstance(inputs, list) and all(len(r) == 1 for r in result):
             return [r[0] for r in result]
         return result
+
+
+def per_input(tensor, inputs):
+    """(inputs * sequences per input, ...) -> (inputs, sequences per input, ...): the pipeline's batches are split
+    along the first axis, so each input keeps its own rows."""
+    return tensor.reshape(inputs, tensor.shape[0] // inputs, *tensor.shape[1:])
+
+
+def sequence_outputs(output, rows):
+    """generate()'s dict output -> its outputs with one row per sequence (`rows` sequences): tensors of `rows` rows
+    (sequences_scores, beam_indices), and per-step tuples of such tensors (scores, logits) stacked to
+    (rows, steps, ...)."""
+    kept = {}
+    for key, value in output.items():
+        if isinstance(value, tuple) and value and all(isinstance(v, torch.Tensor) and len(v) == rows for v in value):
+            value = torch.stack(value, dim=1)
+        if isinstance(value, torch.Tensor) and key != "sequences" and value.dim() and len(value) == rows:
+            kept[key] = value
+    return kept
 
 
 def unbatched(value):
@@ -189,14 +229,14 @@ class TranslationPipeline(Text2TextPipeline):
                              "them out for a single-pair model")
         return {**preprocess, **languages}, forward, postprocess
 
-    def preprocess(self, text, truncation=True, src_lang=None, tgt_lang=None):
-        text = self._prefixed(text)
+    def preprocess(self, text, truncation=None, src_lang=None, tgt_lang=None):
         build = getattr(self.tokenizer, "_build_translation_inputs", None)
         if build is None:
-            return self._encode(text, truncation=truncation)
+            return super().preprocess(text, truncation)
+        text = self._prefixed(text)
         task_src, task_tgt = translation_languages(self.task_name) or (None, None)
-        return build(text, return_tensors="pt", truncation=truncation, src_lang=src_lang or task_src,
-                     tgt_lang=tgt_lang or task_tgt)
+        languages = dict(src_lang=src_lang or task_src, tgt_lang=tgt_lang or task_tgt)
+        return self._encode(lambda **cut: build(text, return_tensors="pt", **languages, **cut), truncation)
 
 
 class SummarizationPipeline(Text2TextPipeline):

@@ -200,3 +200,64 @@ def test_documents_written_with_any_line_break_are_each_a_document(tokenizer):
     expected = [{"translations": t} for t in translate_documents(model, tokenizer, documents, window=2, **SHORT)]
     for line_break in ("\n", "\r\n", "\r"):
         assert translator([line_break.join(d) for d in documents], window=2, **SHORT) == expected
+
+
+# --- long sources and generate() outputs ---------------------------------------------------------------------------
+
+
+def test_a_long_source_is_kept_whole_by_a_model_without_a_position_limit(tokenizer):
+    """The talk_hf models' sinusoidal positions take any length: a source past the tokenizer's model_max_length is
+    translated whole, not cut; truncation=True cuts it there, as asked."""
+    model = tiny(tokenizer)
+    calls = recording(model)
+    short = copy.deepcopy(tokenizer)
+    short.model_max_length = 8
+    long = " ".join(SENTENCES[:3])
+    length = len(tokenizer(long)["input_ids"])
+    assert length > 8
+    translator = pipeline("translation", model=model, tokenizer=short)
+    translator(long, **SHORT)
+    translator(long, truncation=True, **SHORT)
+    assert [ids.shape[-1] for ids, _ in calls] == [length, 8]
+
+
+def test_a_source_past_the_models_positions_is_cut_to_them_with_a_warning(tokenizer):
+    """A model with a position limit (Marian's max_position_embeddings) gets its source cut to it, said in a
+    warning naming both lengths; truncation=False passes it whole."""
+    from transformers import MarianConfig, MarianMTModel
+
+    torch.manual_seed(0)
+    model = MarianMTModel(MarianConfig(vocab_size=len(tokenizer), d_model=16, encoder_layers=1, decoder_layers=1,
+                                       encoder_ffn_dim=16, decoder_ffn_dim=16, encoder_attention_heads=2,
+                                       decoder_attention_heads=2, max_position_embeddings=12, pad_token_id=1,
+                                       eos_token_id=2, decoder_start_token_id=2)).eval()
+    calls = recording(model)
+    long = " ".join(SENTENCES[:3])
+    length = len(tokenizer(long)["input_ids"])
+    translator = pipeline("translation", model=model, tokenizer=tokenizer)
+    with pytest.warns(UserWarning, match=f"source of {length} tokens is cut to the model's 12 positions"):
+        translator(long, **SHORT)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        translator(SENTENCES[0], **SHORT)
+    assert [ids.shape[-1] for ids, _ in calls] == [12, len(tokenizer(SENTENCES[0])["input_ids"])]
+    assert calls[0][0][0, -1] == tokenizer.eos_token_id  # cut by the tokenizer: the source still ends with </s>
+
+
+def test_generate_outputs_as_a_dict_give_the_same_translations_and_their_scores(tokenizer):
+    """return_dict_in_generate=True (passed, or in the model's generation config): the translations are the
+    sequences', and each record carries its sequence's per-sequence outputs (scores stacked over the steps)."""
+    model = tiny(tokenizer)
+    translator = pipeline("translation", model=model, tokenizer=tokenizer)
+    plain = translator(SENTENCES[:2], num_beams=2, num_return_sequences=2, **SHORT)
+    scored = translator(SENTENCES[:2], num_beams=2, num_return_sequences=2, return_dict_in_generate=True,
+                        output_scores=True, **SHORT)
+    assert [[r["translation_text"] for r in rows] for rows in scored] == [
+        [r["translation_text"] for r in rows] for rows in plain]
+    out = model.generate(**tokenizer(SENTENCES[:1], return_tensors="pt"), num_beams=2, num_return_sequences=2,
+                         return_dict_in_generate=True, output_scores=True, **SHORT)
+    for i, record in enumerate(scored[0]):
+        assert torch.allclose(record["sequences_scores"], out.sequences_scores[i])
+        assert record["scores"].shape == (len(out.scores), len(tokenizer))
+    model.generation_config.return_dict_in_generate = True
+    assert translator(SENTENCES[0], **SHORT) == translator(SENTENCES[0], return_dict_in_generate=False, **SHORT)
