@@ -178,7 +178,7 @@ class SoftmaxCrossAttention(SoftmaxAttention):
         else:
             keys, values = self.project_memory(encoder_hidden_states)
             if cache is not None:
-                keys, values = cache.update(keys, values)
+                keys, values = cache.store_source(keys, values)
         return self.attend(x, keys, values, encoder_attention_mask)
 
 

@@ -189,7 +189,7 @@ def _cache_source(cache, source):
     if cache is None:
         return
     if isinstance(source, tuple):
-        cache.update(*source)
+        cache.store_source(*source)
     else:
         cache.write_recurrent_state(source, handed_over=True)  # computed for the cache alone
 

@@ -108,6 +108,7 @@ class RecurrentLayer(LinearAttentionAndFullAttentionLayer):
         super().__init__(number_of_states=number_of_states)
         self.cumulative_length = None
         self.real_tokens = None
+        self.counting = False  # whether tokens were consumed since the layer was made or reset
         self._spares = {}  # beam search: per state slot, the buffer the next reorder gathers into
         self.rows_per_source = 1
 
@@ -149,6 +150,14 @@ class RecurrentLayer(LinearAttentionAndFullAttentionLayer):
     # -- the cross-attention source
 
     def update(self, key_states, value_states, *args, **kwargs):
+        """The library's key/value append, which an attention model calls on its cache's layers: refused, since
+        this layer holds a recurrent state (a cache built from a talk_hf config, or returned by a talk_hf model,
+        reached an attention model). The talk_hf decoders store their cross-attention source with `store_source`."""
+        raise ValueError("this cache layer holds a talk_hf model's recurrent decoding state, not a growing key/value "
+                         "cache: an attention model cannot decode with it; give that model its own cache "
+                         "(DynamicCache(), or DynamicCache(config=<that model's config>))")
+
+    def store_source(self, key_states, value_states):
         """Store the cross-attention keys and values of one source (replacing any earlier source's) -> both.
         Contiguous tensors are kept as given (the cache then shares them: a source's keys can be tens of MB, and
         they are not written again); others are copied into contiguous ones."""
@@ -177,8 +186,16 @@ class RecurrentLayer(LinearAttentionAndFullAttentionLayer):
         self.cumulative_length, self.real_tokens = _thawed(self.cumulative_length), _thawed(self.real_tokens)
         self.cumulative_length.add_(length)
         self.real_tokens.add_(length if new_mask is None else new_mask.long().sum(-1))
+        if not self.counting:
+            self.counting = True
 
     def _start_counting(self, batch, device):
+        """Make the token counters for `batch` rows, unless they exist; a reset layer takes a batch of any size."""
+        if self.real_tokens is not None and self.real_tokens.shape[0] != batch:
+            if self.counting:
+                raise ValueError(f"the cache holds the decoding state of {self.real_tokens.shape[0]} sequences and the "
+                                 f"input has {batch}: continue with the sequences it decoded, or reset() it first")
+            self.cumulative_length = self.real_tokens = None
         if self.real_tokens is None:
             self.cumulative_length = _fixed(torch.zeros((), dtype=torch.long, device=device))
             self.real_tokens = _fixed(torch.zeros(batch, dtype=torch.long, device=device))
@@ -208,6 +225,7 @@ class RecurrentLayer(LinearAttentionAndFullAttentionLayer):
         self.keys = self.values = None
         self.is_initialized = False
         self.rows_per_source = 1
+        self.counting = False
         if self.real_tokens is not None:
             self.cumulative_length = _thawed(self.cumulative_length).zero_()
             self.real_tokens = _thawed(self.real_tokens).zero_()

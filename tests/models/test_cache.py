@@ -248,6 +248,40 @@ def test_a_reset_cache_decodes_as_a_new_one(name):
     assert [layer.conv_state().data_ptr() for layer in self_side(cache).layers] == addresses
 
 
+@pytest.mark.parametrize("name", ALL)
+def test_a_reset_cache_takes_a_batch_of_another_size(name):
+    """A cache reset after a batch of 4 decodes a batch of 3 as a new cache does (as transformers' DynamicCache
+    after reset)."""
+    model = make(name)
+    small = {key: value[:3] for key, value in inputs_for(name).items()}
+    larger = {key: torch.cat([value, value[:1]]) for key, value in inputs_for(name).items()}
+    with torch.no_grad():
+        cache = cache_of(model(**larger, use_cache=True))
+        cache.reset()
+        again = model(**small, cache=cache, use_cache=True)
+        fresh = model(**small, use_cache=True)
+    torch.testing.assert_close(again.logits, fresh.logits, rtol=0, atol=0)
+
+
+def test_a_cache_of_another_batch_size_is_refused_by_name():
+    model = make("talk_lm")
+    ids = torch.tensor([[5, 6, 7], [7, 6, 5]])
+    with torch.no_grad():
+        cache = cache_of(model(input_ids=ids, use_cache=True))
+        with pytest.raises(ValueError, match="holds the decoding state of 2 sequences.*3"):
+            model(input_ids=torch.tensor([[5], [6], [7]]), cache=cache, use_cache=True)
+
+
+def test_an_attention_model_given_a_talk_hf_cache_is_refused_by_name():
+    """A talk_hf cache layer holds a recurrent state, not a growing key/value cache: an attention model given one
+    (a cache built from a talk_hf config, or returned by a talk_hf model) fails saying so, not with wrong logits."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_embd=16, n_layer=1, n_head=2)).eval()
+    with pytest.raises(ValueError, match="recurrent decoding state.*DynamicCache"):
+        gpt2(input_ids=torch.tensor([[5, 6, 7]]), past_key_values=DynamicCache(config=make("talk_lm").config))
+
+
 def test_a_handed_over_state_is_stored_without_a_copy():
     """A first write keeps a copy of what the caller passed (it may hold views of it), unless the caller hands the
     tensor over; a handed-over non-contiguous state is stored contiguous; later writes go in place either way."""
