@@ -1,5 +1,5 @@
 """Validation helpers and named presets shared by the talk_hf configs. Every check raises ValueError naming the
-config field, so a wrong value fails when the config is built, not deep inside a forward pass."""
+config field, so a wrong value fails when the config is built or saved, not deep inside a forward pass."""
 
 import math
 
@@ -17,18 +17,25 @@ def name_causal_lm(model_type, class_name):
     MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.setdefault(model_type, class_name)
 
 
-def per_layer(name, value, num_layers, default):
+def per_layer(value, num_layers, default):
     """A per-layer list: None -> `default` (the paper's pattern, truncated or extended with its last entry); a list
-    -> checked to have one entry per layer (the config fields are typed list[int]: an int is refused by type)."""
+    -> a copy of it (check_per_layer checks it)."""
     if value is None:
-        value = list(default[:num_layers]) + [default[-1]] * max(0, num_layers - len(default))
-    value = list(value)
+        value = list(default[: max(num_layers, 0)])
+        value += default[-1:] * (num_layers - len(value))
+    return list(value)
+
+
+def check_per_layer(config, name, count):
+    """One non-negative int per layer (the config fields are typed list[int]: an int is refused by type)."""
+    value, num_layers = getattr(config, name), getattr(config, count)
+    if not isinstance(value, list):
+        raise ValueError(f"{name} must be a list with one entry per layer, got {value!r}")
     if len(value) != num_layers:
         raise ValueError(f"{name} has {len(value)} entries but there are {num_layers} layers")
     for v in value:
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise ValueError(f"{name} entries must be non-negative ints, got {value}")
-    return value
 
 
 def check_positive(config, *names):
@@ -90,7 +97,8 @@ def check_source_embeddings(config):
 
 
 class TalkHfConfigMixin:
-    """Shared by the talk_hf configs: named presets.
+    """Shared by the talk_hf configs: named presets, and the field checks (each class's `check_fields`) run when a
+    config is built and again by `validate()`, which `save_pretrained` calls before it writes config.json.
 
     Loading any talk_hf config, from the package or as Hub remote code, imports pipeline_translation, which
     registers the "translation" and "summarization" tasks; `pipeline()` loads the config before it looks the task
@@ -109,6 +117,14 @@ class TalkHfConfigMixin:
         config.check_layer_lists()
         cls(**config.to_dict())
         return result
+
+    def validate_talk_hf_fields(self):
+        """Part of `@strict`-powered validation (`validate()`, run by `save_pretrained`): a config changed after it
+        was built (`config.d_model = 15`, `config.update(...)`) is refused before config.json is written, the
+        ValueError of `check_fields` the cause of the StrictDataclassClassValidationError (as LlamaConfig refuses a
+        hidden_size its heads do not divide). __post_init__ runs `check_fields` itself, so that building a config
+        raises the ValueError as it is; the strict `__init__` then runs this validator again (a few comparisons)."""
+        self.check_fields()
 
     def check_layer_lists(self):
         """Each per-layer list has one entry per layer; __post_init__ builds them, but a layer count set afterwards

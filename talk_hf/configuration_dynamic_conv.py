@@ -7,6 +7,7 @@ from .configuration_common import (
     TalkHfConfigMixin,
     check_activation,
     check_divisible,
+    check_per_layer,
     check_positive,
     check_probability,
     check_source_embeddings,
@@ -88,11 +89,11 @@ class DynamicConvConfig(TalkHfConfigMixin, PreTrainedConfig):
     encoder_normalize_before: bool = False
     decoder_normalize_before: bool = False
     activation_function: str = "relu"
-    dropout: float = 0.3
-    attention_dropout: float = 0.1
-    activation_dropout: float = 0.0
-    input_dropout: float = 0.0
-    weight_dropout: float = 0.1
+    dropout: float | int = 0.3
+    attention_dropout: float | int = 0.1
+    activation_dropout: float | int = 0.0
+    input_dropout: float | int = 0.0
+    weight_dropout: float | int = 0.1
     scale_embedding: bool = True
     use_cache: bool = True
     pad_token_id: int | None = 1
@@ -108,13 +109,16 @@ class DynamicConvConfig(TalkHfConfigMixin, PreTrainedConfig):
     def __post_init__(self, **kwargs):
         super().__post_init__(**kwargs)
         self.conv_dim = self.d_model if self.conv_dim is None else self.conv_dim
+        self.encoder_kernel_sizes = per_layer(self.encoder_kernel_sizes, self.encoder_layers, KERNEL_SIZES)
+        self.decoder_kernel_sizes = per_layer(self.decoder_kernel_sizes, self.decoder_layers, KERNEL_SIZES)
+        self.check_fields()
+
+    def check_fields(self):
         check_positive(self, "vocab_size", "d_model", "conv_dim", "encoder_layers", "decoder_layers", "encoder_ffn_dim",
                        "decoder_ffn_dim", "encoder_conv_heads", "decoder_conv_heads", "decoder_attention_heads")
         check_source_embeddings(self)
-        self.encoder_kernel_sizes = per_layer("encoder_kernel_sizes", self.encoder_kernel_sizes, self.encoder_layers,
-                                              KERNEL_SIZES)
-        self.decoder_kernel_sizes = per_layer("decoder_kernel_sizes", self.decoder_kernel_sizes, self.decoder_layers,
-                                              KERNEL_SIZES)
+        for name, count in self.LAYER_LISTS:
+            check_per_layer(self, name, count)
         if 0 in self.encoder_kernel_sizes + self.decoder_kernel_sizes:
             raise ValueError("kernel sizes must be >= 1")
         _check_conv_type(self)
@@ -153,11 +157,11 @@ class DynamicConvLMConfig(TalkHfConfigMixin, PreTrainedConfig):
     decoder_normalize_before: bool = True
     final_layer_norm: bool = True
     activation_function: str = "relu"
-    dropout: float = 0.1
-    activation_dropout: float = 0.0
-    input_dropout: float = 0.0
-    weight_dropout: float = 0.1
-    label_smoothing: float = 0.0
+    dropout: float | int = 0.1
+    activation_dropout: float | int = 0.0
+    input_dropout: float | int = 0.0
+    weight_dropout: float | int = 0.1
+    label_smoothing: float | int = 0.0
     scale_embedding: bool = True
     use_cache: bool = True
     pad_token_id: int | None = 1
@@ -168,10 +172,13 @@ class DynamicConvLMConfig(TalkHfConfigMixin, PreTrainedConfig):
     def __post_init__(self, **kwargs):
         super().__post_init__(**kwargs)
         self.conv_dim = self.d_model if self.conv_dim is None else self.conv_dim
+        self.decoder_kernel_sizes = per_layer(self.decoder_kernel_sizes, self.decoder_layers, KERNEL_SIZES)
+        self.check_fields()
+
+    def check_fields(self):
         check_positive(self, "vocab_size", "d_model", "conv_dim", "decoder_layers", "decoder_ffn_dim",
                        "decoder_conv_heads")
-        self.decoder_kernel_sizes = per_layer("decoder_kernel_sizes", self.decoder_kernel_sizes, self.decoder_layers,
-                                              KERNEL_SIZES)
+        check_per_layer(self, "decoder_kernel_sizes", "decoder_layers")
         if 0 in self.decoder_kernel_sizes:
             raise ValueError("kernel sizes must be >= 1")
         _check_conv_type(self)

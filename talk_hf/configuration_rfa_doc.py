@@ -66,18 +66,18 @@ class RfaDocConfig(TalkHfConfigMixin, PreTrainedConfig):
     causal_num_frequencies: int = 32
     cross_num_frequencies: int = 256
     sentential_gate: str = "decay"
-    gate_bias_init: float = 2.0
+    gate_bias_init: float | int = 2.0
     norm_rescale: bool = True
     resample_random_features: bool = True
     random_feature_seed: int = 31415
-    rfa_eps: float = 0.1
-    rfa_init_scale: float = 6.0
+    rfa_eps: float | int = 0.1
+    rfa_init_scale: float | int = 6.0
     encoder_normalize_before: bool = False
     decoder_normalize_before: bool = False
     activation_function: str = "gelu"
-    dropout: float = 0.3
-    attention_dropout: float = 0.1
-    activation_dropout: float = 0.0
+    dropout: float | int = 0.3
+    attention_dropout: float | int = 0.1
+    activation_dropout: float | int = 0.0
     scale_embedding: bool = True
     encoder_vocab_size: int | None = None
     tie_encoder_embeddings: bool = True
@@ -93,6 +93,9 @@ class RfaDocConfig(TalkHfConfigMixin, PreTrainedConfig):
 
     def __post_init__(self, **kwargs):
         super().__post_init__(**kwargs)
+        self.check_fields()
+
+    def check_fields(self):
         check_positive(self, "vocab_size", "d_model", "encoder_layers", "decoder_layers", "encoder_ffn_dim",
                        "decoder_ffn_dim", "encoder_attention_heads", "decoder_attention_heads",
                        "causal_num_frequencies", "cross_num_frequencies")

@@ -7,6 +7,7 @@ from .configuration_common import (
     TalkHfConfigMixin,
     check_activation,
     check_divisible,
+    check_per_layer,
     check_positive,
     check_probability,
     check_source_embeddings,
@@ -88,11 +89,11 @@ class TalkConfig(TalkHfConfigMixin, PreTrainedConfig):
     encoder_normalize_before: bool = False
     decoder_normalize_before: bool = False
     activation_function: str = "swish"
-    dropout: float = 0.3
-    attention_dropout: float = 0.1
-    activation_dropout: float = 0.0
-    input_dropout: float = 0.0
-    offset_dropout: float = 0.1
+    dropout: float | int = 0.3
+    attention_dropout: float | int = 0.1
+    activation_dropout: float | int = 0.0
+    input_dropout: float | int = 0.0
+    offset_dropout: float | int = 0.1
     scale_embedding: bool = True
     encoder_vocab_size: int | None = None
     tie_encoder_embeddings: bool = True
@@ -108,14 +109,17 @@ class TalkConfig(TalkHfConfigMixin, PreTrainedConfig):
     def __post_init__(self, **kwargs):
         super().__post_init__(**kwargs)
         self.conv_dim = self.d_model if self.conv_dim is None else self.conv_dim
+        self.encoder_max_offsets = per_layer(self.encoder_max_offsets, self.encoder_layers, ENCODER_OFFSETS)
+        self.encoder_max_right_offsets = per_layer(self.encoder_max_right_offsets, self.encoder_layers,
+                                                   self.encoder_max_offsets)
+        self.decoder_max_offsets = per_layer(self.decoder_max_offsets, self.decoder_layers, ENCODER_OFFSETS)
+        self.check_fields()
+
+    def check_fields(self):
         check_positive(self, "vocab_size", "d_model", "conv_dim", "encoder_layers", "decoder_layers", "encoder_ffn_dim",
                        "decoder_ffn_dim", "encoder_heads", "decoder_heads", "decoder_attention_heads")
-        self.encoder_max_offsets = per_layer("encoder_max_offsets", self.encoder_max_offsets, self.encoder_layers,
-                                             ENCODER_OFFSETS)
-        self.encoder_max_right_offsets = per_layer("encoder_max_right_offsets", self.encoder_max_right_offsets,
-                                                   self.encoder_layers, self.encoder_max_offsets)
-        self.decoder_max_offsets = per_layer("decoder_max_offsets", self.decoder_max_offsets, self.decoder_layers,
-                                             ENCODER_OFFSETS)
+        for name, count in self.LAYER_LISTS:
+            check_per_layer(self, name, count)
         check_divisible("conv_dim", self.conv_dim, "encoder_heads", self.encoder_heads)
         check_divisible("conv_dim", self.conv_dim, "decoder_heads", self.decoder_heads)
         check_divisible("d_model", self.d_model, "decoder_attention_heads", self.decoder_attention_heads)
@@ -160,11 +164,11 @@ class TalkLMConfig(TalkHfConfigMixin, PreTrainedConfig):
     decoder_normalize_before: bool = True
     final_layer_norm: bool = False
     activation_function: str = "swish"
-    dropout: float = 0.1
-    activation_dropout: float = 0.0
-    input_dropout: float = 0.0
-    offset_dropout: float = 0.1
-    label_smoothing: float = 0.0
+    dropout: float | int = 0.1
+    activation_dropout: float | int = 0.0
+    input_dropout: float | int = 0.0
+    offset_dropout: float | int = 0.1
+    label_smoothing: float | int = 0.0
     scale_embedding: bool = True
     use_cache: bool = True
     pad_token_id: int | None = 1
@@ -175,9 +179,12 @@ class TalkLMConfig(TalkHfConfigMixin, PreTrainedConfig):
     def __post_init__(self, **kwargs):
         super().__post_init__(**kwargs)
         self.conv_dim = self.d_model if self.conv_dim is None else self.conv_dim
+        self.decoder_max_offsets = per_layer(self.decoder_max_offsets, self.decoder_layers, ENCODER_OFFSETS)
+        self.check_fields()
+
+    def check_fields(self):
         check_positive(self, "vocab_size", "d_model", "conv_dim", "decoder_layers", "decoder_ffn_dim", "decoder_heads")
-        self.decoder_max_offsets = per_layer("decoder_max_offsets", self.decoder_max_offsets, self.decoder_layers,
-                                             ENCODER_OFFSETS)
+        check_per_layer(self, "decoder_max_offsets", "decoder_layers")
         check_divisible("conv_dim", self.conv_dim, "decoder_heads", self.decoder_heads)
         check_probability(self, "dropout", "activation_dropout", "input_dropout", "offset_dropout", "label_smoothing")
         check_activation(self)
