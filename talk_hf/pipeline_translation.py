@@ -130,16 +130,17 @@ class Text2TextPipeline(Pipeline):
         return inputs
 
     def _forward(self, model_inputs, **generate_kwargs):
-        """-> {"output_ids": (inputs, sequences per input, T)}: the pipeline's batches split along the first axis,
-        so each input keeps its own num_return_sequences rows."""
+        """-> {"output_ids": (inputs, sequences per input, T)} and, from a dict output of generate(), its
+        per-sequence outputs laid out alike: the pipeline's batches split along the first axis, so each input keeps
+        its own num_return_sequences rows."""
         model_inputs = {key: unbatched(value) for key, value in model_inputs.items()}
         output = self.model.generate(**model_inputs, **self._with_task_settings(generate_kwargs))
         inputs = model_inputs["input_ids"].shape[0]
         if not isinstance(output, ModelOutput):
             return {"output_ids": per_input(output, inputs)}
         rows = output.sequences.shape[0]
-        return {"output_ids": per_input(output.sequences, inputs),
-                "outputs": {key: per_input(value, inputs) for key, value in sequence_outputs(output, rows).items()}}
+        outputs = {key: per_input(value, inputs) for key, value in sequence_outputs(output, rows).items()}
+        return {"output_ids": per_input(output.sequences, inputs), **outputs}  # top-level tensors: batches split
 
     def _with_task_settings(self, generate_kwargs):
         """The generation arguments over the task's settings (see the class docstring)."""
@@ -155,7 +156,7 @@ class Text2TextPipeline(Pipeline):
         decode = {} if clean_up_tokenization_spaces is None else {
             "clean_up_tokenization_spaces": clean_up_tokenization_spaces}
         records = []
-        outputs = model_outputs.get("outputs", {})
+        outputs = {key: value for key, value in model_outputs.items() if key != "output_ids"}
         for i, ids in enumerate(model_outputs["output_ids"][0]):
             record = {f"{self.return_name}_token_ids": ids} if return_tensors else {}
             if return_text:

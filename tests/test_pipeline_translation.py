@@ -251,7 +251,7 @@ def test_generate_outputs_as_a_dict_give_the_same_translations_and_their_scores(
     translator = pipeline("translation", model=model, tokenizer=tokenizer)
     plain = translator(SENTENCES[:2], num_beams=2, num_return_sequences=2, **SHORT)
     scored = translator(SENTENCES[:2], num_beams=2, num_return_sequences=2, return_dict_in_generate=True,
-                        output_scores=True, **SHORT)
+                        output_scores=True, batch_size=2, **SHORT)
     assert [[r["translation_text"] for r in rows] for rows in scored] == [
         [r["translation_text"] for r in rows] for rows in plain]
     out = model.generate(**tokenizer(SENTENCES[:1], return_tensors="pt"), num_beams=2, num_return_sequences=2,
