@@ -1,6 +1,7 @@
 // Operator schemas of the talk_hf extension. Implementations: csrc/cpu/*.cpp (CPU) and csrc/cuda/bindings.cpp
 // (CUDA). Autograd and fake (meta) kernels are registered in Python, in talk_hf/_kernels.py.
 #include <Python.h>
+#include <torch/csrc/autograd/VariableTypeUtils.h>
 #include <torch/library.h>
 
 extern "C" {
@@ -45,4 +46,21 @@ TORCH_LIBRARY(talk_hf, m) {
   // Random features (B, T, H, 2D) of x (B, T, H, d) with projections (H, D, d) and temperatures (H,); no autograd
   // (decoding and inference: the models' training path is the PyTorch form).
   m.def("rfa_feature_map(Tensor x, Tensor projection, Tensor? tau) -> Tensor");
+}
+
+// rfa_causal_step_ writes `state` (argument 4) through its data pointer. Its ADInplaceOrView kernel does what PyTorch's
+// in-place ops do at that key: bump the state's version counter (a backward that saved the state then refuses instead
+// of reading the new values), which refuses an inference tensor outside inference mode, before anything is written.
+// (PyTorch's own fallback for this key bumps mutable outputs only; the state is not returned.)
+namespace {
+void rfa_causal_step_inplace(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+  const auto arguments = op.schema().arguments().size();
+  torch::autograd::increment_version((*stack)[stack->size() - arguments + 4].toTensor());
+  at::AutoDispatchBelowADInplaceOrView guard;
+  op.redispatchBoxed(keys & c10::after_ADInplaceOrView_keyset, stack);
+}
+}  // namespace
+
+TORCH_LIBRARY_IMPL(talk_hf, ADInplaceOrView, m) {
+  m.impl("rfa_causal_step_", torch::CppFunction::makeFromBoxedFunction<&rfa_causal_step_inplace>());
 }

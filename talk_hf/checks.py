@@ -1,4 +1,7 @@
-"""Argument checks shared by the ops: each raises ValueError/TypeError naming the offending argument."""
+"""Argument checks shared by the ops (each raises ValueError/TypeError naming the offending argument), and their
+accumulation dtype."""
+
+import contextlib
 
 import torch
 
@@ -41,3 +44,11 @@ def check_heads(channels_name, channels, heads_name, heads):
 def accumulation_dtype(*dtypes):
     """fp64 if any of the dtypes is fp64, else fp32: sums never accumulate in fp16/bf16."""
     return torch.float64 if torch.float64 in dtypes else torch.float32
+
+
+def exact_products(device):
+    """A context in which autocast leaves the products on `device` in their operands' dtype (the accumulation dtype
+    of the ops), as the compiled kernels compute them; autocast would hand back bf16 or fp16 products."""
+    if torch.amp.is_autocast_available(device.type):
+        return torch.autocast(device.type, enabled=False)
+    return contextlib.nullcontext()

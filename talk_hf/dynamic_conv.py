@@ -21,7 +21,14 @@ import math
 import torch
 
 from .backend import _kernels, needs_grad, use_kernels
-from .checks import accumulation_dtype, check_float_tensor, check_heads, check_int, check_like
+from .checks import (
+    accumulation_dtype,
+    check_float_tensor,
+    check_heads,
+    check_int,
+    check_like,
+    exact_products,
+)
 
 
 def _check_conv_args(x, weight, padding_left, softmax=False, weight_dropout=0.0, seed=None):
@@ -54,9 +61,12 @@ def _check_dropconnect(p, seed, x):
 
 
 def draw_seed(device=None, generator=None):
-    """A DropConnect seed: a 0-dim int64 tensor on `device`, drawn from torch's generator of that device (so
-    `torch.manual_seed` makes the masks reproducible), without a host synchronisation."""
-    return torch.empty((), dtype=torch.int64, device=device).random_(generator=generator)
+    """A DropConnect seed: a 0-dim int64 tensor in [0, 2^63) on `device`, drawn from torch's generator of that device
+    (so `torch.manual_seed` makes the masks reproducible), without a host synchronisation. A draw from
+    [-2^63, 0) with its sign bit cleared: the value and generator state of `Tensor.random_()` (eagerly), by an op that
+    torch.compile traces (under inductor, whose random numbers are its own, the value differs)."""
+    low = -(1 << 63)
+    return torch.randint(low, 0, (), dtype=torch.int64, device=device, generator=generator) & ~low
 
 
 # splitmix64 (csrc/dropconnect.h) in int64 PyTorch ops: products wrap modulo 2^64, and a logical right shift is an
@@ -134,6 +144,14 @@ def _window_padding(T, K, padding_left):
 
 
 def _dynamic_conv_ref(x, weight, padding_left, softmax=False, weight_dropout=0.0, seed=None):
+    """`dynamic_conv_ref` without its checks (seed drawn), its products in the accumulation dtype under autocast
+    too."""
+    with exact_products(x.device):
+        return _dynamic_conv_windows(x, weight, padding_left, softmax, weight_dropout, seed)
+
+
+def _dynamic_conv_windows(x, weight, padding_left, softmax, weight_dropout, seed):
+    """The convolution as a product of each position's K-input windows with its taps: (B, T, C)."""
     B, T, C = x.shape
     H, K = weight.shape[-2:]
     acc = accumulation_dtype(x.dtype)
@@ -226,6 +244,12 @@ def _step_windows(xp, K):
 
 def _dynamic_conv_step_ref(x, weight, state, softmax=False, weight_dropout=0.0, seed=None):
     """`dynamic_conv_step` in PyTorch ops (differentiable); state in x's dtype. Only the new tokens' windows."""
+    with exact_products(x.device):
+        return _dynamic_conv_step_windows(x, weight, state, softmax, weight_dropout, seed)
+
+
+def _dynamic_conv_step_windows(x, weight, state, softmax, weight_dropout, seed):
+    """The new tokens' K-input windows times their taps -> (out (B, T_new, C), new state (B, K - 1, C))."""
     B, T, C = x.shape
     H, K = weight.shape[-2:]
     acc = accumulation_dtype(x.dtype)

@@ -13,9 +13,9 @@ step t (1 everywhere except at sentence separators, where it is the gate g; §C.
     out_t = phi(q_t)^T S_t / max(phi(q_t) . z_t, eps),   eps = 0.1
 
 A state is one tensor (B, H, F, d + 1): [..., :d] holds S and [..., d] holds z. States and all sums are fp32
-(fp64 for fp64 inputs) whatever the activation dtype. Padded keys must have zero features (the caller zeroes
-them). The training form is chunked: per chunk of `chunk_size` steps it uses (chunk x chunk) score blocks and
-one state per chunk, never a T x T matrix or a state per token.
+(fp64 for fp64 inputs) whatever the activation dtype, inside an autocast region too. Padded keys must have zero
+features (the caller zeroes them). The training form is chunked: per chunk of `chunk_size` steps it uses
+(chunk x chunk) score blocks and one state per chunk, never a T x T matrix or a state per token.
 """
 
 import math
@@ -23,11 +23,12 @@ import math
 import torch
 
 from .backend import _kernels, backend, backend_reason, needs_grad, use_kernels
-from .checks import accumulation_dtype, check_float_tensor, check_int
+from .checks import accumulation_dtype, check_float_tensor, check_int, exact_products
 
 DEFAULT_EPS = 0.1
 FEATURE_SCALE = 0.1
 NORM_EPS = 1e-3
+LONGEST_CHUNK = 1 << 31  # chunk sizes above it are cut to the sequence length (see `_saved_chunk`)
 
 
 def _acc_dtype(*tensors):
@@ -89,19 +90,25 @@ def _feature_inputs(x, projection, tau):
 
 
 def _rfa_feature_map_ref(x, projection, tau):
-    u = torch.einsum("bthd,hfd->bthf", *_feature_inputs(x, projection, tau))
-    return FEATURE_SCALE * torch.stack([torch.sin(u), torch.cos(u)], dim=-1).flatten(-2)
+    with exact_products(x.device):
+        u = torch.einsum("bthd,hfd->bthf", *_feature_inputs(x, projection, tau))
+        return FEATURE_SCALE * torch.stack([torch.sin(u), torch.cos(u)], dim=-1).flatten(-2)
 
 
 class _ScaledSinCos(torch.autograd.Function):
     """u (..., D) -> FEATURE_SCALE * [sin u, cos u] as (..., D, 2). The backward reads the saved output (its sin and
-    cos columns are the derivatives of each other), so nothing is recomputed and u is not kept."""
+    cos columns are the derivatives of each other), so nothing is recomputed and u is not kept. torch.func's grad,
+    vjp and jacrev run it, and vmap over both (no forward-mode derivative: jvp, jacfwd)."""
+
+    generate_vmap_rule = True
 
     @staticmethod
-    def forward(ctx, u):
-        out = torch.stack([torch.sin(u), torch.cos(u)], dim=-1).mul_(FEATURE_SCALE)
-        ctx.save_for_backward(out)
-        return out
+    def forward(u):
+        return torch.stack([torch.sin(u), torch.cos(u)], dim=-1).mul_(FEATURE_SCALE)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(output)
 
     @staticmethod
     def backward(ctx, grad):
@@ -112,8 +119,9 @@ class _ScaledSinCos(torch.autograd.Function):
 def _rfa_feature_map_heads(x, projection, tau):
     """`rfa_feature_map_ref`'s function for training: a (B, T, H, 2D) view of (B, H, T, 2D) memory, so that the
     per-head matrix products of the attention read it without a transposing copy (docs/kernels.md)."""
-    u = torch.einsum("bthd,hfd->bhtf", *_feature_inputs(x, projection, tau)).contiguous()  # (B, H, T, D)
-    return _ScaledSinCos.apply(u).flatten(-2).transpose(1, 2)
+    with exact_products(x.device):
+        u = torch.einsum("bthd,hfd->bhtf", *_feature_inputs(x, projection, tau)).contiguous()  # (B, H, T, D)
+        return _ScaledSinCos.apply(u).flatten(-2).transpose(1, 2)
 
 
 def rfa_key_norm_rescale(k, tau=None, attention_mask=None):
@@ -184,6 +192,13 @@ def rfa_causal_ref(q, k, v, decay=None, initial_state=None, eps=DEFAULT_EPS):
 
 
 def _rfa_causal_recurrence(q, k, v, decay, initial_state, eps):
+    """`rfa_causal_ref` without its checks, its products in the accumulation dtype under autocast too."""
+    with exact_products(q.device):
+        return _rfa_causal_steps(q, k, v, decay, initial_state, eps)
+
+
+def _rfa_causal_steps(q, k, v, decay, initial_state, eps):
+    """The recurrence, one step at a time; arguments and results as `rfa_causal_ref`."""
     B, T, H, F = q.shape
     acc = _acc_dtype(q, k, v, initial_state)
     values = _with_ones(v, acc)
@@ -243,9 +258,17 @@ def rfa_causal_compiled(q, k, v, decay=None, initial_state=None, eps=DEFAULT_EPS
 
 def _rfa_causal_compiled(q, k, v, decay, initial_state, eps, chunk_size):
     acc = _acc_dtype(q, k, v, initial_state)
-    saved = chunk_size if needs_grad(q, k, v, decay, initial_state) else 0  # states for a backward, else none
+    needed = needs_grad(q, k, v, decay, initial_state)
+    saved = _saved_chunk(chunk_size, q.shape[1]) if needed else 0  # states for a backward, else none
     out, state = _kernels.rfa_causal(*_cast(acc, q, k, v, decay, initial_state), eps, saved)
     return out.to(v.dtype), state
+
+
+def _saved_chunk(chunk_size, T):
+    """The kernels' chunk for `chunk_size` over T steps: chunk_size itself, or T (at least 1) for a chunk_size above
+    LONGEST_CHUNK, which the kernels' int64 chunk counts (T + chunk - 1) would overflow near 2^63. A chunk at least
+    as long as the sequence saves the one state entering it, whatever its length: the same results."""
+    return min(chunk_size, max(T, 1)) if chunk_size > LONGEST_CHUNK else chunk_size
 
 
 def rfa_causal_chunked(q, k, v, decay=None, initial_state=None, eps=DEFAULT_EPS, chunk_size=64):
@@ -258,6 +281,12 @@ def rfa_causal_chunked(q, k, v, decay=None, initial_state=None, eps=DEFAULT_EPS,
 def _rfa_causal_chunked(q, k, v, decay, initial_state, eps, chunk_size):
     if q.shape[1] <= 1:  # a decoding step: the recurrence is cheapest
         return _rfa_causal_recurrence(q, k, v, decay, initial_state, eps)
+    with exact_products(q.device):
+        return _rfa_causal_chunks(q, k, v, decay, initial_state, eps, chunk_size)
+
+
+def _rfa_causal_chunks(q, k, v, decay, initial_state, eps, chunk_size):
+    """The chunked matmul form over T >= 2 steps; arguments and results as `rfa_causal_chunked`."""
     B, T, H, F = q.shape
     acc = _acc_dtype(q, k, v, initial_state)
     C = min(chunk_size, T)  # a chunk longer than the sequence would only add padded steps
@@ -333,17 +362,30 @@ def _cross_state(k, v, attention_mask, key_scale=None):
     weights = _key_weights(k, attention_mask, key_scale, acc)
     if weights is not None:
         values = values * weights
-    heads = [keys[:, :, h].transpose(1, 2) @ values[:, :, h] for h in range(k.shape[2])]  # (B, F, S) @ (B, S, d + 1)
-    return torch.stack(heads, dim=1)
+    with exact_products(k.device):  # (B, F, S) @ (B, S, d + 1) per head
+        return torch.stack([keys[:, :, h].transpose(1, 2) @ values[:, :, h] for h in range(k.shape[2])], dim=1)
 
 
-def _check_source_args(k, v, attention_mask):
+def _check_source_args(k, v, attention_mask, key_scale=None):
     check_float_tensor("k", k, 4)
     check_float_tensor("v", v, 4)
     if v.shape[:3] != k.shape[:3]:
         raise ValueError(f"v must be (B, S, H, d) matching k {tuple(k.shape[:3])}, got {tuple(v.shape)}")
     if attention_mask is not None and attention_mask.shape != k.shape[:2]:
         raise ValueError(f"attention_mask must be (B, S) = {tuple(k.shape[:2])}, got {tuple(attention_mask.shape)}")
+    if key_scale is not None:
+        _check_key_scale(key_scale, k)
+
+
+def _check_key_scale(key_scale, k):
+    """key_scale: one factor per key, (B, S, H, 1) like k (B, S, H, F), on k's device."""
+    expected = (*k.shape[:3], 1)
+    if isinstance(key_scale, torch.Tensor) and key_scale.shape != expected:
+        raise ValueError(f"key_scale must be (B, S, H, 1) = {expected} for k of shape {tuple(k.shape)}, "
+                         f"got {tuple(key_scale.shape)}")
+    check_float_tensor("key_scale", key_scale, 4)
+    if key_scale.device != k.device:
+        raise ValueError(f"key_scale is on {key_scale.device} but k is on {k.device}")
 
 
 def rfa_step_(q, k, v, state, decay=None, eps=DEFAULT_EPS):
@@ -361,11 +403,23 @@ def rfa_step_(q, k, v, state, decay=None, eps=DEFAULT_EPS):
                          f"{state.dtype}{'' if state.is_contiguous() else ', not contiguous'}")
     if needs_grad(q, k, v, decay, state):
         raise ValueError("rfa_step_ has no autograd (it overwrites its state); use rfa_step when gradients are needed")
+    if _inference_outside_inference_mode(state):  # refused before anything is written
+        raise RuntimeError("rfa_step_: Inplace update to inference tensor outside InferenceMode is not allowed (state "
+                           "was created under torch.inference_mode); clone it outside inference mode, or decode under "
+                           "torch.inference_mode")
     if use_kernels(q):
         return _kernels.rfa_causal_step_(*_cast(acc, q, k, v, decay), state, eps).to(v.dtype)
     out, new_state = _rfa_causal_recurrence(q, k, v, decay, state, eps)
     state.copy_(new_state)
     return out
+
+
+def _inference_outside_inference_mode(t):
+    """True for an inference tensor outside torch.inference_mode, which in-place ops refuse. Eager only: torch.compile
+    does not trace the question (a compiled step leaves the refusal to the op, and to PyTorch's copy_)."""
+    if torch.compiler.is_compiling():
+        return False
+    return t.is_inference() and not torch.is_inference_mode_enabled()
 
 
 def rfa_cross_source(k, v, attention_mask=None, key_scale=None):
@@ -378,7 +432,7 @@ def rfa_cross_source(k, v, attention_mask=None, key_scale=None):
     k: (B, S, H, F) key features; v: (B, S, H, d); attention_mask: (B, S), 1 for real tokens; key_scale: (B, S, H, 1)
     factors multiplying the key features (the norm rescaling of `rfa_key_norm_rescale`), or None.
     """
-    _check_source_args(k, v, attention_mask)
+    _check_source_args(k, v, attention_mask, key_scale)
     S, F, E = k.shape[1], k.shape[-1], v.shape[-1] + 1
     acc = _acc_dtype(k, v)
     if S * (F + E) >= F * E:
@@ -420,19 +474,26 @@ def rfa_cross(q, source, eps=DEFAULT_EPS):
             raise ValueError(f"source keys must be (B, H, S, F) and values (B, H, S, d + 1) "
                              f"matching q {tuple(q.shape)}, "
                              f"got {tuple(keys.shape)} and {tuple(values.shape)}")
-        queries = q.to(keys.dtype).transpose(1, 2)  # (B, H, T, F)
-        if q.shape[1] == 1:
-            # a decoding step: (B, H, S, 1) scores as one matrix-vector product per (batch, head), each key row read
-            # once in order (on the CPU at B = 256, S = 20, F = 512: half the time of the (1, F) @ (F, S) form)
-            scores = (keys @ queries.transpose(-1, -2)).transpose(-1, -2)
-        else:  # (B, H, T, S) scores, the keys read in place, transposed (for several queries a row, as under beam
-            # search, the faster form)
-            scores = queries @ keys.transpose(-1, -2)
-        return _normalise((scores @ values).transpose(1, 2), eps)  # (B, H, T, d + 1) -> (B, T, H, d)
+        with exact_products(q.device):
+            return _cross_keys_values(q, keys, values, eps)
     check_float_tensor("state", source, 4)
     if source.shape[:3] != (q.shape[0], q.shape[2], q.shape[3]):
         raise ValueError(f"state must be (B, H, F, d + 1) matching q {tuple(q.shape)}, got {tuple(source.shape)}")
-    return _normalise((q.to(source.dtype).transpose(1, 2) @ source).transpose(1, 2), eps)  # one batched matmul
+    with exact_products(q.device):  # one batched matmul
+        return _normalise((q.to(source.dtype).transpose(1, 2) @ source).transpose(1, 2), eps)
+
+
+def _cross_keys_values(q, keys, values, eps):
+    """Cross attention against a source given as keys (B, H, S, F) and values (B, H, S, d + 1): (B, T, H, d)."""
+    queries = q.to(keys.dtype).transpose(1, 2)  # (B, H, T, F)
+    if q.shape[1] == 1:
+        # a decoding step: (B, H, S, 1) scores as one matrix-vector product per (batch, head), each key row read
+        # once in order (on the CPU at B = 256, S = 20, F = 512: half the time of the (1, F) @ (F, S) form)
+        scores = (keys @ queries.transpose(-1, -2)).transpose(-1, -2)
+    else:  # (B, H, T, S) scores, the keys read in place, transposed (for several queries a row, as under beam
+        # search, the faster form)
+        scores = queries @ keys.transpose(-1, -2)
+    return _normalise((scores @ values).transpose(1, 2), eps)  # (B, H, T, d + 1) -> (B, T, H, d)
 
 
 def rfa_cross_ref(q, k, v, attention_mask=None, eps=DEFAULT_EPS):
@@ -441,8 +502,9 @@ def rfa_cross_ref(q, k, v, attention_mask=None, eps=DEFAULT_EPS):
     q: (B, T, H, F); k: (B, S, H, F); v: (B, S, H, d); attention_mask: (B, S) or None -> (B, T, H, d).
     """
     acc = _acc_dtype(q, k, v)
-    scores = torch.einsum("bthf,bshf->bhts", q.to(acc), k.to(acc))
-    if attention_mask is not None:
-        scores = scores * attention_mask.to(acc).view(scores.shape[0], 1, 1, -1)
-    num = torch.einsum("bhts,bshe->bthe", scores, v.to(acc))
+    with exact_products(q.device):
+        scores = torch.einsum("bthf,bshf->bhts", q.to(acc), k.to(acc))
+        if attention_mask is not None:
+            scores = scores * attention_mask.to(acc).view(scores.shape[0], 1, 1, -1)
+        num = torch.einsum("bhts,bshe->bthe", scores, v.to(acc))
     return num / scores.sum(-1).transpose(1, 2).unsqueeze(-1).clamp_min(eps)
