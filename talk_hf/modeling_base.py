@@ -327,9 +327,11 @@ class TokenEmbedding(nn.Module):
         return F.dropout(x, p=self.dropout, training=self.training)
 
 
-def _check_inputs(input_ids, inputs_embeds):
+def _check_inputs(input_ids, inputs_embeds, prefix=""):
+    """The one of input_ids and inputs_embeds given; prefix: "decoder_" for an encoder-decoder's decoder, whose
+    arguments the error names."""
     if (input_ids is None) == (inputs_embeds is None):
-        raise ValueError("pass exactly one of input_ids and inputs_embeds")
+        raise ValueError(f"pass exactly one of {prefix}input_ids and {prefix}inputs_embeds")
     return input_ids if input_ids is not None else inputs_embeds
 
 
@@ -425,10 +427,10 @@ class DecoderStack(nn.Module):
         before them), so (B, T) will do; encoder states (B, S, C); separators: (B, T) bool sentence-separator
         positions, read from input_ids when given (a decoder with `sep_token_id` needs one of the two)
         -> BaseModelOutputWithPast (B, T, C)."""
-        ref = _check_inputs(input_ids, inputs_embeds)
-        length = ref.shape[1]
         # named as the encoder-decoder models take them (the source's mask is their attention_mask)
         seq2seq = encoder_hidden_states is not None
+        ref = _check_inputs(input_ids, inputs_embeds, "decoder_" if seq2seq else "")
+        length = ref.shape[1]
         name = "decoder_attention_mask" if seq2seq else "attention_mask"
         _check_padding_mask(name, attention_mask, ref.shape[0], length, at_least=True)
         if seq2seq:
@@ -817,10 +819,12 @@ class RecurrentSeq2SeqLM(RecurrentLMHead):
         decoder_separators=None,
         **kwargs,
     ):
-        """labels: (B, T), -100 ignored; decoder inputs default to labels shifted right -> Seq2SeqLMOutput."""
-        if labels is not None and decoder_input_ids is None and decoder_inputs_embeds is None:
-            decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
+        """labels: (B, T), -100 ignored; decoder inputs default to labels shifted right -> Seq2SeqLMOutput. With
+        labels no decoding state is built (a training or evaluation forward, as BART's)."""
+        if labels is not None:
             use_cache = False
+            if decoder_input_ids is None and decoder_inputs_embeds is None:
+                decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
         if decoder_input_ids is None and decoder_inputs_embeds is None:
             raise ValueError(
                 "pass decoder_input_ids or labels (with label smoothing, Trainer drops labels before forward: build "

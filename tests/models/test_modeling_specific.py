@@ -248,3 +248,28 @@ def test_conv_decoders_cross_attention_initialised_as_fairseqs(name):
         _uniform(proj.bias, d**-0.5)
     _uniform(cross.out_proj.weight, xavier)
     assert not cross.out_proj.bias.any()
+
+
+@pytest.mark.parametrize("name", ["talk", "dynamic_conv", "rfa_doc"])
+def test_a_training_forward_with_labels_builds_no_decoding_state(name):
+    """With labels, a forward is for training (or an eval loss): no cache, as BART and Marian, also when the collator
+    passes decoder_input_ids beside them (DataCollatorForSeq2Seq(model=...), which label smoothing needs)."""
+    from tests.models.tiny import target_batch
+
+    model = make(name)
+    ids, mask = source_batch()
+    labels = target_batch()
+    decoder_input_ids = model.prepare_decoder_input_ids_from_labels(labels)
+    for given in ({}, {"decoder_input_ids": decoder_input_ids}):
+        out = model(input_ids=ids, attention_mask=mask, labels=labels, **given)
+        assert cache_of(out) is None and out.loss is not None
+    assert cache_of(model(input_ids=ids, attention_mask=mask, decoder_input_ids=decoder_input_ids)) is not None
+
+
+def test_an_encoder_decoder_without_decoder_inputs_names_them():
+    model = make("talk", head=False)
+    ids, mask = source_batch()
+    with pytest.raises(ValueError, match="pass exactly one of decoder_input_ids and decoder_inputs_embeds"):
+        model(input_ids=ids, attention_mask=mask)
+    with pytest.raises(ValueError, match="pass exactly one of input_ids and inputs_embeds"):
+        make("talk_lm", head=False)(input_ids=None)
