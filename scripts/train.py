@@ -23,7 +23,7 @@ from pathlib import Path
 from accelerate import PartialState
 from transformers import HfArgumentParser
 
-from talk_hf.training.loop import TrainConfig
+from talk_hf.training.loop import TrainConfig, run_folder_error
 from talk_hf.training.model_card import hub_repo_id
 from talk_hf.training.models import KINDS, check_preset, parse_overrides
 from talk_hf.training.prepare import SUMMARY_FILE
@@ -78,6 +78,11 @@ def parse_args(argv=None):
         check_preset(run_args.model, run_args.preset)
     except ValueError as err:
         parser.error(f"--preset: {err}")
+    if run_args.test_limit < 0:
+        parser.error(f"--test_limit must be >= 0 (0: every test example), got {run_args.test_limit}")
+    folder_error = run_folder_error(train_config.output_dir, train_config.resume)
+    if folder_error is not None:  # a new run into a used folder, --resume without a checkpoint
+        parser.error(str(folder_error))
     return parser, run_args, train_config
 
 
@@ -158,5 +163,6 @@ def main(argv=None):
 if __name__ == "__main__":
     try:
         main(sys.argv[1:])
-    except ValueError as err:  # e.g. a config field the model kind does not take, found as the model is built
+    # e.g. a config field the model kind does not take, found as the model is built; a missing split
+    except (ValueError, FileExistsError, FileNotFoundError) as err:
         sys.exit(f"train.py: error: {err}")

@@ -10,6 +10,7 @@ early stopping when the validation loss stops improving, a JSONL metrics log and
 import dataclasses
 import json
 import math
+import os
 import shutil
 import time
 import warnings
@@ -28,6 +29,26 @@ from .data import Seq2SeqCollator, TokenBatchSampler, pad_right
 from .evaluation import corpus_bleu, eval_mode, translate
 
 SCHEDULES = ("inverse_sqrt", "cosine")
+# field -> (lowest value, highest value or None, whether the lowest is excluded): the values TrainConfig takes (0
+# where it means none or no limit); warmup_steps depends on the schedule (TrainConfig.least_warmup)
+FIELD_RANGES = {
+    "max_tokens": (1, None, False), "max_steps": (0, None, False), "max_epochs": (0, None, False),
+    "max_minutes": (0, None, False), "gradient_accumulation_steps": (1, None, False),
+    "learning_rate": (0, None, True), "warmup_init_lr": (0, None, False), "adam_beta1": (0, 1, False),
+    "adam_beta2": (0, 1, False), "weight_decay": (0, None, False), "clip_norm": (0, None, False),
+    "label_smoothing": (0, 1, False), "log_every": (1, None, False), "eval_every": (0, None, False),
+    "save_every": (0, None, False), "bleu_sentences": (0, None, False), "num_beams": (1, None, False),
+    "max_new_tokens": (1, None, False),
+}
+
+
+def check_range(name, value, low, high=None, strict=False, why=""):
+    """A ValueError naming the field and its range when `value` lies outside it (NaN included): >= low (> low when
+    `strict`) and, when `high` is given, < high; `why`: added to the message."""
+    inside = (value > low if strict else value >= low) and (high is None or value < high)
+    if not inside:
+        bounds = f"{'>' if strict else '>='} {low}" + (f" and < {high}" if high is not None else "")
+        raise ValueError(f"{name} must be {bounds}{why}, got {value!r}")
 
 
 @dataclasses.dataclass
@@ -67,6 +88,9 @@ class TrainConfig:
     def __post_init__(self):
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        for name, (low, high, strict) in FIELD_RANGES.items():
+            check_range(name, getattr(self, name), low, high, strict)
+        check_range("warmup_steps", self.warmup_steps, self.least_warmup(), why=f" with the {self.schedule} schedule")
         if not (self.max_steps or self.max_epochs or self.max_minutes):
             raise ValueError("set at least one of max_steps, max_epochs and max_minutes")
         if self.patience < 0 or (self.patience and not self.eval_every):
@@ -78,6 +102,11 @@ class TrainConfig:
         if self.average_last > self.keep_checkpoints:
             raise ValueError(f"average_last={self.average_last} needs keep_checkpoints >= it ({self.keep_checkpoints})")
 
+    def least_warmup(self):
+        """The shortest warm-up the schedule takes: inverse_sqrt scales by it (0 keeps the learning rate at 0), cosine
+        may start at its peak."""
+        return 1 if self.schedule == "inverse_sqrt" else 0
+
     def run_settings(self):
         """The fields that define a run's trajectory: a resumed run must keep them (RUN_SETTINGS)."""
         return {name: getattr(self, name) for name in RUN_SETTINGS}
@@ -88,7 +117,12 @@ class TrainConfig:
 RUN_SETTINGS = ("max_tokens", "gradient_accumulation_steps", "learning_rate", "schedule", "warmup_steps",
                 "warmup_init_lr", "adam_beta1", "adam_beta2", "weight_decay", "clip_norm", "label_smoothing",
                 "mixed_precision", "seed")
-RUN_FILE = "run_settings.json"  # in the run folder: RUN_SETTINGS and the training data's size, from its first start
+RUN_FILE = "run_settings.json"  # in the run folder: RUN_SETTINGS, the model's config, the training data's size
+METRICS_FILE = "metrics.jsonl"  # in the run folder: one JSON record per line, each with the update ("step")
+# model config fields that leave the model's function as it is: where it was loaded from, the library version,
+# the outputs a forward returns (not what RUN_FILE compares)
+MODEL_BOOKKEEPING = ("_name_or_path", "architectures", "transformers_version", "dtype", "torch_dtype", "use_cache",
+                     "output_attentions", "output_hidden_states", "return_dict")
 RESUME_POINT_FILE = "resume_point"  # in a checkpoint saved off the save_every schedule, where a run stopped
 
 
@@ -294,6 +328,45 @@ def checkpoint_step(path):
     return int(Path(path).name.split("-")[1])
 
 
+def run_folder_error(output_dir, resume):
+    """Why a run cannot train into `output_dir` -> the exception to raise, or None: a resumed run needs a checkpoint
+    there (FileNotFoundError), a new one a folder without an earlier run, whose checkpoints and metrics it would mix
+    with its own (FileExistsError)."""
+    output_dir = Path(output_dir)
+    if resume and not checkpoints(output_dir):
+        return FileNotFoundError(f"--resume: no checkpoint under {output_dir / 'checkpoints'}")
+    if not resume and (checkpoints(output_dir) or (output_dir / METRICS_FILE).exists()):
+        return FileExistsError(f"{output_dir} holds an earlier run (checkpoints/, {METRICS_FILE}): continue it with "
+                               "resume (--resume), or train into another output_dir")
+    return None
+
+
+def drop_records_after(metrics_path, step):
+    """Remove from a metrics log the records of updates after `step`, and a last line cut off part-way: what a run
+    stopped after its last checkpoint logged, and its resumed run logs again. The other lines stay as they are."""
+    path = Path(metrics_path)
+    if not path.exists():
+        return
+    lines = path.read_text().splitlines(keepends=True)
+    kept = [line for line in lines if line.endswith("\n") and json.loads(line).get("step", 0) <= step]
+    if kept != lines:
+        partial = path.with_name(f".{path.name}.partial")
+        partial.write_text("".join(kept))
+        os.replace(partial, path)  # a process killed while writing leaves the log whole
+
+
+def model_settings(model):
+    """The fields of a model's config but MODEL_BOOKKEEPING, as JSON values (what RUN_FILE records as "model")."""
+    config = json.loads(model_config(model).to_json_string(use_diff=False))
+    return {key: value for key, value in config.items() if key not in MODEL_BOOKKEEPING}
+
+
+def flat_settings(record):
+    """A RUN_FILE record with each model config field as a setting of its own, named model.<field>."""
+    settings = {key: value for key, value in record.items() if key != "model"}
+    return {**settings, **{f"model.{key}": value for key, value in record.get("model", {}).items()}}
+
+
 def average_checkpoints(paths):
     """Element-wise mean of the model weights of several checkpoints -> {name: tensor}, each in its dtype.
     A tensor equal in every checkpoint (a fixed random projection, frozen positions) is copied unchanged; other
@@ -364,7 +437,7 @@ class Trainer:
         self.state = TrainerState()
         self.accelerator.register_for_checkpointing(self.state)
         self.sampler = TokenBatchSampler(train_dataset["num_tokens"], config.max_tokens, shuffle=True, seed=config.seed)
-        self.metrics_path = self.output_dir / "metrics.jsonl"
+        self.metrics_path = self.output_dir / METRICS_FILE
 
     # -- bookkeeping ------------------------------------------------------------------------------------------
 
@@ -413,11 +486,12 @@ class Trainer:
         return self.output_dir / "checkpoints" / f"step-{self.state.best_step}"
 
     def run_record(self):
-        """RUN_SETTINGS, the processes (each takes its own batches) and the training data's size, and for the cosine
-        schedule its length: what RUN_FILE holds."""
+        """RUN_SETTINGS, the processes (each takes its own batches), the training data's size, the model's config
+        (`model_settings`: its kind and sizes, dropout ...), and for the cosine schedule its length: what RUN_FILE
+        holds."""
         record = {**self.config.run_settings(), "num_processes": self.accelerator.num_processes,
                   "train_examples": len(self.train_dataset),
-                  "train_tokens": int(sum(self.train_dataset["num_tokens"][:]))}
+                  "train_tokens": int(sum(self.train_dataset["num_tokens"][:])), "model": model_settings(self.model)}
         if self.config.schedule == "cosine":  # its decay spans max_steps
             record["max_steps"] = self.config.max_steps
         return record
@@ -425,20 +499,21 @@ class Trainer:
     def start_fresh(self):
         """A new run: its folder must hold no earlier run (whose checkpoints and metrics it would mix with its own);
         records RUN_FILE."""
-        if checkpoints(self.output_dir) or self.metrics_path.exists():
-            raise FileExistsError(f"{self.output_dir} holds an earlier run (checkpoints/, metrics.jsonl): continue it "
-                                  "with resume (--resume), or train into another output_dir")
+        error = run_folder_error(self.output_dir, resume=False)
+        if error is not None:
+            raise error
         self.accelerator.wait_for_everyone()  # every process has looked before the main one writes
         if self.accelerator.is_main_process:
             self.output_dir.mkdir(parents=True, exist_ok=True)
             (self.output_dir / RUN_FILE).write_text(json.dumps(self.run_record(), indent=2) + "\n")
 
     def check_resumed_settings(self):
-        """A resumed run keeps RUN_SETTINGS and its training data (as RUN_FILE recorded them, where it exists)."""
+        """A resumed run keeps RUN_SETTINGS, its model's config and its training data (as RUN_FILE recorded them,
+        where it exists)."""
         path = self.output_dir / RUN_FILE
         if not path.exists():
             return
-        recorded, now = json.loads(path.read_text()), self.run_record()
+        recorded, now = flat_settings(json.loads(path.read_text())), flat_settings(self.run_record())
         changed = {k: (recorded[k], now[k]) for k in now if k in recorded and recorded[k] != now[k]}
         if changed:
             raise ValueError(f"resume: the run in {self.output_dir} was started with other settings or data "
@@ -446,9 +521,12 @@ class Trainer:
                              + "; resume with the same ones, or train into another output_dir")
 
     def resume(self):
+        """Load the last checkpoint (after checking the run's settings) -> its folder. The metrics log loses what the
+        run logged after it (`drop_records_after`): the resumed run logs those updates again."""
+        error = run_folder_error(self.output_dir, resume=True)
+        if error is not None:
+            raise error
         found = checkpoints(self.output_dir)
-        if not found:
-            raise FileNotFoundError(f"--resume: no checkpoint under {self.output_dir / 'checkpoints'}")
         self.check_resumed_settings()
         if self.accelerator.is_main_process:  # what a process killed while saving left
             for partial in (self.output_dir / "checkpoints").glob("partial-step-*"):
@@ -456,6 +534,8 @@ class Trainer:
         self.accelerator.load_state(str(found[-1]))
         self.accelerator.step = self.state.micro_step
         self.check_schedule_position(found[-1])
+        if self.accelerator.is_main_process:
+            drop_records_after(self.metrics_path, self.state.global_step)
         return found[-1]
 
     def check_schedule_position(self, checkpoint):
@@ -532,6 +612,7 @@ class Trainer:
                     self.scale_gradients(self.config.max_tokens * self.accelerator.num_processes / tokens)
                     if self.config.clip_norm > 0:
                         self.accelerator.clip_grad_norm_(self.model.parameters(), self.config.clip_norm)
+                    lr = self.scheduler.get_last_lr()[0]  # this update's (the schedule steps after it)
                 self.optimizer.step()
                 if self.accelerator.sync_gradients and not self.accelerator.optimizer_step_was_skipped:
                     self.scheduler.step()
@@ -539,7 +620,7 @@ class Trainer:
             self.state.batch_in_epoch += 1
             self.state.elapsed_seconds = time.monotonic() - start
             if self.accelerator.sync_gradients:
-                self.after_update(update[0].item() / max(update[1].item(), 1), progress)
+                self.after_update(update[0].item() / max(update[1].item(), 1), progress, lr)
                 update = torch.zeros_like(update)
                 if self.done():
                     return
@@ -565,15 +646,15 @@ class Trainer:
             if p.grad is not None:
                 p.grad.mul_(factor)
 
-    def after_update(self, loss, progress):
+    def after_update(self, loss, progress, lr):
         """Bookkeeping after an update; `loss`: its training loss, the token-level mean over all its micro-batches
-        and processes."""
+        and processes; `lr`: the learning rate it used."""
         s, c = self.state, self.config
         s.global_step += 1
         progress.update(1)
         if s.global_step % c.log_every == 0 or s.global_step == 1:
             record = {"step": s.global_step, "epoch": s.epoch, "loss": loss,
-                      "lr": self.scheduler.get_last_lr()[0], "elapsed": round(s.elapsed_seconds, 1)}
+                      "lr": lr, "elapsed": round(s.elapsed_seconds, 1)}
             progress.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{record['lr']:.2e}")
             self.log(record)
         if c.eval_every and s.global_step % c.eval_every == 0:

@@ -7,6 +7,7 @@ import math
 import os
 from pathlib import Path
 
+from accelerate.utils import set_seed
 from datasets import load_from_disk
 from transformers import AutoTokenizer
 
@@ -23,7 +24,7 @@ from .evaluation import (
     translate,
     window_last_sentences,
 )
-from .loop import Trainer, validation_loss
+from .loop import Trainer, check_range, validation_loss
 from .models import build_model, count_parameters
 from .plot import plot_metrics
 
@@ -155,14 +156,17 @@ def train_run(data_dir, kind, train_config, preset=None, config_file=None, overr
     `test_split`: translated and scored (BLEU, chrF) for an encoder-decoder, its perplexity measured for a causal LM.
     `card`: keyword arguments for talk_hf.training.model_card.write_model_card (languages, license, datasets ...);
     None writes no card. `test_limit`: score only the first N test examples (0: all). `init_from`: a saved model
-    folder whose weights start training (initialise_from).
+    folder whose weights start training (initialise_from). The model is initialised from train_config.seed: the same
+    settings give the same run.
     """
+    check_range("test_limit", test_limit, 0, why=" (0: every test example)")
     output_dir = Path(train_config.output_dir)
     tokenizer = AutoTokenizer.from_pretrained(Path(data_dir) / "tokenizer")
     train, valid = load_prepared(data_dir, train_split), load_prepared(data_dir, valid_split)
     test = load_prepared(data_dir, test_split) if test_split else None  # a missing split fails before training
     if test is not None and document_level:  # what document translation refuses (blank sentences), before training
         checked_documents(split_documents(test)[0], tokenizer)
+    set_seed(train_config.seed)  # the initial weights (the Trainer seeds again for training)
     model = build_model(kind, tokenizer, preset=preset, config_file=config_file, overrides=overrides)
     kept_initialisation = initialise_from(model, init_from) if init_from is not None else None
     is_seq2seq = model.config.is_encoder_decoder

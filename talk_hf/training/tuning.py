@@ -326,10 +326,11 @@ def run_stages(args, out, idents, train, grid_train=None):
     return grid
 
 
-# the columns every results table of final runs has: where the run was best, and what stopped it
+# the columns every results table of final runs has: where the run was best, and what stopped it (a run without
+# patience reports no best update, "-", and ends at its cap)
 STOP_COLUMNS = [
-    ("best update", lambda r: str(r["best_step"])),
-    ("stopped by", lambda r: "patience" if r["stopped_early"] else "cap"),
+    ("best update", lambda r: str(r.get("best_step", "-"))),
+    ("stopped by", lambda r: "patience" if r.get("stopped_early") else "cap"),
     ("final weights", lambda r: r.get("final_weights", "-")),
 ]
 

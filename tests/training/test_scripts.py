@@ -257,15 +257,15 @@ def test_accelerate_launch_two_processes(run, local_hub, tmp_path):  # noqa: F81
     assert result.returncode == 0, result.stderr[-3000:]
     results = json.loads((tmp_path / "ddp" / "eval_results.json").read_text())
     assert results["num_processes"] == 2 and results["steps"] == 3
-    # the schedule counts updates whatever the number of processes (each logged rate: the one after that update)
+    # the schedule counts updates whatever the number of processes (each logged rate: the one that update used)
     logged = [json.loads(line) for line in (tmp_path / "ddp" / "metrics.jsonl").read_text().splitlines()]
     optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=5e-4)
     schedule = inverse_sqrt_schedule(optimizer, warmup_steps=1, warmup_init_lr=1e-7)
     expected = []
     for _ in range(3):
+        expected.append(schedule.get_last_lr()[0])
         optimizer.step()
         schedule.step()
-        expected.append(schedule.get_last_lr()[0])
     assert [r["lr"] for r in logged if "lr" in r] == pytest.approx(expected)
     assert (tmp_path / "ddp" / "model" / "model.safetensors").exists()
     assert sorted(p.name for p in (tmp_path / "ddp" / "checkpoints").iterdir()) == ["step-2", "step-3"]

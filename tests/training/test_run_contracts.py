@@ -1,0 +1,214 @@
+"""What a training run promises: the same settings give the same model, the settings it takes are refused by name
+outside their range, the command line reports a used or empty run folder as a usage error, the metrics log holds the
+learning rate each update used and each update once across a resume, a resume keeps the model's config, and the
+results tables take runs without patience."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+from talk_hf.training.loop import TrainConfig, Trainer, checkpoints
+from talk_hf.training.models import build_model
+from talk_hf.training.run import train_run
+
+from .test_cli_inputs import prepared_folder
+from .test_loop import TINY, data, run  # noqa: F401  (data: a pytest fixture)
+from .test_scripts import FIXTURE, script
+
+
+def records(output_dir):
+    """The records of a run's metrics.jsonl, without their wall-clock time."""
+    lines = (Path(output_dir) / "metrics.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(line).items() if k != "elapsed"} for line in lines]
+
+
+# ------------------------------------------------------------------------------------------ the seed
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    """A data folder written by scripts/preprocess.py from the fixture pairs."""
+    folder = tmp_path_factory.mktemp("prepared") / "data"
+    script("preprocess").main(["--tsv", f"train={FIXTURE}", "--tsv", f"valid={FIXTURE}", "--vocab_size", "200",
+                               "--output_dir", str(folder)])
+    return folder
+
+
+def seeded_run(prepared, output_dir, seed):
+    """train_run of a tiny talk model for 2 updates -> (results without the training time, final weights, metrics)."""
+    config = TrainConfig(output_dir=str(output_dir), max_tokens=512, max_steps=2, warmup_steps=1, log_every=1,
+                         bleu_sentences=0, seed=seed)
+    results = train_run(prepared, "talk", config, overrides=dict(TINY))
+    weights = load_file(str(Path(output_dir) / "model" / "model.safetensors"))
+    return {k: v for k, v in results.items() if k != "train_minutes"}, weights, records(output_dir)
+
+
+def test_the_seed_decides_the_initial_weights(prepared, tmp_path):
+    """Two runs with the same seed give the same model and metrics whatever the random state before them (the first
+    run leaves it elsewhere than it found it); another seed gives another model."""
+    first, again, other = (seeded_run(prepared, tmp_path / name, seed) for name, seed in (("a", 1), ("b", 1), ("c", 2)))
+    assert first[0] == again[0] and first[2] == again[2]
+    assert first[1].keys() == again[1].keys() and all(first[1][k].equal(again[1][k]) for k in first[1])
+    assert not all(first[1][k].equal(other[1][k]) for k in first[1])
+
+
+# ------------------------------------------------------------------------------------------ settings out of range
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(warmup_steps=0), "warmup_steps must be >= 1 with the inverse_sqrt schedule, got 0"),
+    (dict(warmup_steps=-3), "warmup_steps must be >= 1 with the inverse_sqrt schedule, got -3"),
+    (dict(warmup_steps=-1, schedule="cosine"), "warmup_steps must be >= 0 with the cosine schedule, got -1"),
+    (dict(log_every=0), "log_every must be >= 1, got 0"),
+    (dict(gradient_accumulation_steps=0), "gradient_accumulation_steps must be >= 1, got 0"),
+    (dict(max_steps=-1), "max_steps must be >= 0, got -1"),
+    (dict(max_epochs=-1), "max_epochs must be >= 0, got -1"),
+    (dict(max_minutes=-1.0), "max_minutes must be >= 0, got -1.0"),
+    (dict(eval_every=-1), "eval_every must be >= 0, got -1"),
+    (dict(save_every=-2), "save_every must be >= 0, got -2"),
+    (dict(clip_norm=-1.0), "clip_norm must be >= 0, got -1.0"),
+    (dict(bleu_sentences=-3), "bleu_sentences must be >= 0, got -3"),
+    (dict(max_tokens=0), "max_tokens must be >= 1, got 0"),
+    (dict(learning_rate=-1.0), "learning_rate must be > 0, got -1.0"),
+    (dict(learning_rate=math.nan), "learning_rate must be > 0, got nan"),
+    (dict(adam_beta2=1.0), "adam_beta2 must be >= 0 and < 1, got 1.0"),
+])
+def test_settings_out_of_range_are_refused_by_name(bad, message):
+    with pytest.raises(ValueError) as error:
+        TrainConfig(**{"output_dir": "x", "max_steps": 1, **bad})
+    assert str(error.value) == message
+
+
+def test_the_ends_of_the_ranges_are_taken():
+    config = TrainConfig(output_dir="x", max_steps=1, schedule="cosine", warmup_steps=0, eval_every=0, save_every=0,
+                         clip_norm=0.0, bleu_sentences=0, max_epochs=0, max_minutes=0.0)
+    assert config.warmup_steps == 0 and TrainConfig(output_dir="x", max_steps=1, warmup_steps=1).warmup_steps == 1
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--log_every", "0"], "log_every must be >= 1, got 0"),
+    (["--warmup_steps", "0"], "warmup_steps must be >= 1 with the inverse_sqrt schedule"),
+    (["--test_limit", "-1"], "--test_limit must be >= 0 (0: every test example), got -1"),
+])
+def test_train_refuses_settings_out_of_range_with_a_usage_error(flags, message, monkeypatch, tmp_path, capsys):
+    train = script("train")
+    monkeypatch.setattr(train, "train_run", lambda *args, **kwargs: pytest.fail("trained despite a bad flag"))
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(["--data", prepared_folder(tmp_path / "data"), "--model", "talk", "--output_dir",
+                    str(tmp_path / "o"), "--max_steps", "1", *flags])
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_train_run_refuses_a_negative_test_limit_before_training(tmp_path):
+    with pytest.raises(ValueError, match=r"test_limit must be >= 0 \(0: every test example\), got -2"):
+        train_run(tmp_path / "no data", "talk", TrainConfig(output_dir=str(tmp_path / "o"), max_steps=1),
+                  test_limit=-2)
+    assert not (tmp_path / "o").exists()
+
+
+# ------------------------------------------------------------------------------------------ the run folder
+
+
+def test_train_reports_a_used_or_empty_run_folder_as_a_usage_error(monkeypatch, tmp_path, capsys):
+    """A new run into a folder holding another, or --resume where no checkpoint is: said, with no traceback, before
+    anything is built."""
+    train = script("train")
+    trained = []
+    monkeypatch.setattr(train, "train_run", lambda *args, **kwargs: trained.append(args) or {})
+    out = tmp_path / "o"
+    base = ["--data", prepared_folder(tmp_path / "data"), "--model", "talk", "--output_dir", str(out),
+            "--max_steps", "1"]
+    with pytest.raises(SystemExit) as exit_info:
+        train.main([*base, "--resume"])
+    assert exit_info.value.code == 2
+    assert f"--resume: no checkpoint under {out / 'checkpoints'}" in capsys.readouterr().err
+    out.mkdir()
+    (out / "metrics.jsonl").write_text('{"step": 1, "loss": 9.0}\n')
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(base)
+    assert exit_info.value.code == 2
+    assert f"{out} holds an earlier run (checkpoints/, metrics.jsonl): continue it" in capsys.readouterr().err
+    (out / "checkpoints" / "step-1").mkdir(parents=True)
+    train.main([*base, "--resume"])
+    assert len(trained) == 1
+
+
+# ------------------------------------------------------------------------------------------ the metrics log
+
+
+def test_the_logged_learning_rate_is_the_one_each_update_used(data, tmp_path):
+    """Update s of inverse_sqrt with warm-up w uses warmup_init_lr + (peak - warmup_init_lr) * s / w while s < w,
+    then peak * sqrt(w / s) (fairseq's schedule, its first update at s = 1)."""
+    run(data, tmp_path, max_steps=6, gradient_accumulation_steps=2)  # warm-up 2, peak 3e-3
+    logged = {r["step"]: r["lr"] for r in records(tmp_path) if "lr" in r}
+    expected = {s: 1e-7 + (3e-3 - 1e-7) * s / 2 if s < 2 else 3e-3 * math.sqrt(2 / s) for s in range(1, 7)}
+    assert logged.keys() == expected.keys()
+    assert all(logged[s] == pytest.approx(expected[s], rel=1e-9) for s in expected), (logged, expected)
+
+
+class Killed(Exception):
+    """The process ends here."""
+
+
+def test_a_resumed_run_logs_each_update_once(data, tmp_path, monkeypatch):
+    """A run killed at update 3 (its last checkpoint at 2, a last record cut off by the kill), then resumed, leaves
+    the metrics log of an uninterrupted run."""
+    run(data, tmp_path / "a", max_steps=5, save_every=2)
+    after_update = Trainer.after_update
+
+    def killed_at_3(self, *args):
+        after_update(self, *args)
+        if self.state.global_step == 3:
+            raise Killed
+
+    with monkeypatch.context() as patched:
+        patched.setattr(Trainer, "after_update", killed_at_3)
+        with pytest.raises(Killed):
+            run(data, tmp_path / "b", max_steps=5, save_every=2)
+    with open(tmp_path / "b" / "metrics.jsonl", "a") as log:
+        log.write('{"step": 3, "lo')
+    assert [p.name for p in checkpoints(tmp_path / "b")] == ["step-2"]
+    run(data, tmp_path / "b", max_steps=5, save_every=2, resume=True)
+    assert records(tmp_path / "b") == records(tmp_path / "a")
+
+
+# ------------------------------------------------------------------------------------------ the model's config
+
+
+def test_a_resume_keeps_the_models_config(data, tmp_path):
+    """run_settings.json records the model's config: a resume with another dropout is refused by name, the same
+    model resumes."""
+    run(data, tmp_path, max_steps=2)
+    assert json.loads((tmp_path / "run_settings.json").read_text())["model"]["dropout"] == 0.2
+    tokenizer, dataset = data
+    config = TrainConfig(output_dir=str(tmp_path), max_tokens=256, learning_rate=3e-3, warmup_steps=2, log_every=1,
+                         bleu_sentences=0, max_steps=3, resume=True)
+    model = build_model("talk", tokenizer, overrides=dict(TINY, dropout=0.1))
+    with pytest.raises(ValueError, match=r"other settings or data model\.dropout 0\.2 \(now 0\.1\)"):
+        Trainer(model, tokenizer, dataset, dataset.select(range(16)), config).train()
+    assert run(data, tmp_path, max_steps=3, resume=True).state.global_step == 3
+
+
+# ------------------------------------------------------------------------------------------ results tables
+
+
+def test_a_results_runner_tabulates_final_runs_without_patience(monkeypatch, tmp_path):
+    """--patience 0: the final runs report no best update; the table shows "-" and the cap that ended them."""
+    module = script("results_multi30k")
+
+    def train_run_without_patience(data_dir, kind, config, **kwargs):
+        assert config.patience == 0
+        Path(config.output_dir).mkdir(parents=True)
+        (Path(config.output_dir) / "metrics.jsonl").write_text('{"step": 4, "valid_loss": 2.0}\n')
+        return {"model": kind, "parameters": 1e6, "train_minutes": 0.1, "steps": config.max_steps, "valid_loss": 2.0,
+                "learning_rate": config.learning_rate, "warmup_steps": config.warmup_steps, "test_bleu": 1.0,
+                "test_chrf": 2.0}
+
+    monkeypatch.setattr(module, "train_run", train_run_without_patience)
+    tables = module.main(["--output_dir", str(tmp_path), "--rows", "talk", "--stages", "final", "--setting", "1e-3",
+                          "2", "--patience", "0", "--max_steps", "4", "--eval_every", "2"])
+    assert "| talk | 0.001 | 2 | 1.00M | 4 | 0.1 | - | cap | - | 2.000 | 1.00 | 2.00 |" in tables["results.md"]
+    assert (tmp_path / "results.md").read_text().strip() == tables["results.md"]
