@@ -8,25 +8,27 @@ number of tokens, `min_new_tokens = max_new_tokens`):
                `--lm_batch` (at batch 1 a step of either model is mostly its weights and generate()'s own work; with
                more rows the key/value cache that GPT-2 reads at every step grows with each of them).
   translation  TaLK and DynamicConv encoder-decoders vs Marian: greedy and beam-4 translation of `--sentences`
-               sources of 24 tokens in batches of 32, 32 new tokens each.
-  document     RFA-doc vs Marian at document windows (`--windows`): sources and outputs of 24 tokens per sentence,
-               batches of 8, greedy.
+               sources of 24 tokens and </s> in batches of 32, 32 new tokens each.
+  document     RFA-doc vs Marian at document windows (`--windows`): sources (then </s>) and outputs of 24 tokens per
+               sentence, batches of 8, greedy.
   paper        the RFA paper's decoding-speed setting (Peng et al., ICLR 2021, appendix A.3 and Table 3): RFA-doc vs
                Marian with 6+6 layers, d_model 512, 8 heads, FFN 2048; windows of L sentences (`--paper_windows`,
-               the paper's 1, 2, 3, 4, 5, 10, 15) of 20 source and 23 new tokens each, at the paper's batch size for
-               L (1024, 512, 512, 256, 256, 128, 96) times `--batch_scale` (the paper's machine was a server; 1/8
-               suits 2 CPU cores); greedy and beam 4. `--speedup_plot` draws the speed-up against L (the paper's
-               Figure 4). Windows 30 and 60 go past the paper's (batch 48 and 24: the tokens per batch of L = 15).
-               `--ctranslate2 FOLDER` also times the same Marian converted to CTranslate2, the CPU engine for fast
-               transformer decoding (fp32 and int8, the same sources and token counts).
+               the paper's 1, 2, 3, 4, 5, 10, 15) of 20 source (then </s>) and 23 new tokens each, at the paper's
+               batch size for L (1024, 512, 512, 256, 256, 128, 96) times `--batch_scale` (the paper's machine was
+               a server; 1/8 suits 2 CPU cores); greedy and beam 4. `--speedup_plot` draws the speed-up against L
+               (the paper's Figure 4). Windows 30 and 60 go past the paper's (batch 48 and 24: the tokens per batch
+               of L = 15). `--ctranslate2 FOLDER` also times the same Marian converted to CTranslate2, the CPU engine
+               for fast transformer decoding (fp32 and int8, the same sources and token counts).
   streaming    document translation of one document of `--stream_sentences` sentences (20 source and 23 new
                tokens each) with the paper's model size, batch 1, greedy: RFA-doc streaming (its decoder state
                carried across the document, `translate_document_streaming`) against sliding windows of
                `--stream_window` sentences (`translate_documents`: the forced prefix re-run for every sentence) with
                RFA-doc and with Marian; tokens/s over the first and over the last tenth of the document show whether
                a token's cost grows with the document.
-Reported: new tokens per second (median of `--repeats` runs), the ratio talk_hf / transformers, and the bytes of
-the decoding cache at the end of generation.
+Every translation source ends with </s>, as Marian's tokenizer (and talk_hf's) ends it: each model, CTranslate2's
+included, reads the same source tokens. Reported: new tokens per second (median of `--repeats` runs; each streaming
+figure the median of its own over the runs), the ratio talk_hf / transformers, and the bytes of the decoding cache at
+the end of generation. On a GPU each timed run ends with torch.cuda.synchronize().
 
 With `--compile`, every greedy row is run a second time with both models compiled the way transformers compiles a
 decoding step (`cache_implementation="static"` and a `CompileConfig`: CUDA graphs on a GPU, inductor code on a
@@ -39,6 +41,7 @@ the longer ones in one plot).
 """
 
 import argparse
+import hashlib
 import importlib.util
 import json
 import statistics
@@ -81,6 +84,7 @@ LONGER_BATCH = {30: 48, 60: 24}
 PAPER_SIZE = dict(d_model=512, layers=6, heads=8, ffn=2048)
 PAPER_SOURCE, PAPER_TARGET = 20, 23  # tokens per sentence
 IDS = dict(vocab_size=VOCAB, pad_token_id=1, bos_token_id=0, eos_token_id=2)
+EOS = IDS["eos_token_id"]
 SEQ2SEQ = dict(d_model=D, encoder_layers=LAYERS, decoder_layers=LAYERS, encoder_ffn_dim=4 * D, decoder_ffn_dim=4 * D,
                decoder_attention_heads=HEADS, dropout=0.0, decoder_start_token_id=2, **IDS)
 
@@ -145,6 +149,12 @@ def cache_bytes(cache):
     return total
 
 
+def synchronize(device):
+    """Wait for the device's queued work (CUDA kernels run asynchronously): a clock read after this sees it done."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 @torch.no_grad()
 def timed_generate(model, batches, new_tokens, repeats, **kwargs):
     """(median over `repeats` of new tokens per second over all `batches` (input dicts), cache bytes at the end of
@@ -160,9 +170,11 @@ def timed_generate(model, batches, new_tokens, repeats, **kwargs):
     rows = sum(inputs["input_ids"].shape[0] for inputs in batches)
     times = []
     for _ in range(repeats):
+        synchronize(model.device)
         start = time.perf_counter()
         for a in args:
             model.generate(**a)
+        synchronize(model.device)
         times.append(time.perf_counter() - start)
     return rows * new_tokens / statistics.median(times), cache_bytes(getattr(out, CACHE_NAME))
 
@@ -196,8 +208,13 @@ def compare(name, kind, batches, new_tokens, repeats, talk, base, compiled=False
     return row
 
 
-def source(batch, length, device, generator):
-    ids = torch.randint(5, VOCAB, (batch, length), generator=generator).to(device)
+def source(batch, length, device, generator, eos=True):
+    """`batch` random rows of `length` word tokens, then </s> (a translation source, ended as Marian's tokenizer
+    ends it and as CTranslate2 reads it); eos=False: a language-model prompt, the words alone."""
+    ids = torch.randint(5, VOCAB, (batch, length), generator=generator)
+    if eos:
+        ids = torch.cat([ids, torch.full((batch, 1), EOS)], dim=1)
+    ids = ids.to(device)
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
 
 
@@ -209,7 +226,7 @@ def run(args):
     talk, base = (m.to(device) for m in models("lm"))
     for batch in args.lm_batch if "lm" in args.rows else ():
         for n in args.lm_tokens:
-            prompt = [source(batch, 16, device, g)]
+            prompt = [source(batch, 16, device, g, eos=False)]
             for compiled in variants:
                 rows.append(compare(f"LM {n} new tokens, batch {batch} (TaLK LM vs GPT-2)", "lm", prompt, n,
                                     args.repeats, talk, base, compiled))
@@ -233,24 +250,49 @@ def run(args):
     return rows
 
 
+def model_fingerprint(model):
+    """SHA-256 of a model's config and weights (hex): the same for the same model, different for other weights.
+    The config's entries that `save_pretrained` fills in (architectures, dtype, ...) are left out: the tensors'
+    dtypes and shapes are hashed with them."""
+    config = {k: v for k, v in model.config.to_dict().items()
+              if k not in ("architectures", "_name_or_path", "transformers_version", "dtype", "torch_dtype")}
+    digest = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode())
+    for name, tensor in model.state_dict().items():
+        digest.update(f"{name} {tensor.dtype} {tuple(tensor.shape)}".encode())
+        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
 def ctranslate2_translator(marian, folder, compute_type):
     """The benchmark's Marian converted by CTranslate2's own converter (`TransformersConverter`, with the word
-    tokenizer's vocabulary, <pad> last: one output row fewer) and loaded on the CPU with torch's thread count."""
+    tokenizer's vocabulary, <pad> last: one output row fewer) into FOLDER/ct2-<compute_type>, and loaded on the CPU
+    with torch's thread count. A conversion already there is reused only when the fingerprint saved beside it
+    (FOLDER/ct2-<compute_type>.sha256, `model_fingerprint`) is this model's: one of an earlier run's other weights is
+    converted again. marian None: load the conversion already in FOLDER."""
     import ctranslate2
 
-    hf_folder, ct2_folder = Path(folder) / "marian", Path(folder) / f"ct2-{compute_type}"
-    if not ct2_folder.exists():
-        marian.save_pretrained(hf_folder)
-        word_tokenizer(pad_last=True).save_pretrained(hf_folder)
-        ctranslate2.converters.TransformersConverter(str(hf_folder)).convert(
-            str(ct2_folder), quantization=None if compute_type == "float32" else compute_type)
+    folder = Path(folder)
+    hf_folder, ct2_folder = folder / "marian", folder / f"ct2-{compute_type}"
+    stamp = folder / f"ct2-{compute_type}.sha256"
+    if marian is not None:
+        fingerprint = model_fingerprint(marian)
+        if not (ct2_folder.exists() and stamp.exists() and stamp.read_text() == fingerprint):
+            stamp.unlink(missing_ok=True)  # no stamp until the new conversion is complete
+            marian.save_pretrained(hf_folder)
+            word_tokenizer(pad_last=True).save_pretrained(hf_folder)
+            ctranslate2.converters.TransformersConverter(str(hf_folder)).convert(
+                str(ct2_folder), quantization=None if compute_type == "float32" else compute_type, force=True)
+            stamp.write_text(fingerprint)
+    elif not stamp.exists():
+        raise FileNotFoundError(f"no complete CTranslate2 conversion in {ct2_folder}")
     return ctranslate2.Translator(str(ct2_folder), device="cpu", compute_type=compute_type, inter_threads=1,
                                   intra_threads=torch.get_num_threads())
 
 
 def ctranslate2_tokens_per_s(translator, inputs, new_tokens, repeats, num_beams):
-    """New tokens per second of CTranslate2 on the same sources (as tokens), exactly `new_tokens` each (median)."""
-    sources = [[f"w{i}" for i in row] + ["</s>"] for row in inputs["input_ids"].tolist()]
+    """New tokens per second of CTranslate2 on the same sources (as tokens, </s> included), exactly `new_tokens`
+    each (median)."""
+    sources = ctranslate2_sources(inputs)
     kwargs = dict(beam_size=num_beams, min_decoding_length=new_tokens, max_decoding_length=new_tokens,
                   max_batch_size=len(sources))
     translator.translate_batch(sources, **kwargs)  # warm-up
@@ -260,6 +302,14 @@ def ctranslate2_tokens_per_s(translator, inputs, new_tokens, repeats, num_beams)
         translator.translate_batch(sources, **kwargs)
         times.append(time.perf_counter() - start)
     return len(sources) * new_tokens / statistics.median(times)
+
+
+def ctranslate2_sources(inputs):
+    """The rows of `inputs` (a `source` dict) as CTranslate2 tokens: the same tokens, </s> ending each."""
+    sources = [["</s>" if i == EOS else f"w{i}" for i in row] for row in inputs["input_ids"].tolist()]
+    if any(row[-1] != "</s>" for row in sources):
+        raise ValueError("a translation source must end with </s> (source(..., eos=True))")
+    return sources
 
 
 def paper_rows(args, device, generator, variants):
@@ -322,12 +372,14 @@ def streaming_rows(args, device, generator):
     rows = []
     for name, model, run_document in runs:
         run_document(document[:2])  # warm-up
-        seconds = _sentence_times(model, lambda: run_document(document))
-        first, last = sum(seconds[:tenth]), sum(seconds[-tenth:])
+        runs_seconds = [_sentence_times(model, lambda: run_document(document)) for _ in range(args.repeats)]
         row = {"row": f"{name}, {len(document)} sentences", "kind": "streaming", "sentences": len(document),
-               "tokens_per_s": len(document) * PAPER_TARGET / sum(seconds),
-               "first_tenth_tokens_per_s": tenth * PAPER_TARGET / first,
-               "last_tenth_tokens_per_s": tenth * PAPER_TARGET / last}
+               "repeats": len(runs_seconds),  # each figure: its median over the runs
+               "tokens_per_s": statistics.median(len(document) * PAPER_TARGET / sum(s) for s in runs_seconds),
+               "first_tenth_tokens_per_s": statistics.median(tenth * PAPER_TARGET / sum(s[:tenth])
+                                                             for s in runs_seconds),
+               "last_tenth_tokens_per_s": statistics.median(tenth * PAPER_TARGET / sum(s[-tenth:])
+                                                            for s in runs_seconds)}
         print(f"{row['row']}: {row['tokens_per_s']:.0f} tokens/s (first tenth {row['first_tenth_tokens_per_s']:.0f}, "
               f"last tenth {row['last_tenth_tokens_per_s']:.0f})", flush=True)
         rows.append(row)
@@ -336,12 +388,14 @@ def streaming_rows(args, device, generator):
 
 def _sentence_times(model, run):
     """Run `run()` and return the seconds of each `model.generate` call it made (one per sentence of a single
-    document, streaming or sliding)."""
+    document, streaming or sliding), the device synchronized before each clock read."""
     seconds, generate = [], model.generate
 
     def timed_generate(*args, **kwargs):
+        synchronize(model.device)
         start = time.perf_counter()
         out = generate(*args, **kwargs)
+        synchronize(model.device)
         seconds.append(time.perf_counter() - start)
         return out
 
@@ -444,7 +498,7 @@ def main(argv=None):
     parser.add_argument("--speedup_plot", default=None, help="PNG path for the paper rows' speed-up against L")
     parser.add_argument("--stream_sentences", type=int, default=200, help="sentences of the streaming row's document")
     parser.add_argument("--stream_window", type=int, default=4, help="the sliding windows' length in the streaming row")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs of each row (the median is reported)")
     parser.add_argument("--compile", action="store_true", help="also run the greedy rows with compiled decoding")
     parser.add_argument("--output", default=None)
     parser.add_argument("--plot", default=None, help="PNG path for a plot of the rows")

@@ -7,10 +7,12 @@ DropConnect 0.1 drawn inside the op, against softmax + cast + F.dropout + op), c
 decay gate (compiled, and its pure-PyTorch chunked form; F = 64 random features per head, values from x; on CUDA in
 fp32 also the chunked kernels' tensor-core (TF32) products, which `rfa_causal` does not choose, against its exact
 fp32 products), and
-torch.nn.functional.scaled_dot_product_attention, forward and forward+backward; plus two copies of the input, the
-memory floor of a one-pass op: `x.clone()` (allocates its output, as every op here does; on CPU a large fresh
-allocation pays its page faults) and `out.copy_(x)` into a buffer allocated once (the bandwidth floor alone). Median
-of timed iterations after warm-up (CUDA events on GPU).
+torch.nn.functional.scaled_dot_product_attention, forward and forward+backward (in which every input that has a
+gradient in training requires one: x, TaLK's offsets, DynamicConv's weights, RFA's q/k features and decay, so that
+each op and its baseline do the same backward work); plus two copies of the input, the memory floor of a one-pass
+op: `x.clone()` (allocates its output, as every op here does; on CPU a large fresh allocation pays its page faults)
+and `out.copy_(x)` into a buffer allocated once (the bandwidth floor alone). Median of timed iterations after warm-up
+(CUDA events on GPU).
 
     python benchmarks/benchmark_ops.py --device cpu --batch 4 --channels 512 --heads 8 --lengths 256 1024 4096
     # CPU, steady-state allocations (freed memory stays mapped, as in a training loop: no first-touch page faults)
@@ -44,21 +46,33 @@ def interleaved_ratio(fn, baseline, device, pairs):
 
 
 def cases(x, heads, max_offset):
-    """name -> callable(requires_grad) returning the output of one forward."""
+    """name -> callable() returning the output of one forward.
+
+    With x.requires_grad (the forward+backward cases) every input that has a gradient in training requires one too,
+    so that each op and its baseline do the same backward work: TaLK's offsets, DynamicConv's weights (or logits),
+    RFA's q/k features and decay gate (the compiled kernel's backward computes them all whatever is asked), and SDPA's
+    q, k, v (views of x). Without it (the forward-only cases) no input does."""
     B, T, C = x.shape
+    grad = x.requires_grad
+
+    def leaf(t):  # a fresh leaf that requires a gradient in the fwd+bwd cases (a dense copy of an expanded view)
+        return t.detach().clone().requires_grad_() if grad else t
+
     g = torch.Generator(device="cpu").manual_seed(0)
-    ol = torch.rand(B, T, heads, generator=g).to(x)
-    orr = torch.rand(B, T, heads, generator=g).to(x)
-    w3 = torch.rand(B, T, heads, 3, generator=g).softmax(-1).to(x)
-    w31 = torch.rand(B, T, heads, 31, generator=g).softmax(-1).to(x)
-    l31 = torch.randn(B, T, heads, 31, generator=g).to(x).requires_grad_(x.requires_grad)  # kernel logits
+    ol = leaf(torch.rand(B, T, heads, generator=g).to(x))
+    orr = leaf(torch.rand(B, T, heads, generator=g).to(x))
+    w3 = leaf(torch.rand(B, T, heads, 3, generator=g).softmax(-1).to(x))
+    w31 = leaf(torch.rand(B, T, heads, 31, generator=g).softmax(-1).to(x))
+    l31 = leaf(torch.randn(B, T, heads, 31, generator=g).to(x))  # kernel logits
 
     def qkv():
         return x.view(B, T, heads, C // heads).transpose(1, 2)
 
     proj = ops.rfa_random_projection(heads, 32, C // heads, generator=g).to(x.device)
-    phi = ops.rfa_feature_map(torch.randn(B, T, heads, C // heads, generator=g).to(x.device), proj)
-    decay = torch.where(torch.rand(B, T, 1, generator=g) < 0.05, 0.9, 1.0).expand(B, T, heads).to(phi)
+    # q and k features (one tensor for both; with grad, autograd and the kernel compute both gradients), and the
+    # (B, T, H) decay of the gate: in training they come from the q/k projections and the gate projection
+    phi = leaf(ops.rfa_feature_map(torch.randn(B, T, heads, C // heads, generator=g).to(x.device), proj))
+    decay = leaf(torch.where(torch.rand(B, T, 1, generator=g) < 0.05, 0.9, 1.0).expand(B, T, heads).to(phi))
 
     fns = {
         "talk": lambda: ops.talk_conv(x, ol, orr, max_offset, max_offset),
@@ -95,7 +109,7 @@ def measure(args, T):
         if name == "sdpa" and T > args.max_sdpa_length:
             continue
         row[f"{name}_fwd_ms"] = 1e3 * median_seconds(fn, device, args.warmup, args.iters, args.budget)
-        if device == "cuda":  # memory the forward allocates beyond its inputs, at its peak
+        if torch.device(device).type == "cuda":  # memory the forward allocates beyond its inputs, at its peak
             torch.cuda.synchronize()
             before = torch.cuda.memory_allocated()
             torch.cuda.reset_peak_memory_stats()

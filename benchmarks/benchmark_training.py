@@ -1,11 +1,15 @@
 """Training throughput: talk_hf encoder-decoders vs the same-size transformers Marian and BART, in one process.
 
 Each row is forward + backward, the median of timed steps after warm-up (CUDA events on GPU), in tokens/s:
-  - layer rows: one encoder layer (token mixer + feed-forward, with its residuals and norms) on a
-    (batch, n, d_model) input at each --lengths n: TaLK, DynamicConv, LightConv vs Marian's self-attention layer
-    (transformers' SDPA attention), tokens = batch * n;
+  - layer rows: the LAST encoder layer (token mixer + feed-forward, with its residuals and norms; the widest window:
+    DynamicConv's and LightConv's largest kernel K, TaLK's largest offsets, named in the row and saved as
+    <kind>_kernel_size / talk_max_offsets) on a (batch, n, d_model) input at each --lengths n: TaLK, DynamicConv,
+    LightConv vs Marian's self-attention layer (transformers' SDPA attention), tokens = batch * n, the input's
+    gradient included; on CUDA <kind>_step_peak_MB is the memory a step allocates beyond the layer's weights and its
+    input, at its peak (only the measured layer on the device, no gradients left from earlier steps);
   - model rows: a whole training step (forward with labels, backward, AdamW step) on --batch pairs of --length
-    source and target tokens: tokens = target tokens.
+    source and target tokens: tokens = target tokens; on CUDA <kind>_peak_MB is the step's peak allocation, the
+    model's weights, gradients and optimizer state included (only that model on the device).
 Ratios are against Marian's time in the same run. --amp bf16 runs under torch.autocast (the GPU setting);
 CPU rows are fp32.
 
@@ -55,9 +59,11 @@ def peak_memory_mb(device):
 
 
 def layer_step(layer, x, args, device):
-    """forward + backward of one encoder layer (no mask: every position is a real token)."""
+    """forward + backward of one encoder layer (no mask: every position is a real token), the gradients of its
+    parameters and of x fresh (none accumulated from an earlier step)."""
     def step():
         layer.zero_grad(set_to_none=True)
+        x.grad = None
         with autocast(args, device):
             out = layer(x, attention_mask=None)
         out = out[0] if isinstance(out, tuple) else out
@@ -76,18 +82,54 @@ def model_step(model, batch, optimizer, args, device):
     return step
 
 
+def step_peak_mb(step, layer, x, device):
+    """CUDA memory one `step()` allocates beyond what is allocated before it (the layer's weights and x; its
+    gradients and x's cleared first), at its peak, in MB; None off CUDA."""
+    if device.type != "cuda":
+        return None
+    layer.zero_grad(set_to_none=True)
+    x.grad = None
+    torch.cuda.synchronize(device)
+    before = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    step()
+    torch.cuda.synchronize(device)
+    return (torch.cuda.max_memory_allocated(device) - before) / 2**20
+
+
+def last_encoder_layer(kind, args):
+    """The last encoder layer of a fresh `kind` model, on the CPU, and what sets its window: {"kernel_size": K} for
+    DynamicConv and LightConv, {"max_offsets": [left, right]} for TaLK, {} for Marian."""
+    layer = build(kind, args).get_encoder().layers[-1]
+    mixer = getattr(layer, "mixer", None)
+    if kind == "talk":
+        return layer, {"max_offsets": [mixer.max_left, mixer.max_right]}
+    if kind in ("dynamic_conv", "lightconv"):
+        return layer, {"kernel_size": mixer.kernel_size}
+    return layer, {}
+
+
 def layer_rows(args, device, generator):
     rows = []
-    layers = {kind: build(kind, args).get_encoder().layers[0].to(device).train() for kind in KINDS if kind != "bart"}
+    built = {kind: last_encoder_layer(kind, args) for kind in KINDS if kind != "bart"}
+    layers = {kind: layer.train() for kind, (layer, _) in built.items()}
+    windows = {f"{kind}_{name}": value for kind, (_, window) in built.items() for name, value in window.items()}
+    offsets = "/".join(map(str, windows["talk_max_offsets"]))
+    label = (f"encoder layer {args.layers} of {args.layers} (TaLK max offsets {offsets}, "
+             f"DynamicConv K={windows['dynamic_conv_kernel_size']}, LightConv K={windows['lightconv_kernel_size']})")
     for n in args.lengths:
         x = torch.randn(args.batch, n, args.d_model, generator=generator).to(device).requires_grad_()
-        row = {"row": f"encoder layer, n={n}", "kind": "layer", "n": n, "tokens": args.batch * n}
+        row = {"row": f"{label}, n={n}", "kind": "layer", "n": n, "tokens": args.batch * n, "layer": args.layers - 1,
+               **windows}
         for kind, layer in layers.items():
-            if device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(device)
-            seconds = median_seconds(layer_step(layer, x, args, device), device, args.warmup, args.iters)
+            layer.to(device)  # only the measured layer's weights (and gradients) on the device
+            step = layer_step(layer, x, args, device)
+            seconds = median_seconds(step, device, args.warmup, args.iters)
             row[f"{kind}_tokens_per_s"] = row["tokens"] / seconds
-            row[f"{kind}_peak_MB"] = peak_memory_mb(device)
+            row[f"{kind}_step_peak_MB"] = step_peak_mb(step, layer, x, device)
+            layer.zero_grad(set_to_none=True)
+            x.grad = None
+            layer.to("cpu")
         rows.append(with_ratios(row, [k for k in layers if k != "marian"]))
     return rows
 

@@ -26,7 +26,8 @@ and the bound on RFA-doc's speed-up is Marian's floor over RFA-doc's. It leaves 
 neither needs (softmax, layer norms, generate()'s own work): a measured speed-up can come out above the bound when
 Marian spends more than its floor.
 
-    python benchmarks/decoding_bound.py --batch_scale 0.25 --windows 1 4 15 30 60
+    python benchmarks/decoding_bound.py --batch_scale 0.25 --windows 1 4 15 30 60 --output bound.json
+Prints a markdown table; writes --output (JSON) when given.
 """
 
 import argparse
@@ -136,7 +137,7 @@ def main(argv=None):
     parser.add_argument("--batch_scale", type=float, default=0.25, help="the paper's batch sizes times this")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--bandwidth_mb", type=int, default=512, help="buffer of the bandwidth measurement (MB)")
-    parser.add_argument("--output", default="decoding_bound.json")
+    parser.add_argument("--output", default=None, help="JSON path for the rows (none: the table only)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -148,7 +149,8 @@ def main(argv=None):
         rows.append(bound_row(window, batch, weights_seconds(marian, batch), bandwidth, feature_seconds(rfa, batch),
                               rfa.config))
     print(table(rows, bandwidth))
-    save_results(args.output, environment("cpu", args), rows)
+    if args.output:
+        save_results(args.output, environment("cpu", args), rows)
     return rows
 
 
