@@ -48,7 +48,8 @@ def accumulation_dtype(*dtypes):
 
 def exact_products(device):
     """A context in which autocast leaves the products on `device` in their operands' dtype (the accumulation dtype
-    of the ops), as the compiled kernels compute them; autocast would hand back bf16 or fp16 products."""
-    if torch.amp.is_autocast_available(device.type):
+    of the ops), as the compiled kernels compute them; autocast would hand back bf16 or fp16 products. Outside an
+    autocast region, a context that does nothing (cheaper to enter: decoding steps call this per layer)."""
+    if torch.amp.is_autocast_available(device.type) and torch.is_autocast_enabled(device.type):
         return torch.autocast(device.type, enabled=False)
     return contextlib.nullcontext()

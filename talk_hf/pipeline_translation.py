@@ -18,6 +18,7 @@ import warnings
 
 import torch
 from transformers import AutoModelForSeq2SeqLM, Pipeline
+from transformers.generation import GenerateBeamDecoderOnlyOutput, GenerateBeamEncoderDecoderOutput
 from transformers.pipelines import PIPELINE_REGISTRY, REMOVED_TASKS
 from transformers.utils import ModelOutput
 
@@ -69,9 +70,10 @@ class Text2TextPipeline(Pipeline):
     return_tensors (token ids under "<return_name>_token_ids"); return_text (default: not return_tensors);
     clean_up_tokenization_spaces (for decoding; default: the tokenizer's); generate_kwargs (a dict); any other keyword
     goes to `model.generate` (num_beams, max_new_tokens, num_return_sequences, ...). With return_dict_in_generate
-    (passed or in the model's generation config), each record also holds its sequence's own outputs: those with one
-    row per sequence (sequences_scores, beam_indices) and the per-step ones (scores, logits) stacked over the steps;
-    the encoder's and per-layer outputs are not per sequence and are left out."""
+    (passed or in the model's generation config), each record also holds its sequence's own outputs: under beam
+    search sequences_scores and beam_indices (the per-step scores and logits belong to the beams of each step, not to
+    a returned sequence: `model.compute_transition_scores` maps them), otherwise the per-step scores and logits
+    stacked over the steps; the encoder's and per-layer outputs are left out."""
 
     _load_processor = False
     _load_image_processor = False
@@ -119,10 +121,10 @@ class Text2TextPipeline(Pipeline):
 
     def _encode(self, encode, truncation):
         """encode(truncation=..., max_length=...) -> the model inputs, cut as `truncation` says (class docstring)."""
-        inputs = encode(truncation=bool(truncation))
+        inputs = encode(truncation=False if truncation is None else truncation)
         limit, length = position_limits(self.model.config)[0], inputs["input_ids"].shape[-1]
         if truncation is None and limit is not None and length > limit:
-            warnings.warn(f"a source of {length} tokens is cut to the model's {limit} positions; pass truncation=False "
+            warnings.warn(f"a source longer than the model's {limit} positions is cut to them; pass truncation=False "
                           "to keep it whole (for a model that takes it) or translate shorter parts", UserWarning,
                           stacklevel=2)
             inputs = encode(truncation=True, max_length=limit)
@@ -138,8 +140,7 @@ class Text2TextPipeline(Pipeline):
         inputs = model_inputs["input_ids"].shape[0]
         if not isinstance(output, ModelOutput):
             return {"output_ids": per_input(output, inputs)}
-        rows = output.sequences.shape[0]
-        outputs = {key: per_input(value, inputs) for key, value in sequence_outputs(output, rows).items()}
+        outputs = {key: per_input(value, inputs) for key, value in sequence_outputs(output).items()}
         return {"output_ids": per_input(output.sequences, inputs), **outputs}  # top-level tensors: batches split
 
     def _with_task_settings(self, generate_kwargs):
@@ -184,17 +185,13 @@ def per_input(tensor, inputs):
     return tensor.reshape(inputs, tensor.shape[0] // inputs, *tensor.shape[1:])
 
 
-def sequence_outputs(output, rows):
-    """generate()'s dict output -> its outputs with one row per sequence (`rows` sequences): tensors of `rows` rows
-    (sequences_scores, beam_indices), and per-step tuples of such tensors (scores, logits) stacked to
-    (rows, steps, ...)."""
-    kept = {}
-    for key, value in output.items():
-        if isinstance(value, tuple) and value and all(isinstance(v, torch.Tensor) and len(v) == rows for v in value):
-            value = torch.stack(value, dim=1)
-        if isinstance(value, torch.Tensor) and key != "sequences" and value.dim() and len(value) == rows:
-            kept[key] = value
-    return kept
+def sequence_outputs(output):
+    """generate()'s dict output -> the outputs it holds one row of per returned sequence: under beam search
+    sequences_scores and beam_indices; otherwise scores and logits, each a tuple of per-step (sequences, vocabulary)
+    tensors, stacked to (sequences, steps, vocabulary)."""
+    if isinstance(output, (GenerateBeamEncoderDecoderOutput, GenerateBeamDecoderOnlyOutput)):
+        return {key: output[key] for key in ("sequences_scores", "beam_indices") if output.get(key) is not None}
+    return {key: torch.stack(output[key], dim=1) for key in ("scores", "logits") if output.get(key) is not None}
 
 
 def unbatched(value):

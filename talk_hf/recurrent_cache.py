@@ -186,8 +186,7 @@ class RecurrentLayer(LinearAttentionAndFullAttentionLayer):
         self.cumulative_length, self.real_tokens = _thawed(self.cumulative_length), _thawed(self.real_tokens)
         self.cumulative_length.add_(length)
         self.real_tokens.add_(length if new_mask is None else new_mask.long().sum(-1))
-        if not self.counting:
-            self.counting = True
+        self.counting = True
 
     def _start_counting(self, batch, device):
         """Make the token counters for `batch` rows, unless they exist; a reset layer takes a batch of any size."""

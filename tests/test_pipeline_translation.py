@@ -233,9 +233,9 @@ def test_a_source_past_the_models_positions_is_cut_to_them_with_a_warning(tokeni
                                        eos_token_id=2, decoder_start_token_id=2)).eval()
     calls = recording(model)
     long = " ".join(SENTENCES[:3])
-    length = len(tokenizer(long)["input_ids"])
+    assert len(tokenizer(long)["input_ids"]) > 12
     translator = pipeline("translation", model=model, tokenizer=tokenizer)
-    with pytest.warns(UserWarning, match=f"source of {length} tokens is cut to the model's 12 positions"):
+    with pytest.warns(UserWarning, match="a source longer than the model's 12 positions is cut to them"):
         translator(long, **SHORT)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -246,18 +246,42 @@ def test_a_source_past_the_models_positions_is_cut_to_them_with_a_warning(tokeni
 
 def test_generate_outputs_as_a_dict_give_the_same_translations_and_their_scores(tokenizer):
     """return_dict_in_generate=True (passed, or in the model's generation config): the translations are the
-    sequences', and each record carries its sequence's per-sequence outputs (scores stacked over the steps)."""
+    sequences', and each record carries its own sequence's outputs: under beam search sequences_scores and
+    beam_indices, otherwise the per-step scores; the encoder's outputs are left out."""
     model = tiny(tokenizer)
     translator = pipeline("translation", model=model, tokenizer=tokenizer)
-    plain = translator(SENTENCES[:2], num_beams=2, num_return_sequences=2, **SHORT)
-    scored = translator(SENTENCES[:2], num_beams=2, num_return_sequences=2, return_dict_in_generate=True,
-                        output_scores=True, batch_size=2, **SHORT)
+    beams = dict(num_beams=3, num_return_sequences=2, **SHORT)
+    plain = translator(SENTENCES[:2], **beams)
+    scored = translator(SENTENCES[:2], return_dict_in_generate=True, output_scores=True, batch_size=2, **beams)
     assert [[r["translation_text"] for r in rows] for rows in scored] == [
         [r["translation_text"] for r in rows] for rows in plain]
-    out = model.generate(**tokenizer(SENTENCES[:1], return_tensors="pt"), num_beams=2, num_return_sequences=2,
-                         return_dict_in_generate=True, output_scores=True, **SHORT)
+    out = model.generate(**tokenizer(SENTENCES[:1], return_tensors="pt"), return_dict_in_generate=True,
+                         output_scores=True, **beams)
     for i, record in enumerate(scored[0]):
+        assert set(record) == {"translation_text", "sequences_scores", "beam_indices"}
         assert torch.allclose(record["sequences_scores"], out.sequences_scores[i])
-        assert record["scores"].shape == (len(out.scores), len(tokenizer))
+        assert torch.equal(record["beam_indices"], out.beam_indices[i])
+    [greedy] = translator(SENTENCES[0], return_dict_in_generate=True, output_scores=True, output_hidden_states=True,
+                          **SHORT)
+    out = model.generate(**tokenizer(SENTENCES[:1], return_tensors="pt"), return_dict_in_generate=True,
+                         output_scores=True, **SHORT)
+    assert set(greedy) == {"translation_text", "scores"}
+    assert torch.equal(greedy["scores"], torch.stack(out.scores, dim=1)[0])
     model.generation_config.return_dict_in_generate = True
     assert translator(SENTENCES[0], **SHORT) == translator(SENTENCES[0], return_dict_in_generate=False, **SHORT)
+
+
+def test_truncation_takes_the_tokenizers_strategies(tokenizer):
+    """truncation="do_not_truncate" (transformers 4's documented value) keeps the source whole, as False does."""
+    from transformers.tokenization_utils_base import TruncationStrategy
+
+    model = tiny(tokenizer)
+    calls = recording(model)
+    short = copy.deepcopy(tokenizer)
+    short.model_max_length = 8
+    long = " ".join(SENTENCES[:3])
+    translator = pipeline("translation", model=model, tokenizer=short)
+    for truncation in ("do_not_truncate", TruncationStrategy.DO_NOT_TRUNCATE, False, "longest_first", True):
+        translator(long, truncation=truncation, **SHORT)
+    length = len(tokenizer(long)["input_ids"])
+    assert [ids.shape[-1] for ids, _ in calls] == [length] * 3 + [8] * 2
