@@ -648,20 +648,34 @@ BAD_CONFIGS = [
     ("rfa_doc", dict(gate_bias_init=float("nan")), "gate_bias_init must be a finite number"),
     ("rfa_doc", dict(random_feature_seed=2**64), "random_feature_seed must be an int in"),
     ("rfa_doc", dict(encoder_vocab_size=1, tie_encoder_embeddings=False), "outside the source vocabulary"),
+    ("rfa_doc", dict(position_offset=-1), "position_offset must be >= 0"),
     ("talk_lm", dict(decoder_max_offsets=[1]), "decoder_max_offsets has 1 entries"),
+    ("talk_lm", dict(label_smoothing=1.0), "label_smoothing must be a probability"),
+    ("talk_lm", dict(decoder_heads=3), "conv_dim=16 must be divisible by decoder_heads=3"),
     ("dynamic_conv_lm", dict(weight_dropout=2.0), "weight_dropout"),
+    ("dynamic_conv_lm", dict(vocab_size=0), "vocab_size must be a positive int"),
 ]
 
 
 @pytest.mark.parametrize("name,overrides,match", BAD_CONFIGS)
 def test_config_validation_names_the_field(name, overrides, match, tmp_path):
-    """Whether the bad value is given to the config or as an override when a saved one is loaded."""
+    """Whether the bad value is given to the config, as an override when a saved one is loaded, or set on a built
+    config that is then saved: `validate()`, which `save_pretrained` calls before it writes config.json (as for
+    LlamaConfig's head check), refuses it with the ValueError naming the field as the strict error's cause."""
+    from huggingface_hub.errors import StrictDataclassClassValidationError
+
     config_class, _, _, kwargs = ALL[name]
     with pytest.raises(ValueError, match=match):
         config_class(**{**kwargs, **overrides})
-    config_class(**kwargs).save_pretrained(tmp_path)
+    config_class(**kwargs).save_pretrained(tmp_path / "good")
     with pytest.raises(ValueError, match=match):
-        config_class.from_pretrained(tmp_path, **overrides)
+        config_class.from_pretrained(tmp_path / "good", **overrides)
+    config = config_class(**kwargs)
+    config.update(overrides)
+    with pytest.raises(StrictDataclassClassValidationError, match=match) as error:
+        config.save_pretrained(tmp_path / "changed")
+    assert isinstance(error.value.__cause__, ValueError)
+    assert not (tmp_path / "changed" / "config.json").exists()
 
 
 def test_presets():
