@@ -19,23 +19,11 @@ def name_causal_lm(model_type, class_name):
 
 def per_layer(value, num_layers, default):
     """A per-layer list: None -> `default` (the paper's pattern, truncated or extended with its last entry); a list
-    -> a copy of it (check_per_layer checks it)."""
+    -> a copy of it (TalkHfConfigMixin.check_layer_lists checks it)."""
     if value is None:
         value = list(default[: max(num_layers, 0)])
         value += default[-1:] * (num_layers - len(value))
     return list(value)
-
-
-def check_per_layer(config, name, count):
-    """One non-negative int per layer (the config fields are typed list[int]: an int is refused by type)."""
-    value, num_layers = getattr(config, name), getattr(config, count)
-    if not isinstance(value, list):
-        raise ValueError(f"{name} must be a list with one entry per layer, got {value!r}")
-    if len(value) != num_layers:
-        raise ValueError(f"{name} has {len(value)} entries but there are {num_layers} layers")
-    for v in value:
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            raise ValueError(f"{name} entries must be non-negative ints, got {value}")
 
 
 def check_positive(config, *names):
@@ -114,7 +102,6 @@ class TalkHfConfigMixin:
         its field here rather than a failure inside a model."""
         result = super().from_dict(config_dict, **kwargs)
         config = result[0] if isinstance(result, tuple) else result
-        config.check_layer_lists()
         cls(**config.to_dict())
         return result
 
@@ -127,13 +114,18 @@ class TalkHfConfigMixin:
         self.check_fields()
 
     def check_layer_lists(self):
-        """Each per-layer list has one entry per layer; __post_init__ builds them, but a layer count set afterwards
-        (`from_pretrained(path, encoder_layers=3)` sets it on the built config) needs its lists set too."""
+        """Each per-layer list (LAYER_LISTS) holds one non-negative int per layer; __post_init__ builds them, but a
+        layer count set afterwards (`from_pretrained(path, encoder_layers=3)`, `config.encoder_layers = 3`) needs its
+        lists set too (the fields are typed list[int]: an int is refused by type)."""
         for name, count in self.LAYER_LISTS:
-            entries, layers = len(getattr(self, name)), getattr(self, count)
-            if entries != layers:
-                raise ValueError(f"{name} has {entries} entries but {count} is {layers}: set {name} too, one entry "
+            value, layers = getattr(self, name), getattr(self, count)
+            if not isinstance(value, list):
+                raise ValueError(f"{name} must be a list with one entry per layer, got {value!r}")
+            if len(value) != layers:
+                raise ValueError(f"{name} has {len(value)} entries but {count} is {layers}: set {name} too, one entry "
                                  "per layer")
+            if any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in value):
+                raise ValueError(f"{name} entries must be non-negative ints, got {value}")
 
     @property
     def layer_types(self):

@@ -7,7 +7,6 @@ from .configuration_common import (
     TalkHfConfigMixin,
     check_activation,
     check_divisible,
-    check_per_layer,
     check_positive,
     check_probability,
     check_source_embeddings,
@@ -117,8 +116,7 @@ class DynamicConvConfig(TalkHfConfigMixin, PreTrainedConfig):
         check_positive(self, "vocab_size", "d_model", "conv_dim", "encoder_layers", "decoder_layers", "encoder_ffn_dim",
                        "decoder_ffn_dim", "encoder_conv_heads", "decoder_conv_heads", "decoder_attention_heads")
         check_source_embeddings(self)
-        for name, count in self.LAYER_LISTS:
-            check_per_layer(self, name, count)
+        self.check_layer_lists()
         if 0 in self.encoder_kernel_sizes + self.decoder_kernel_sizes:
             raise ValueError("kernel sizes must be >= 1")
         _check_conv_type(self)
@@ -178,7 +176,7 @@ class DynamicConvLMConfig(TalkHfConfigMixin, PreTrainedConfig):
     def check_fields(self):
         check_positive(self, "vocab_size", "d_model", "conv_dim", "decoder_layers", "decoder_ffn_dim",
                        "decoder_conv_heads")
-        check_per_layer(self, "decoder_kernel_sizes", "decoder_layers")
+        self.check_layer_lists()
         if 0 in self.decoder_kernel_sizes:
             raise ValueError("kernel sizes must be >= 1")
         _check_conv_type(self)

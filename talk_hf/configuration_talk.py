@@ -7,7 +7,6 @@ from .configuration_common import (
     TalkHfConfigMixin,
     check_activation,
     check_divisible,
-    check_per_layer,
     check_positive,
     check_probability,
     check_source_embeddings,
@@ -118,8 +117,7 @@ class TalkConfig(TalkHfConfigMixin, PreTrainedConfig):
     def check_fields(self):
         check_positive(self, "vocab_size", "d_model", "conv_dim", "encoder_layers", "decoder_layers", "encoder_ffn_dim",
                        "decoder_ffn_dim", "encoder_heads", "decoder_heads", "decoder_attention_heads")
-        for name, count in self.LAYER_LISTS:
-            check_per_layer(self, name, count)
+        self.check_layer_lists()
         check_divisible("conv_dim", self.conv_dim, "encoder_heads", self.encoder_heads)
         check_divisible("conv_dim", self.conv_dim, "decoder_heads", self.decoder_heads)
         check_divisible("d_model", self.d_model, "decoder_attention_heads", self.decoder_attention_heads)
@@ -184,7 +182,7 @@ class TalkLMConfig(TalkHfConfigMixin, PreTrainedConfig):
 
     def check_fields(self):
         check_positive(self, "vocab_size", "d_model", "conv_dim", "decoder_layers", "decoder_ffn_dim", "decoder_heads")
-        check_per_layer(self, "decoder_max_offsets", "decoder_layers")
+        self.check_layer_lists()
         check_divisible("conv_dim", self.conv_dim, "decoder_heads", self.decoder_heads)
         check_probability(self, "dropout", "activation_dropout", "input_dropout", "offset_dropout", "label_smoothing")
         check_activation(self)
