@@ -1,7 +1,7 @@
 """Argument checks shared by the ops (each raises ValueError/TypeError naming the offending argument), and their
 accumulation dtype."""
 
-import contextlib
+import functools
 
 import torch
 
@@ -46,10 +46,17 @@ def accumulation_dtype(*dtypes):
     return torch.float64 if torch.float64 in dtypes else torch.float32
 
 
-def exact_products(device):
-    """A context in which autocast leaves the products on `device` in their operands' dtype (the accumulation dtype
-    of the ops), as the compiled kernels compute them; autocast would hand back bf16 or fp16 products. Outside an
-    autocast region, a context that does nothing (cheaper to enter: decoding steps call this per layer)."""
-    if torch.amp.is_autocast_available(device.type) and torch.is_autocast_enabled(device.type):
-        return torch.autocast(device.type, enabled=False)
-    return contextlib.nullcontext()
+def exact_products(fn):
+    """Decorator: `fn(x, ...)` keeps its products in their operands' dtype (the accumulation dtype of the ops, as the
+    compiled kernels compute them) inside an autocast region on x's device, where autocast would hand back bf16 or
+    fp16 products; outside one it is called as it is (decoding steps call these functions per layer)."""
+
+    @functools.wraps(fn)
+    def run(x, *args, **kwargs):
+        device = x.device.type
+        if torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device):
+            with torch.autocast(device, enabled=False):
+                return fn(x, *args, **kwargs)
+        return fn(x, *args, **kwargs)
+
+    return run

@@ -143,15 +143,8 @@ def _window_padding(T, K, padding_left):
     return front, max(K - 1 - padding_left, K - T - front, 0)
 
 
+@exact_products
 def _dynamic_conv_ref(x, weight, padding_left, softmax=False, weight_dropout=0.0, seed=None):
-    """`dynamic_conv_ref` without its checks (seed drawn), its products in the accumulation dtype under autocast
-    too."""
-    with exact_products(x.device):
-        return _dynamic_conv_windows(x, weight, padding_left, softmax, weight_dropout, seed)
-
-
-def _dynamic_conv_windows(x, weight, padding_left, softmax, weight_dropout, seed):
-    """The convolution as a product of each position's K-input windows with its taps: (B, T, C)."""
     B, T, C = x.shape
     H, K = weight.shape[-2:]
     acc = accumulation_dtype(x.dtype)
@@ -242,14 +235,9 @@ def _step_windows(xp, K):
     return xp.unfold(1, K, 1)[:, :T]
 
 
+@exact_products
 def _dynamic_conv_step_ref(x, weight, state, softmax=False, weight_dropout=0.0, seed=None):
     """`dynamic_conv_step` in PyTorch ops (differentiable); state in x's dtype. Only the new tokens' windows."""
-    with exact_products(x.device):
-        return _dynamic_conv_step_windows(x, weight, state, softmax, weight_dropout, seed)
-
-
-def _dynamic_conv_step_windows(x, weight, state, softmax, weight_dropout, seed):
-    """The new tokens' K-input windows times their taps -> (out (B, T_new, C), new state (B, K - 1, C))."""
     B, T, C = x.shape
     H, K = weight.shape[-2:]
     acc = accumulation_dtype(x.dtype)

@@ -89,10 +89,10 @@ def _feature_inputs(x, projection, tau):
     return x / (x.norm(dim=-1, keepdim=True) + NORM_EPS), w
 
 
+@exact_products
 def _rfa_feature_map_ref(x, projection, tau):
-    with exact_products(x.device):
-        u = torch.einsum("bthd,hfd->bthf", *_feature_inputs(x, projection, tau))
-        return FEATURE_SCALE * torch.stack([torch.sin(u), torch.cos(u)], dim=-1).flatten(-2)
+    u = torch.einsum("bthd,hfd->bthf", *_feature_inputs(x, projection, tau))
+    return FEATURE_SCALE * torch.stack([torch.sin(u), torch.cos(u)], dim=-1).flatten(-2)
 
 
 class _ScaledSinCos(torch.autograd.Function):
@@ -116,12 +116,12 @@ class _ScaledSinCos(torch.autograd.Function):
         return grad[..., 0] * out[..., 1] - grad[..., 1] * out[..., 0]
 
 
+@exact_products
 def _rfa_feature_map_heads(x, projection, tau):
     """`rfa_feature_map_ref`'s function for training: a (B, T, H, 2D) view of (B, H, T, 2D) memory, so that the
     per-head matrix products of the attention read it without a transposing copy (docs/kernels.md)."""
-    with exact_products(x.device):
-        u = torch.einsum("bthd,hfd->bhtf", *_feature_inputs(x, projection, tau)).contiguous()  # (B, H, T, D)
-        return _ScaledSinCos.apply(u).flatten(-2).transpose(1, 2)
+    u = torch.einsum("bthd,hfd->bhtf", *_feature_inputs(x, projection, tau)).contiguous()  # (B, H, T, D)
+    return _ScaledSinCos.apply(u).flatten(-2).transpose(1, 2)
 
 
 def rfa_key_norm_rescale(k, tau=None, attention_mask=None):
@@ -191,14 +191,9 @@ def rfa_causal_ref(q, k, v, decay=None, initial_state=None, eps=DEFAULT_EPS):
     return _rfa_causal_recurrence(q, k, v, decay, initial_state, eps)
 
 
+@exact_products
 def _rfa_causal_recurrence(q, k, v, decay, initial_state, eps):
-    """`rfa_causal_ref` without its checks, its products in the accumulation dtype under autocast too."""
-    with exact_products(q.device):
-        return _rfa_causal_steps(q, k, v, decay, initial_state, eps)
-
-
-def _rfa_causal_steps(q, k, v, decay, initial_state, eps):
-    """The recurrence, one step at a time; arguments and results as `rfa_causal_ref`."""
+    """`rfa_causal_ref` without its checks: the recurrence, one step at a time."""
     B, T, H, F = q.shape
     acc = _acc_dtype(q, k, v, initial_state)
     values = _with_ones(v, acc)
@@ -278,15 +273,10 @@ def rfa_causal_chunked(q, k, v, decay=None, initial_state=None, eps=DEFAULT_EPS,
     return _rfa_causal_chunked(q, k, v, decay, initial_state, eps, chunk_size)
 
 
+@exact_products
 def _rfa_causal_chunked(q, k, v, decay, initial_state, eps, chunk_size):
     if q.shape[1] <= 1:  # a decoding step: the recurrence is cheapest
         return _rfa_causal_recurrence(q, k, v, decay, initial_state, eps)
-    with exact_products(q.device):
-        return _rfa_causal_chunks(q, k, v, decay, initial_state, eps, chunk_size)
-
-
-def _rfa_causal_chunks(q, k, v, decay, initial_state, eps, chunk_size):
-    """The chunked matmul form over T >= 2 steps; arguments and results as `rfa_causal_chunked`."""
     B, T, H, F = q.shape
     acc = _acc_dtype(q, k, v, initial_state)
     C = min(chunk_size, T)  # a chunk longer than the sequence would only add padded steps
@@ -350,6 +340,7 @@ def rfa_cross_state(k, v, attention_mask=None):
     return _cross_state(k, v, attention_mask)
 
 
+@exact_products
 def _cross_state(k, v, attention_mask, key_scale=None):
     """sum_s w_s phi(k_s) [v_s, 1]^T with w the mask times key_scale: (B, H, F, d + 1). The weights multiply the
     d + 1 value columns instead of the F key features (the same sum, F / (d + 1) times fewer products).
@@ -362,8 +353,8 @@ def _cross_state(k, v, attention_mask, key_scale=None):
     weights = _key_weights(k, attention_mask, key_scale, acc)
     if weights is not None:
         values = values * weights
-    with exact_products(k.device):  # (B, F, S) @ (B, S, d + 1) per head
-        return torch.stack([keys[:, :, h].transpose(1, 2) @ values[:, :, h] for h in range(k.shape[2])], dim=1)
+    heads = [keys[:, :, h].transpose(1, 2) @ values[:, :, h] for h in range(k.shape[2])]  # (B, F, S) @ (B, S, d + 1)
+    return torch.stack(heads, dim=1)
 
 
 def _check_source_args(k, v, attention_mask, key_scale=None):
@@ -458,6 +449,7 @@ def _key_weights(k, attention_mask, key_scale, acc):
     return weights
 
 
+@exact_products
 def rfa_cross(q, source, eps=DEFAULT_EPS):
     """Cross attention of queries against a source.
 
@@ -474,37 +466,30 @@ def rfa_cross(q, source, eps=DEFAULT_EPS):
             raise ValueError(f"source keys must be (B, H, S, F) and values (B, H, S, d + 1) "
                              f"matching q {tuple(q.shape)}, "
                              f"got {tuple(keys.shape)} and {tuple(values.shape)}")
-        with exact_products(q.device):
-            return _cross_keys_values(q, keys, values, eps)
+        queries = q.to(keys.dtype).transpose(1, 2)  # (B, H, T, F)
+        if q.shape[1] == 1:
+            # a decoding step: (B, H, S, 1) scores as one matrix-vector product per (batch, head), each key row read
+            # once in order (on the CPU at B = 256, S = 20, F = 512: half the time of the (1, F) @ (F, S) form)
+            scores = (keys @ queries.transpose(-1, -2)).transpose(-1, -2)
+        else:  # (B, H, T, S) scores, the keys read in place, transposed (for several queries a row, as under beam
+            # search, the faster form)
+            scores = queries @ keys.transpose(-1, -2)
+        return _normalise((scores @ values).transpose(1, 2), eps)  # (B, H, T, d + 1) -> (B, T, H, d)
     check_float_tensor("state", source, 4)
     if source.shape[:3] != (q.shape[0], q.shape[2], q.shape[3]):
         raise ValueError(f"state must be (B, H, F, d + 1) matching q {tuple(q.shape)}, got {tuple(source.shape)}")
-    with exact_products(q.device):  # one batched matmul
-        return _normalise((q.to(source.dtype).transpose(1, 2) @ source).transpose(1, 2), eps)
+    return _normalise((q.to(source.dtype).transpose(1, 2) @ source).transpose(1, 2), eps)  # one batched matmul
 
 
-def _cross_keys_values(q, keys, values, eps):
-    """Cross attention against a source given as keys (B, H, S, F) and values (B, H, S, d + 1): (B, T, H, d)."""
-    queries = q.to(keys.dtype).transpose(1, 2)  # (B, H, T, F)
-    if q.shape[1] == 1:
-        # a decoding step: (B, H, S, 1) scores as one matrix-vector product per (batch, head), each key row read
-        # once in order (on the CPU at B = 256, S = 20, F = 512: half the time of the (1, F) @ (F, S) form)
-        scores = (keys @ queries.transpose(-1, -2)).transpose(-1, -2)
-    else:  # (B, H, T, S) scores, the keys read in place, transposed (for several queries a row, as under beam
-        # search, the faster form)
-        scores = queries @ keys.transpose(-1, -2)
-    return _normalise((scores @ values).transpose(1, 2), eps)  # (B, H, T, d + 1) -> (B, T, H, d)
-
-
+@exact_products
 def rfa_cross_ref(q, k, v, attention_mask=None, eps=DEFAULT_EPS):
     """Cross attention in quadratic form: out_t = sum_s (q_t . k_s) v_s / max(sum_s q_t . k_s, eps).
 
     q: (B, T, H, F); k: (B, S, H, F); v: (B, S, H, d); attention_mask: (B, S) or None -> (B, T, H, d).
     """
     acc = _acc_dtype(q, k, v)
-    with exact_products(q.device):
-        scores = torch.einsum("bthf,bshf->bhts", q.to(acc), k.to(acc))
-        if attention_mask is not None:
-            scores = scores * attention_mask.to(acc).view(scores.shape[0], 1, 1, -1)
-        num = torch.einsum("bhts,bshe->bthe", scores, v.to(acc))
+    scores = torch.einsum("bthf,bshf->bhts", q.to(acc), k.to(acc))
+    if attention_mask is not None:
+        scores = scores * attention_mask.to(acc).view(scores.shape[0], 1, 1, -1)
+    num = torch.einsum("bhts,bshe->bthe", scores, v.to(acc))
     return num / scores.sum(-1).transpose(1, 2).unsqueeze(-1).clamp_min(eps)
