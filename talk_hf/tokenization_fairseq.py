@@ -204,8 +204,8 @@ class FairseqMosesBpeTokenizer(PreTrainedTokenizer):
         is text, which Moses escapes, as fairseq does); a document model's separator (sep_token) and tokens added
         with `add_tokens` or as special tokens (a language tag) are kept whole between the parts around them."""
         fairseq_specials = {self.bos_token, self.pad_token, self.eos_token, self.unk_token}
-        whole = [t for t in self.added_tokens_encoder if t not in fairseq_specials]
-        whole += [self.special_tokens_map["sep_token"]] if self.special_tokens_map.get("sep_token") else []
+        whole = set(self.added_tokens_encoder) - fairseq_specials  # the separator, when added, is one of them
+        whole |= {self.special_tokens_map["sep_token"]} if self.special_tokens_map.get("sep_token") else set()
         if not whole:
             return self._tokenize(text)
         pattern = "(" + "|".join(re.escape(t) for t in sorted(whole, key=len, reverse=True)) + ")"
