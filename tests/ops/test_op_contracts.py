@@ -1,14 +1,13 @@
 """Contracts the ops keep with PyTorch around them: the in-place RFA step as an in-place op (version counter,
 inference tensors, under torch.compile), fp32 products under autocast, DropConnect seeds under torch.compile,
-torch.func over the feature map, and the checks of chunk_size and key_scale."""
+torch.func over the feature map, and the checks of chunk_size and key_scale. The "compiled" cases need the CPU
+kernels, which `make test` builds (tests/test_cuda_sources.py checks that they are the ones in use)."""
 
 import pytest
 import torch
 
 from talk_hf import ops
 from talk_hf.rfa import rfa_causal_chunked
-
-needs_cpu_kernels = pytest.mark.skipif("cpu" not in ops.compiled_devices(), reason="talk_hf._C has no CPU kernels")
 
 
 def step_inputs(seed, B=2, T=1, H=2, F=4, d=3):
@@ -23,7 +22,7 @@ def step_inputs(seed, B=2, T=1, H=2, F=4, d=3):
 # rfa_step_: an in-place op
 
 
-@pytest.mark.parametrize("backend", [pytest.param("compiled", marks=needs_cpu_kernels), "reference"])
+@pytest.mark.parametrize("backend", ["compiled", "reference"])
 def test_in_place_step_invalidates_what_autograd_saved_of_the_state(backend, monkeypatch):
     """A backward that saved the state before rfa_step_ overwrote it raises, as for any in-place op, instead of
     reading the new values."""
@@ -39,7 +38,6 @@ def test_in_place_step_invalidates_what_autograd_saved_of_the_state(backend, mon
         saved.backward()
 
 
-@needs_cpu_kernels
 def test_in_place_step_op_bumps_the_version_of_its_state():
     q, k, v, decay, state = step_inputs(1)
     version = state._version
@@ -47,7 +45,7 @@ def test_in_place_step_op_bumps_the_version_of_its_state():
     assert state._version > version
 
 
-@pytest.mark.parametrize("backend", [pytest.param("compiled", marks=needs_cpu_kernels), "reference"])
+@pytest.mark.parametrize("backend", ["compiled", "reference"])
 def test_in_place_step_refuses_an_inference_state_outside_inference_mode(backend, monkeypatch):
     """As PyTorch's in-place ops do; inside inference mode the step runs."""
     if backend == "reference":
@@ -64,7 +62,6 @@ def test_in_place_step_refuses_an_inference_state_outside_inference_mode(backend
     assert torch.equal(inference_state, before)
 
 
-@needs_cpu_kernels
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
 def test_compiled_in_place_step_keeps_the_version_contract(backend):
     """Under torch.compile(fullgraph=True) the step gives the eager results, bumps the state's version (a saved
@@ -259,7 +256,6 @@ def test_torch_func_vmap_of_grad_and_jacrev_of_the_feature_map_equal_the_referen
 # Argument checks
 
 
-@needs_cpu_kernels
 @pytest.mark.parametrize("chunk_size", [2**31 + 1, 2**62, 2**63 - 1])
 def test_a_chunk_size_near_the_int64_limit_gives_the_results_of_one_chunk(chunk_size):
     """Any chunk at least as long as the sequence saves one state: the kernels' results and gradients of
