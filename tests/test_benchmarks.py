@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from talk_hf import ops
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -45,7 +44,6 @@ def tensor_inputs(fn):
 # ------------------------------------------------------------------------------------------ benchmark_ops
 
 
-@pytest.mark.skipif(ops.backend("cpu") != "compiled", reason="the ops benchmark compares the compiled kernels")
 def test_ops_fwd_bwd_cases_differentiate_every_input_that_training_does():
     """In the forward+backward cases every input with a gradient in training requires one (RFA's q/k features and
     decay, TaLK's offsets, DynamicConv's weights), so the compiled RFA kernel's backward (which always computes the
@@ -96,7 +94,6 @@ def test_generation_sources_end_with_eos_for_every_model():
 
 
 def test_ctranslate2_conversion_of_other_weights_is_not_reused(tmp_path):
-    pytest.importorskip("ctranslate2")
     module = script("benchmark_generation")
     values = dict(module.SEQ2SEQ, d_model=16, encoder_layers=1, decoder_layers=1, encoder_ffn_dim=32,
                   decoder_ffn_dim=32, decoder_attention_heads=2)
