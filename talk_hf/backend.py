@@ -8,6 +8,7 @@ import os
 import warnings
 
 import torch
+from torch.autograd import forward_ad
 
 try:  # compiled fast path; an ImportError here is normal for Hub remote code without the package
     from talk_hf import _kernels
@@ -73,7 +74,22 @@ def use_kernels(x):
     return False
 
 
+def forward_mode(*tensors):
+    """True inside a torch.func transform (jvp, jacfwd, hessian, vmap, grad) or for dual tensors of
+    `torch.autograd.forward_ad` (None entries ignored). The compiled kernels' custom ops have reverse-mode
+    derivatives only, and forward mode through them would give zero tangents without an error: the public ops run
+    their PyTorch forms then."""
+    if torch._C._are_functorch_transforms_active():
+        return True
+    return forward_ad._current_level >= 0 and any(
+        t is not None and forward_ad.unpack_dual(t).tangent is not None for t in tensors
+    )
+
+
 def needs_grad(*tensors):
-    """True when autograd will record an op on these tensors (None entries ignored): the compiled inference-only
-    paths (decoding steps, RFA without saved states) must not run then."""
+    """True when autograd will record an op on these tensors (None entries ignored), in reverse or forward mode
+    (`forward_mode`): the compiled inference-only paths (decoding steps, RFA without saved states) must not run
+    then."""
+    if forward_mode(*tensors):
+        return True
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)

@@ -20,7 +20,7 @@ import math
 
 import torch
 
-from .backend import _kernels, needs_grad, use_kernels
+from .backend import _kernels, forward_mode, needs_grad, use_kernels
 from .checks import (
     accumulation_dtype,
     check_float_tensor,
@@ -167,7 +167,7 @@ def dynamic_conv(x, weight, padding_left, softmax=False, weight_dropout=0.0, see
     Differentiable w.r.t. x and weight."""
     _check_conv_args(x, weight, padding_left, softmax, weight_dropout, seed)
     seed = _seed(seed, weight_dropout, x)
-    if not use_kernels(x):
+    if not use_kernels(x) or forward_mode(x, weight):
         return _dynamic_conv_ref(x, weight, padding_left, softmax, weight_dropout, seed)
     if weight_dropout > 0 and _is_expanded_kernel(weight):
         weight = weight.contiguous()  # a mask per position, as documented: the kernels would draw one (H, K) mask

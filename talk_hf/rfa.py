@@ -22,7 +22,7 @@ import math
 
 import torch
 
-from .backend import _kernels, backend, backend_reason, needs_grad, use_kernels
+from .backend import _kernels, backend, backend_reason, forward_mode, needs_grad, use_kernels
 from .checks import accumulation_dtype, check_float_tensor, check_int, exact_products
 
 DEFAULT_EPS = 0.1
@@ -98,7 +98,7 @@ def _rfa_feature_map_ref(x, projection, tau):
 class _ScaledSinCos(torch.autograd.Function):
     """u (..., D) -> FEATURE_SCALE * [sin u, cos u] as (..., D, 2). The backward reads the saved output (its sin and
     cos columns are the derivatives of each other), so nothing is recomputed and u is not kept. torch.func's grad,
-    vjp and jacrev run it, and vmap over both (no forward-mode derivative: jvp, jacfwd)."""
+    vjp, jacrev, jvp and jacfwd run it, and vmap over them."""
 
     generate_vmap_rule = True
 
@@ -109,6 +109,12 @@ class _ScaledSinCos(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         ctx.save_for_backward(output)
+        ctx.save_for_forward(output)
+
+    @staticmethod
+    def jvp(ctx, tangent):
+        (out,) = ctx.saved_tensors
+        return torch.stack([tangent * out[..., 1], -tangent * out[..., 0]], dim=-1)
 
     @staticmethod
     def backward(ctx, grad):
@@ -235,7 +241,7 @@ def rfa_causal(q, k, v, decay=None, initial_state=None, eps=DEFAULT_EPS, chunk_s
     q, k, v, decay and initial_state.
     """
     _check_causal_args(q, k, v, decay, initial_state, chunk_size)
-    if use_kernels(q):
+    if use_kernels(q) and not forward_mode(q, k, v, decay, initial_state):
         return _rfa_causal_compiled(q, k, v, decay, initial_state, eps, chunk_size)
     return _rfa_causal_chunked(q, k, v, decay, initial_state, eps, chunk_size)
 
@@ -245,6 +251,9 @@ def rfa_causal_compiled(q, k, v, decay=None, initial_state=None, eps=DEFAULT_EPS
     state entering every `chunk_size` steps for the backward (on CUDA, also the chunk length of the chunked kernels).
     Arguments and results as `rfa_causal`. Raises RuntimeError when the extension has no kernels for q's device."""
     _check_causal_args(q, k, v, decay, initial_state, chunk_size)
+    if forward_mode(q, k, v, decay, initial_state):
+        raise RuntimeError("rfa_causal_compiled: the kernels have reverse-mode derivatives only and do not run inside "
+                           "torch.func transforms or on forward-mode dual tensors; use rfa_causal there")
     if backend(q.device) != "compiled":
         raise RuntimeError(f"rfa_causal_compiled: the compiled kernels do not run {q.device.type} tensors here: "
                            f"{backend_reason(q.device)}")

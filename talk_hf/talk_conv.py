@@ -20,7 +20,7 @@ The causal form is max_right=0, offset_right=None: the right end is t itself.
 
 import torch
 
-from .backend import _kernels, needs_grad, use_kernels
+from .backend import _kernels, forward_mode, needs_grad, use_kernels
 from .checks import accumulation_dtype, check_float_tensor, check_heads, check_int, check_like
 
 
@@ -98,7 +98,7 @@ def talk_conv(x, offset_left, offset_right=None, max_left=1, max_right=0):
     Differentiable w.r.t. x and both offsets.
     """
     _check_talk_args(x, offset_left, offset_right, max_left, max_right)
-    if not use_kernels(x):
+    if not use_kernels(x) or forward_mode(x, offset_left, offset_right):
         return _talk_conv_ref(x, offset_left, offset_right, max_left, max_right)
     return _kernels.talk_conv(x, offset_left, offset_right, max_left, max_right)
 

@@ -1,7 +1,8 @@
 """Contracts the ops keep with PyTorch around them: the in-place RFA step as an in-place op (version counter,
 inference tensors, under torch.compile), fp32 products under autocast, DropConnect seeds under torch.compile,
-torch.func over the feature map, and the checks of chunk_size and key_scale. The "compiled" cases need the CPU
-kernels, which `make test` builds (tests/test_cuda_sources.py checks that they are the ones in use)."""
+torch.func over the ops (the feature map's derivatives, forward mode through every op), and the checks of
+chunk_size and key_scale. The "compiled" cases need the CPU kernels, which `make test` builds
+(tests/test_cuda_sources.py checks that they are the ones in use)."""
 
 import pytest
 import torch
@@ -226,7 +227,7 @@ def test_dropconnect_without_a_seed_compiles_in_one_graph(form, backend, monkeyp
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# torch.func over the feature map
+# torch.func over the ops: the feature map's own derivatives, forward mode through every op
 
 
 def test_torch_func_grad_of_the_feature_map_equals_autograd():
@@ -250,6 +251,53 @@ def test_torch_func_vmap_of_grad_and_jacrev_of_the_feature_map_equal_the_referen
     torch.testing.assert_close(per_sample, torch.func.vmap(torch.func.grad(features(ops.rfa_feature_map_ref)))(x))
     jacobian = torch.func.jacrev(lambda x: ops.rfa_feature_map(x, proj))(x[0])
     torch.testing.assert_close(jacobian, torch.func.jacrev(lambda x: ops.rfa_feature_map_ref(x, proj))(x[0]))
+
+
+def forward_mode_cases():
+    """(name, op, reference, differentiated input, other inputs) for every public op, fp64."""
+    g = torch.Generator().manual_seed(13)
+    r = lambda *shape: torch.randn(*shape, generator=g, dtype=torch.float64)  # noqa: E731
+    u = lambda *shape: torch.rand(*shape, generator=g, dtype=torch.float64)  # noqa: E731
+    B, T, C, H = 2, 5, 4, 2
+    left, right = u(B, T, H), u(B, T, H)
+    weight, kernel = r(B, T, H, 3), r(H, 3)
+    q, k, proj = u(B, T, H, 4), u(B, T, H, 4), r(H, 4, 3)
+    state = ops.talk_conv_init_state(B, C, 3, dtype=torch.float64)
+    return [
+        ("talk_conv", lambda x: ops.talk_conv(x, left, right, 3, 2),
+         lambda x: ops.talk_conv_ref(x, left, right, 3, 2), r(B, T, C)),
+        ("talk_conv_step", lambda x: ops.talk_conv_step(x, left[:, :1], state, 3)[0],
+         lambda x: ops.talk_conv_ref(x, left[:, :1], None, 3, 0), r(B, 1, C)),
+        ("dynamic_conv", lambda x: ops.dynamic_conv(x, weight, 2, softmax=True),
+         lambda x: ops.dynamic_conv_ref(x, weight, 2, softmax=True), r(B, T, C)),
+        ("light_conv", lambda x: ops.light_conv(x, kernel, 2, softmax=True),
+         lambda x: ops.dynamic_conv_ref(x, kernel, 2, softmax=True), r(B, T, C)),
+        ("rfa_feature_map", lambda x: ops.rfa_feature_map(x, proj), lambda x: ops.rfa_feature_map_ref(x, proj),
+         r(B, T, H, 3)),
+        ("rfa_causal", lambda v: ops.rfa_causal(q, k, v)[0], lambda v: ops.rfa_causal_ref(q, k, v)[0], r(B, T, H, 3)),
+    ]
+
+
+@pytest.mark.parametrize("case", forward_mode_cases(), ids=lambda case: case[0])
+def test_forward_mode_tangents_of_every_op_equal_the_reference(case):
+    """torch.func.jvp and forward_ad dual tensors: the kernels' custom ops have reverse-mode derivatives only, so
+    the ops run their PyTorch forms there instead of returning zero tangents."""
+    import torch.autograd.forward_ad as fwAD
+
+    _, op, reference, x = case
+    tangent = torch.randn_like(x)
+    want = torch.func.jvp(reference, (x,), (tangent,))[1]
+    assert want.abs().max() > 0.1
+    torch.testing.assert_close(torch.func.jvp(op, (x,), (tangent,))[1], want, rtol=1e-10, atol=1e-12)
+    with fwAD.dual_level():
+        got = fwAD.unpack_dual(op(fwAD.make_dual(x, tangent))).tangent
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+def test_rfa_causal_compiled_refuses_forward_mode():
+    q, k, v, _, _ = step_inputs(14, T=3)
+    with pytest.raises(RuntimeError, match="reverse-mode derivatives only"):
+        torch.func.jvp(lambda v: ops.rfa_causal_compiled(q, k, v)[0], (v,), (torch.ones_like(v),))
 
 
 # ---------------------------------------------------------------------------------------------------------------
