@@ -448,6 +448,8 @@ class DecoderStack(nn.Module):
                 cross_states, encoder_hidden_states, encoder_attention_mask
             )
         mask = attention_mask[:, -length:] if attention_mask is not None else None
+        if cache is not None:
+            states[0].start_counting(ref.shape[0], ref.device)  # refuses a cache of another batch size by name
         if position_ids is None:
             if cache is not None:  # the cache counts each row's real tokens: only the new tokens' mask is read
                 position_ids = states[0].positions(mask, ref.shape[0], length, ref.device)

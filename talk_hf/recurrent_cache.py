@@ -125,7 +125,7 @@ class RecurrentLayer(LinearAttentionAndFullAttentionLayer):
         return self._stored(self.recurrent_states, state_idx)
 
     def _stored(self, states, state_idx):
-        if not self.has_previous_state[state_idx]:
+        if not self.has_previous_state[state_idx] or states[state_idx] is None:  # one flag covers both kinds
             return None
         states[state_idx] = _thawed(states[state_idx])
         return states[state_idx]
@@ -175,21 +175,22 @@ class RecurrentLayer(LinearAttentionAndFullAttentionLayer):
     def positions(self, new_mask, batch, length, device):
         """Positions of the next `length` tokens: (B, T). new_mask: (B, T) (1 = real token) or None (all real).
         Padded tokens get the position of the row's next real token, and do not advance it."""
-        self._start_counting(batch, device)
+        self.start_counting(batch, device)
         if new_mask is None:
             return self.real_tokens[:, None] + torch.arange(length, device=device)
         return (self.real_tokens[:, None] + new_mask.long().cumsum(-1) - 1).clamp_min(0)
 
     def advance(self, new_mask, batch, length, device):
         """Count `length` consumed tokens; new_mask: (B, T) or None as in `positions`."""
-        self._start_counting(batch, device)
+        self.start_counting(batch, device)
         self.cumulative_length, self.real_tokens = _thawed(self.cumulative_length), _thawed(self.real_tokens)
         self.cumulative_length.add_(length)
         self.real_tokens.add_(length if new_mask is None else new_mask.long().sum(-1))
         self.counting = True
 
-    def _start_counting(self, batch, device):
-        """Make the token counters for `batch` rows, unless they exist; a reset layer takes a batch of any size."""
+    def start_counting(self, batch, device):
+        """Make the token counters for `batch` rows, unless they exist; a reset layer takes a batch of any size, a
+        layer that counted tokens of another batch size is refused (ValueError)."""
         if self.real_tokens is not None and self.real_tokens.shape[0] != batch:
             if self.counting:
                 raise ValueError(f"the cache holds the decoding state of {self.real_tokens.shape[0]} sequences and the "
@@ -312,7 +313,7 @@ def recurrent_layers(cache, num_layers):
         # the layer class of another copy of this code (remote code loaded from a second revision or folder
         # registers its own copy under the same layer type, and the cache classes build the last one registered):
         # an empty one is replaced by this copy's, a filled one (a continued generation) kept
-        filled = layer.is_initialized or any(getattr(layer, "has_previous_state", ()))
+        filled = layer.is_initialized or any(getattr(layer, "has_previous_state", {}).values())
         if is_foreign_recurrent_layer(layer) and not filled:
             cache.layers[i] = RecurrentLayer()
     found = [f"{type(layer).__module__}.{type(layer).__name__}" for layer in cache.layers

@@ -3,12 +3,15 @@
 linear-attention layer, extended). What code written for transformers caches does with them must work: build them
 from the config, read the layers' states, continue generating from a returned cache, reset and reuse."""
 
+import copy
+import importlib.util
+
 import pytest
 import torch
 from transformers import DynamicCache, EncoderDecoderCache, StaticCache
 from transformers.cache_utils import DynamicLayer, LinearAttentionLayer
 
-from talk_hf import modeling_base, modeling_rfa_doc
+from talk_hf import modeling_base, modeling_rfa_doc, recurrent_cache
 from talk_hf.modeling_base import rows_per_source
 from talk_hf.recurrent_cache import LAYER_TYPE, RecurrentLayer
 from talk_hf.rfa import rfa_causal, rfa_cross_source
@@ -164,6 +167,7 @@ def test_each_layer_holds_its_fixed_size_state_where_the_library_puts_it(name, s
     assert layer.keys is None  # nothing grows
     other = "recurrent_states" if state == "conv_states" else "conv_states"
     assert getattr(layer, other)[0] is None
+    assert getattr(layer, other[:-1])() is None  # conv_state() / recurrent_state(): the kind it does not hold
     if name in ("talk", "dynamic_conv"):
         cross = cache.cross_attention_cache.layers[0]
         heads, d = model.config.decoder_attention_heads, model.config.d_model
@@ -263,13 +267,37 @@ def test_a_reset_cache_takes_a_batch_of_another_size(name):
     torch.testing.assert_close(again.logits, fresh.logits, rtol=0, atol=0)
 
 
-def test_a_cache_of_another_batch_size_is_refused_by_name():
+@pytest.mark.parametrize("with_positions", [False, True], ids=["", "position_ids"])
+def test_a_cache_of_another_batch_size_is_refused_by_name(with_positions):
+    """With or without position_ids (generate() passes them to the LMs)."""
     model = make("talk_lm")
     ids = torch.tensor([[5, 6, 7], [7, 6, 5]])
+    more = {"position_ids": torch.full((3, 1), 3)} if with_positions else {}
     with torch.no_grad():
         cache = cache_of(model(input_ids=ids, use_cache=True))
         with pytest.raises(ValueError, match="holds the decoding state of 2 sequences.*3"):
-            model(input_ids=torch.tensor([[5], [6], [7]]), cache=cache, use_cache=True)
+            model(input_ids=torch.tensor([[5], [6], [7]]), cache=cache, use_cache=True, **more)
+
+
+def test_a_filled_cache_of_another_copy_of_the_code_continues():
+    """Layers of another copy of recurrent_cache.py (remote code of a second folder or revision registers its own
+    RecurrentLayer under the same layer type) holding a state are kept and continued, not replaced by empty ones."""
+    spec = importlib.util.spec_from_file_location("another_copy.recurrent_cache", recurrent_cache.__file__)
+    other = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(other)
+    model = make("talk_lm")
+    kwargs = dict(do_sample=False, return_dict_in_generate=True, output_logits=True, max_new_tokens=3)
+    first = model.generate(input_ids=target_batch(length=5, with_separators=False), **kwargs)
+    foreign = DynamicCache()
+    for layer in cache_of(first).layers:
+        copied = other.RecurrentLayer()
+        copied.__dict__.update(copy.deepcopy(layer.__dict__))
+        foreign.layers.append(copied)
+    want = model.generate(input_ids=first.sequences, **{CACHE_NAME: cache_of(first)}, **kwargs)
+    got = model.generate(input_ids=first.sequences, **{CACHE_NAME: foreign}, **kwargs)
+    assert all(isinstance(layer, other.RecurrentLayer) for layer in foreign.layers)
+    for a, b in zip(got.logits, want.logits):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
 def test_an_attention_model_given_a_talk_hf_cache_is_refused_by_name():
