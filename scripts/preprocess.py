@@ -31,8 +31,11 @@ talk_hf.training.prepare.
 import argparse
 import logging
 import sys
+from pathlib import Path
 
 DESCRIPTION = __doc__.split("\n\n")[0]
+# the corpus of this checkout (a non-editable install of talk_hf has no data/ beside the package)
+WIKI_ZH_EN = Path(__file__).resolve().parents[1] / "data" / "wiki_zh_en" / "zh-en.tar.gz"
 
 
 def _named_path(value):
@@ -210,7 +213,7 @@ def main(argv=None):
                       max_tokens_per_example=args.max_tokens_per_example, cache_dir=args.cache_dir)
     if args.wiki_zh_en:
         processing["keep_all_splits"] = kept_whole(args, args.wiki_splits)
-        return prepare_wiki_zh_en(args.output_dir, args.wiki_splits, **processing)
+        return prepare_wiki_zh_en(args.output_dir, args.wiki_splits, archive=WIKI_ZH_EN, **processing)
     splits = load_pair_splits(
         text_files={name: (source, target) for name, source, target in text_pair_files(args)} or None,
         tsv_files=dict(args.tsv) or None, json_files=dict(args.json) or None, hub_dataset=args.hub_dataset,

@@ -37,6 +37,9 @@ from talk_hf.training.prepare import SUMMARY_FILE, prepare_once, prepare_wiki_zh
 from talk_hf.training.run import load_prepared, train_run
 from talk_hf.training.tables import RUN_COLUMNS
 
+# the corpus of this checkout (a non-editable install of talk_hf has no data/ beside the package)
+WIKI_ZH_EN = Path(__file__).resolve().parents[1] / "data" / "wiki_zh_en" / "zh-en.tar.gz"
+
 SIZE = dict(d_model=256, encoder_layers=3, decoder_layers=3, encoder_ffn_dim=512, decoder_ffn_dim=512,
             encoder_attention_heads=4, decoder_attention_heads=4, dropout=0.2, attention_dropout=0.1)
 MODELS = {
@@ -93,6 +96,7 @@ def prepare(out, window, vocab_size, max_tokens_per_example):
     else:
         tokenizer = dict(tokenizer=str(prepare(out, 1, vocab_size, max_tokens_per_example) / "tokenizer"))
     return prepare_once(folder, lambda: prepare_wiki_zh_en(folder, ("train", "dev", "zh2en-test"), window=window,
+                                                           archive=WIKI_ZH_EN,
                                                            max_tokens_per_example=max_tokens_per_example,
                                                            keep_all_splits=("zh2en-test",), **tokenizer),
                         settings=settings)

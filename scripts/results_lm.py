@@ -28,7 +28,9 @@ from talk_hf.training.run import train_run
 from talk_hf.training.tables import RUN_COLUMNS
 
 ROOT = Path(__file__).resolve().parents[1]
+# the corpora of this checkout (a non-editable install of talk_hf has no data/ beside the package)
 SHAKESPEARE = ROOT / "data" / "tinyshakespeare" / "input.txt.gz"
+WIKITEXT2 = ROOT / "data" / "wikitext2"
 SIZE = dict(d_model=256, decoder_layers=4, dropout=0.1)
 ROWS = {
     # TaLK LM layer: GLU input projection (2 d^2) + output projection (d^2) + offsets, then the FFN
@@ -57,7 +59,7 @@ def parse_args(argv=None):
 def corpus_texts(corpus):
     """{"train", "valid", "test": lines} of a bundled corpus."""
     if corpus == "wikitext2":
-        return {split: load_wikitext2(split) for split in ("train", "valid", "test")}
+        return {split: load_wikitext2(split, folder=WIKITEXT2) for split in ("train", "valid", "test")}
     lines = read_lines(SHAKESPEARE)
     valid, test = round(len(lines) * 0.90), round(len(lines) * 0.95)
     return {"train": lines[:valid], "valid": lines[valid:test], "test": lines[test:]}

@@ -131,7 +131,12 @@ def test_local_hub_folder(script, tmp_path):
     assert valid["source"] == [d for d, _ in pairs[48:]]
 
 
-def test_wiki_windows(script, tmp_path):
+def test_wiki_windows(script, tmp_path, monkeypatch):
+    """From the checkout's data/, also where the package's default (data/ beside it) does not exist, as in a
+    non-editable install."""
+    from talk_hf.training import corpora
+
+    monkeypatch.setattr(corpora, "WIKI_ZH_EN_ARCHIVE", tmp_path / "site-packages" / "data" / "zh-en.tar.gz")
     out = tmp_path / "wiki"
     summary = script.main(["--wiki_zh_en", "--wiki_splits", "dev,zh2en-test", "--tokenizer_splits", "dev",
                            "--window", "4", "--vocab_size", "3000", "--output_dir", str(out)])

@@ -289,9 +289,19 @@ def test_record_result_replaces_only_the_rerun_row(tmp_path):
     assert table.splitlines() == ["| window | BLEU |", "|---|---|", "| 4 | 2.0 |", "| 1 | 3.0 |"]
 
 
+def as_installed(monkeypatch, tmp_path):
+    """The package's default corpus locations as in a non-editable install (no data/ beside the package): the
+    scripts must read the corpora of the checkout they run from."""
+    from talk_hf.training import corpora
+
+    for name in ("WIKI_ZH_EN_ARCHIVE", "WIKITEXT2_DIR", "IWSLT15_ZH_EN_DIR"):
+        monkeypatch.setattr(corpora, name, tmp_path / "site-packages" / "data" / name)
+
+
 def test_doc_results_runner_scores_every_test_window(tmp_path, monkeypatch):
     from talk_hf.training import prepare
 
+    as_installed(monkeypatch, tmp_path)
     module = script("results_doc_zh_en")
     load = prepare.load_wiki_zh_en
     monkeypatch.setattr(prepare, "load_wiki_zh_en",  # 40 lines per split
@@ -359,7 +369,8 @@ def test_lm_results_runner_reports_perplexity(tmp_path, monkeypatch):
     assert (tmp_path / "lm" / "valid_loss.png").exists()
 
 
-def test_lm_corpora_hold_out_validation_and_test_text():
+def test_lm_corpora_hold_out_validation_and_test_text(tmp_path, monkeypatch):
+    as_installed(monkeypatch, tmp_path)
     module = script("results_lm")
     shakespeare = module.corpus_texts("tinyshakespeare")
     assert [len(v) for v in shakespeare.values()] == [36000, 2000, 2000]
