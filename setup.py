@@ -24,8 +24,9 @@ def extension_build():
         from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
     except ImportError as err:
         raise RuntimeError(
-            "building talk_hf._C needs torch at build time: install torch first, then "
-            "`pip install --no-build-isolation -e .` (or set TALK_HF_SKIP_BUILD=1 for the pure-PyTorch ops)"
+            "building talk_hf._C needs torch at build time, and pip's build isolation hides the installed one: "
+            "install torch first, then install talk_hf with `pip install --no-build-isolation` (or set "
+            "TALK_HF_SKIP_BUILD=1 for the pure-PyTorch ops)"
         ) from err
     sources = ["csrc/talk_hf.cpp", *sorted(glob.glob("csrc/cpu/*.cpp"))]
     cxx = ["-O3", "-fopenmp"]  # torch adds its own -std (C++20 for torch 2.13)

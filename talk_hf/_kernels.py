@@ -6,6 +6,7 @@ registrations below happen exactly once per process.
 """
 
 import importlib
+from pathlib import Path
 
 import torch
 
@@ -19,10 +20,21 @@ def _load_extension():
     except ModuleNotFoundError as err:
         if err.name != "talk_hf._C":
             raise
-        return None, ("the extension talk_hf._C is not built (the package was installed with TALK_HF_SKIP_BUILD=1 "
-                      "or without a C++ compiler; reinstall with `pip install --no-build-isolation` to build it)")
+        return None, _not_built()
     except ImportError as err:  # built, but does not load (e.g. against another torch than the one installed)
         return None, f"the extension talk_hf._C does not load ({err}); rebuild it against the installed torch"
+
+
+def _not_built():
+    """Why talk_hf._C is missing: talk_hf imported from a source tree whose extension is not built (a checkout on
+    sys.path, e.g. as the working directory, shadows an installed package), or installed without it."""
+    package = Path(__file__).resolve().parent
+    if (package.parent / "setup.py").is_file() and (package.parent / "csrc").is_dir():
+        return (f"the extension talk_hf._C is not built in the source tree talk_hf is imported from ({package}): "
+                "build it there (`pip install --no-build-isolation -e .`, or `python setup.py build_ext --inplace`), "
+                "or run outside the checkout to import an installed talk_hf")
+    return ("the extension talk_hf._C is not built (the package was installed with TALK_HF_SKIP_BUILD=1): reinstall "
+            "it without that variable, with `pip install --no-build-isolation`, to build it")
 
 
 _C, _LOAD_ERROR = _load_extension()

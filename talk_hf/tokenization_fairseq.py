@@ -1,7 +1,8 @@
 """fairseq's text pipeline for converted fairseq translation models, as a transformers (Python) tokenizer.
 
 A flat module (only ``transformers``, ``sacremoses`` and ``subword_nmt`` imports) so that it can be copied next to a
-checkpoint and loaded as remote code. ``sacremoses`` and ``subword-nmt`` come with ``pip install "talk_hf[fairseq]"``.
+checkpoint and loaded as remote code. It needs ``sacremoses`` and ``subword-nmt`` (``pip install sacremoses
+subword-nmt``; with talk_hf, its ``fairseq`` extra).
 
 Encoding a source sentence does what fairseq's hub interface does (``tokenizer=moses``, ``bpe=subword_nmt``)::
 
@@ -84,7 +85,7 @@ def _moses():
     try:
         import sacremoses
     except ImportError as err:
-        raise ImportError("the fairseq tokenizer needs sacremoses: pip install 'talk_hf[fairseq]'") from err
+        raise ImportError("the fairseq tokenizer needs sacremoses: pip install sacremoses") from err
     return sacremoses
 
 
@@ -93,7 +94,7 @@ def _subword_nmt_bpe(codes_file):
     try:
         from subword_nmt.apply_bpe import BPE
     except ImportError as err:
-        raise ImportError("the fairseq tokenizer needs subword-nmt: pip install 'talk_hf[fairseq]'") from err
+        raise ImportError("the fairseq tokenizer needs subword-nmt: pip install subword-nmt") from err
     with open(codes_file, encoding="utf-8") as codes:
         return BPE(codes, -1, BPE_JOINER.strip(), None, None)
 

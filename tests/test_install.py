@@ -81,6 +81,20 @@ def test_source_distribution_holds_every_kernel_source_and_no_tests(tmp_path):
     assert not any(name.startswith("tests/") for name in names)
 
 
+def test_a_source_tree_without_its_extension_says_so(tmp_path):
+    """Imported from a checkout whose extension is not built (the working directory shadows an installed package),
+    talk_hf names that tree and how to build it, not an install option."""
+    source = tmp_path / "source"
+    _copy_checkout(source)
+    packages = [p for p in sys.path if Path(p).name in ("site-packages", "dist-packages")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(packages)}
+    result = subprocess.run([sys.executable, "-S", "-c", "from talk_hf import _kernels; print(_kernels.load_error())"],
+                            cwd=source, capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"not built in the source tree talk_hf is imported from ({source / 'talk_hf'})" in result.stdout
+    assert "build_ext --inplace" in result.stdout
+
+
 def test_wheel_works_outside_the_checkout(tmp_path):
     """`pip wheel --no-build-isolation .` (TALK_HF_SKIP_BUILD=1: the pure-PyTorch ops, no compiler run) installed
     into an empty folder and imported from another directory: train step, save, model card, pipeline."""
@@ -110,5 +124,5 @@ def test_wheel_works_outside_the_checkout(tmp_path):
     assert result.stdout.split("\n")[-4:-1] == ["True", "document_bleu: 100", "no bundled corpus: True"], result.stdout
     env_report = subprocess.run([*python, "-m", "talk_hf", "env"], cwd=work, capture_output=True, text=True, env=env)
     assert env_report.returncode == 0, env_report.stderr[-3000:]
-    assert "talk_hf._C is not built (the package was installed with TALK_HF_SKIP_BUILD=1" in env_report.stdout
+    assert "talk_hf._C is not built (the package was installed with TALK_HF_SKIP_BUILD=1)" in env_report.stdout
     assert (work / "model" / "README.md").is_file()
