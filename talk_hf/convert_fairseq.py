@@ -24,8 +24,9 @@ What a converted LightConv/DynamicConv model computes, against fairseq (docs/con
 - Generation defaults are fairseq-generate's (beam 5, lenpen 1, min_len 1, max_len_a 0, max_len_b 200, <pad> never
   generated) unless the checkpoint's cfg/args say otherwise. fairseq allows ``max_len_a * src_len + max_len_b``
   tokens and then forces </s>; transformers has no source-length rule, so the generation config holds
-  ``max_new_tokens = max_len_b + 1`` with ``forced_eos_token_id`` (a checkpoint with max_len_a != 0 is converted with
-  a warning). A hypothesis cut at the limit scores its forced </s> as log-probability 0 in transformers and as its
+  ``max_length = max_len_b + 2`` (the decoder start and max_len_b + 1 new tokens; ``min_length = min_len + 1``, so
+  that a ``max_length`` or ``max_new_tokens`` given per call replaces them as for any transformers model) with
+  ``forced_eos_token_id`` (a checkpoint with max_len_a != 0 is converted with a warning). A hypothesis cut at the limit scores its forced </s> as log-probability 0 in transformers and as its
   real log-probability in fairseq, so hypotheses that reach the limit can rank differently.
 """
 
@@ -65,12 +66,29 @@ TRAINING_METERS = [
                                                       "StopwatchMeter"))]
     for name in names
 ]
+
+
+def _numpy_array_globals():
+    """What a pickled numpy array or scalar names, under numpy 1.x's module (numpy.core) and 2.x's (numpy._core): a
+    checkpoint of `fairseq-train --eval-bleu` keeps the BLEU counts it logged as arrays in extra_state["metrics"].
+    Unpickling rebuilds the array from its dtype and bytes (object arrays through the same restricted unpickler)."""
+    import numpy
+
+    core = numpy._core.multiarray if hasattr(numpy, "_core") else numpy.core.multiarray
+    names = ("numpy.core.multiarray", "numpy._core.multiarray")
+    codes = "?" + numpy.typecodes["AllInteger"] + numpy.typecodes["AllFloat"]
+    dtype_classes = {type(numpy.dtype(code)) for code in codes}  # a dtype's state is set on its class (BUILD)
+    return [numpy.ndarray, numpy.dtype, *sorted(dtype_classes, key=str),
+            *[(core._reconstruct, f"{module}._reconstruct") for module in names],
+            *[(core.scalar, f"{module}.scalar") for module in names]]
+
+
 # The globals a fairseq checkpoint's pickle may name besides torch's tensors and plain containers (which
-# weights_only loading allows by itself): the training arguments and the training meters. fairseq >= 0.10 stores
+# weights_only loading allows by itself): the training arguments, the training meters and numpy arrays. fairseq >= 0.10 stores
 # `cfg` as plain containers (OmegaConf.to_container), with the model's arguments still an argparse.Namespace; older
 # releases store `args`. A Namespace is a plain attribute bag: unpickling it sets attributes and runs no code; a
 # meter unpickles to a TrainingMeter, which only stores its state.
-ALLOWED_GLOBALS = [argparse.Namespace, *TRAINING_METERS]
+ALLOWED_GLOBALS = [argparse.Namespace, *TRAINING_METERS, *_numpy_array_globals()]
 GIT_LFS_POINTER = b"version https://git-lfs.github.com/spec/v1"  # the first line of a Git LFS pointer file
 
 LIGHTCONV_ARCHS = (
@@ -105,7 +123,7 @@ def load_checkpoint(path):
             f"{path} needs {name}, which is not among the globals a fairseq checkpoint holds "
             f"({', '.join(_global_name(g) for g in ALLOWED_GLOBALS)}): refusing to unpickle it"
         ) from None
-    except (EOFError, RuntimeError) as err:
+    except Exception as err:  # bytes that are no checkpoint reach torch.load's readers as any of many errors
         raise unreadable_checkpoint(path, err) from err
     if not isinstance(state, dict) or "model" not in state:
         raise ValueError(f"{path} is not a fairseq checkpoint (no 'model' state dict)")
@@ -113,7 +131,8 @@ def load_checkpoint(path):
 
 
 def _global_name(obj):
-    return f"{obj.__module__}.{obj.__qualname__}"
+    """An ALLOWED_GLOBALS entry's name: the object's, or the name a (object, name) pair gives it."""
+    return obj[1] if isinstance(obj, tuple) else f"{obj.__module__}.{obj.__qualname__}"
 
 
 def refused_global(err):
@@ -480,13 +499,13 @@ def generation_config(gen, config):
     from transformers import GenerationConfig
 
     if gen["max_len_a"]:
-        logger.warning("max_len_a=%s has no transformers equivalent: max_new_tokens=%d", gen["max_len_a"],
+        logger.warning("max_len_a=%s has no transformers equivalent: at most %d new tokens", gen["max_len_a"],
                        int(gen["max_len_b"]) + 1)
     if gen["unkpen"]:
         logger.warning("unkpen=%s has no transformers equivalent and is not applied", gen["unkpen"])
     return GenerationConfig(
         num_beams=int(gen["beam"]), length_penalty=float(gen["lenpen"]), early_stopping=True, do_sample=False,
-        max_new_tokens=int(gen["max_len_b"]) + 1, min_new_tokens=int(gen["min_len"]),
+        max_length=int(gen["max_len_b"]) + 2, min_length=int(gen["min_len"]) + 1,  # with the decoder start
         forced_eos_token_id=config.eos_token_id, suppress_tokens=[config.pad_token_id],
         bos_token_id=config.bos_token_id, pad_token_id=config.pad_token_id, eos_token_id=config.eos_token_id,
         decoder_start_token_id=config.decoder_start_token_id,

@@ -150,8 +150,19 @@ def test_generation_config_holds_fairseqs_defaults(releases):
 
     gen = GenerationConfig.from_pretrained(releases["dynamicconv.glu.wmt16"][3])
     assert (gen.num_beams, gen.length_penalty, gen.early_stopping) == (5, 1.0, True)
-    assert (gen.max_new_tokens, gen.min_new_tokens, gen.forced_eos_token_id) == (201, 1, 2)
+    assert (gen.max_length, gen.min_length, gen.forced_eos_token_id) == (202, 2, 2)  # with the decoder start
+    assert gen.max_new_tokens is None and gen.min_new_tokens is None
     assert gen.suppress_tokens == [1] and gen.decoder_start_token_id == 2
+
+
+def test_a_max_length_given_per_call_limits_the_output(releases):
+    """As for any transformers model (the converted defaults do not take precedence over it)."""
+    converted = releases["dynamicconv.glu.wmt16"][3]
+    model = load_converted(converted, torch.float32)
+    src = torch.tensor([[5, 6, 7, 8, 2]])
+    with torch.no_grad():
+        out = model.generate(input_ids=src, num_beams=1, max_length=5, bad_words_ids=[[2]])
+    assert out.shape[1] == 5
 
 
 def test_config_follows_each_releases_embedding_sharing(releases):

@@ -34,9 +34,9 @@ def saved_bytes(obj, zip_format=True):
     return buffer.getvalue()
 
 
-def truncated(zip_format):
-    data = saved_bytes({"model": {"x": torch.zeros(1000)}, "args": None}, zip_format)
-    return data[:len(data) // 2]
+def truncated(zip_format, keep=0.5, tensors=1):
+    data = saved_bytes({"model": {f"x{i}": torch.zeros(1000) for i in range(tensors)}, "args": None}, zip_format)
+    return data[:int(len(data) * keep)]
 
 
 @pytest.mark.parametrize("content,message,torch_text", [
@@ -49,7 +49,10 @@ def truncated(zip_format):
      "Unsupported operand 60"),
     (truncated(zip_format=True), "is not a PyTorch checkpoint, or a damaged one", "failed reading zip archive"),
     (truncated(zip_format=False), "is not a PyTorch checkpoint, or a damaged one", "unexpected EOF"),
-], ids=["empty", "git-lfs-pointer", "web-page", "truncated-zip", "truncated-legacy"])
+    (truncated(zip_format=True, keep=0.1, tensors=10), "is not a PyTorch checkpoint, or a damaged one", "torch.load"),
+    (b"usage: see README\n", r"a damaged one \(it starts with b'usage", "torch.load"),
+    (b"https://example.org/model.pt\n", r"a damaged one \(it starts with b'https", "torch.load"),
+], ids=["empty", "git-lfs-pointer", "web-page", "truncated-zip", "truncated-legacy", "zip-head", "text", "url"])
 def test_a_file_that_is_no_checkpoint_is_named_with_torchs_error(tmp_path, content, message, torch_text):
     from talk_hf.convert_fairseq import convert_fairseq_checkpoint
 
@@ -57,7 +60,24 @@ def test_a_file_that_is_no_checkpoint_is_named_with_torchs_error(tmp_path, conte
     with pytest.raises(ValueError, match=message) as caught:
         convert_fairseq_checkpoint(tmp_path, tmp_path / "out")
     assert str(tmp_path / "model.pt") in str(caught.value) and torch_text in str(caught.value)
-    assert isinstance(caught.value.__cause__, (EOFError, RuntimeError, pickle.UnpicklingError))
+    assert caught.value.__cause__ is not None
+
+
+def test_numpy_arrays_of_an_eval_bleu_checkpoint_load(tmp_path):
+    """`fairseq-train --eval-bleu` logs its BLEU counts as numpy arrays, which the checkpoint keeps in
+    extra_state["metrics"]."""
+    import numpy
+
+    from talk_hf.convert_fairseq import load_checkpoint
+
+    checkpoint = layout.fairseq_checkpoint(argparse.Namespace(arch="lightconv"), {"x": torch.zeros(1)})
+    counts = numpy.array([12, 7, 3, 1])
+    checkpoint["extra_state"]["metrics"] = {"valid": [{"_bleu_counts": counts, "_bleu_sys_len": numpy.int64(40),
+                                                       "_bleu_totals": numpy.array([20.0, 19.0, 18.0, 17.0])}]}
+    torch.save(checkpoint, tmp_path / "model.pt")
+    loaded = load_checkpoint(tmp_path / "model.pt")["extra_state"]["metrics"]["valid"][0]
+    assert numpy.array_equal(loaded["_bleu_counts"], counts) and loaded["_bleu_sys_len"] == 40
+    assert loaded["_bleu_totals"].dtype == numpy.float64
 
 
 def fake_fairseq_meters(monkeypatch, marker):
