@@ -39,7 +39,8 @@ def parse_args(argv=None):
                         help="with --document_level: sliding windows with the forced target context (the paper's; "
                              "the default), the decoder state carried across each document (greedy), or each window "
                              "on its own (last sentence)")
-    parser.add_argument("--num_beams", type=int, help="default: the model's generation_config (4 if unset)")
+    parser.add_argument("--num_beams", type=int, help="default: the model's generation_config (4 if unset); 1 with "
+                                                      "--document_decoding streaming, which takes no other")
     parser.add_argument("--length_penalty", type=float, help="default: the model's generation_config")
     parser.add_argument("--max_new_tokens", type=int, help="default: the model's generation_config (128 if unset)")
     parser.add_argument("--max_tokens", type=int, default=8192, help="token budget per batch (perplexity, loss)")
@@ -67,6 +68,9 @@ def parse_args(argv=None):
         parser.error(f"--document_level scores translations (--metric bleu), not --metric {args.metric}")
     if args.document_decoding is not None and not args.document_level:
         parser.error("--document_decoding applies to --document_level evaluation only (add --document_level)")
+    if args.document_decoding == "streaming" and args.num_beams not in (None, 1):
+        parser.error(f"--document_decoding streaming carries one decoder state (greedy): --num_beams must be 1, got "
+                     f"{args.num_beams}")
     return args
 
 
@@ -88,14 +92,16 @@ def first(rows, limit):
 
 def generation_settings(generation_config, args):
     """Beam size, length penalty and new-token limit: the command line's, else those the model was saved with (a
-    training run saves the ones its reported BLEU used), else 4 beams and 128 tokens."""
+    training run saves the ones its reported BLEU used), else 4 beams and 128 tokens; streaming document decoding
+    (`--document_decoding streaming`, greedy) takes 1 beam."""
     saved = generation_config.to_diff_dict()  # the values set in the model's generation_config.json, not defaults
 
     def pick(name, fallback):
         given = getattr(args, name)
         return given if given is not None else saved.get(name, fallback)
 
-    return {"num_beams": pick("num_beams", 4), "length_penalty": pick("length_penalty", 1.0),
+    streaming = getattr(args, "document_decoding", None) == "streaming"
+    return {"num_beams": 1 if streaming else pick("num_beams", 4), "length_penalty": pick("length_penalty", 1.0),
             "max_new_tokens": pick("max_new_tokens", 128)}
 
 

@@ -19,18 +19,22 @@ model's) and, where one is given or configured, the forced BOS token (`forced_bo
 target language code), then the forced prefix. The decoder start is neither generated nor kept in a translation.
 
 A document is a list of sentences, or a string with one sentence per line (blank lines skipped). A sentence may not
-be blank or hold the separator token. Generation limits apply to each new sentence (`max_new_tokens`, else the
-model's generation config: its `max_new_tokens`, or its `max_length` less the decoder start, else 20 tokens;
-`min_new_tokens`, else the config's `min_new_tokens`, or its `min_length` less the decoder start), never to the
-forced prefix, so `max_length` and `min_length` as arguments, which would count it, are refused.
+hold the separator token. A blank sentence of a list (empty or whitespace only) is translated as "" and left out of
+every window (neither source context nor forced prefix): the other sentences are translated as if it were absent.
+Generation limits apply to each new sentence (`max_new_tokens`, else the model's generation config: its
+`max_new_tokens`, or its `max_length` less the decoder start, else 20 tokens; `min_new_tokens`, else the config's
+`min_new_tokens`, or its `min_length` less the decoder start), never to the forced prefix, so `max_length` and
+`min_length` as arguments, which would count it, are refused.
 
 Models with a fixed number of positions (transformers' Marian and BART: `max_position_embeddings`) cannot take a
 window whose source, or whose decoder start and forced prefix plus `max_new_tokens`, passes that number. Such a
 window drops its oldest context sentences, on both sides, until it fits. A limit taken from the generation config
 (Hub Marian models set `max_length` to their positions) is cut to the positions a window leaves, and a sentence that
-those positions cut (no end before them, short of the limit) is translated again with the window's oldest context
-sentence dropped. `translate_documents` warns (`ContextShortenedWarning`) with how many windows it shortened
-(`translate_documents_counted` returns the number too). The talk_hf models take any length.
+those positions cut short of the limit (its generation reached their end: no end of sentence before it, or only the
+end of sequence that a `forced_eos_token_id`, as Hub Marian and BART configs set, puts in the last position) is
+translated again with the window's oldest context sentence dropped. `translate_documents` warns
+(`ContextShortenedWarning`) with how many windows it shortened (`translate_documents_counted` returns the number
+too). The talk_hf models take any length.
 """
 
 import copy
@@ -58,16 +62,13 @@ def document_sentences(document):
 
 
 def checked_documents(documents, tokenizer, sep_token=None):
-    """Each document's sentences (`document_sentences`); a blank sentence, or one holding the separator token
-    (`document_separator`: it would split the sentence in two inside a window), is a ValueError naming it."""
+    """Each document's sentences (`document_sentences`), blank ones included; a sentence holding the separator token
+    (`document_separator`: it would split the sentence in two inside a window) is a ValueError naming it."""
     sep_token = document_separator(tokenizer, sep_token)
     has_separator = token_id(tokenizer, sep_token) is not None
     docs = [document_sentences(d) for d in documents]
     for d, sentences in enumerate(docs):
         for k, sentence in enumerate(sentences):
-            if not sentence.strip():
-                raise ValueError(f"sentence {k} of document {d} is blank: every sentence gets one translation, and "
-                                 "a blank one has nothing to translate (leave it out)")
             if has_separator and sep_token in sentence:
                 raise ValueError(f"sentence {k} of document {d} holds the separator {sep_token!r}, which joins the "
                                  f"sentences of a window: {sentence!r}")
@@ -85,7 +86,8 @@ class ContextShortenedWarning(UserWarning):
 
 def translate_documents(model, tokenizer, documents, window=4, batch_size=32, sep_token=None,
                         **generate_kwargs):
-    """Translate documents with sliding windows -> one list of translations (str) per document, one per sentence.
+    """Translate documents with sliding windows -> one list of translations (str) per document, one per sentence;
+    a blank sentence's is "", and the windows leave it out (the others are translated as if it were absent).
 
     model: any encoder-decoder generation model trained on windows joined by `sep_token` (default: the tokenizer's,
     `talk_hf.tokenization.document_separator`; window=1 needs no separator: sentence-level translation); window: sentences per window (L), the current one included.
@@ -111,30 +113,42 @@ def translate_documents_counted(model, tokenizer, documents, window=4, batch_siz
     _warn_if_training(model)
     sep_token = document_separator(tokenizer, sep_token)
     docs = checked_documents(documents, tokenizer, sep_token)
+    present = [_non_blank(sentences) for sentences in docs]
+    translated, shortened = _translate_sliding(model, tokenizer, docs, present, window, batch_size, sep_token,
+                                               generate_kwargs)
+    return [_with_blanks(t, kept_at, len(d)) for t, kept_at, d in zip(translated, present, docs)], shortened
+
+
+def _translate_sliding(model, tokenizer, documents, present, window, batch_size, sep_token, generate_kwargs):
+    """The sliding windows of `translate_documents` over the sentences at indices `present` of each document ->
+    (one list of translations per document, one per sentence of `present`; how many windows were shortened)."""
+    docs = [[sentences[k] for k in kept_at] for sentences, kept_at in zip(documents, present)]
     separator = _separator_id(tokenizer, sep_token) if window > 1 else None
     stops = _stop_ids(model, separator)
     start = _decoder_start(model, generate_kwargs)
     given = _given_new_tokens(generate_kwargs)
+    forced_eos = _forced_eos_ids(model, generate_kwargs)
     generate_kwargs, new_tokens = _per_sentence(model, generate_kwargs, len(start), eos_token_id=sorted(stops))
     # a limit taken from the generation config (Marian's max_length is its 512 positions) is cut to the positions a
     # window leaves, and a sentence they cut is translated again with less context; a given max_new_tokens
     # shortens windows beforehand to make room for it
     fit = _WindowFit(model, tokenizer, sep_token, len(start), new_tokens if given is not None else 1,
-                     limit=new_tokens)
+                     limit=new_tokens, forced_eos=forced_eos)
     done = [[] for _ in docs]  # the token ids kept for each translated sentence
     shortened = 0
     for i in range(max(map(len, docs), default=0)):
         first = _window_start(i, window)
         rows = [d for d in range(len(docs)) if i < len(docs[d])]
-        starts = {d: fit.start(docs[d], done[d], i, first, separator, d) for d in rows}
+        starts = {d: fit.start(docs[d], done[d], i, first, separator, f"sentence {present[d][i]} of document {d}")
+                  for d in rows}
         while rows:  # the windows of sentence i; again, with one context sentence less, those the positions cut
             sources = [join_sentences(docs[d][starts[d] : i + 1], sep_token) for d in rows]
             prefixes = [_forced_prefix(done[d][starts[d] : i], separator) for d in rows]
-            kept = _generate_windows(model, tokenizer, sources, start, prefixes, stops, batch_size, fit,
-                                     generate_kwargs)
+            generated = _generate_windows(model, tokenizer, sources, start, prefixes, stops, batch_size, fit,
+                                          generate_kwargs)
             again = []
-            for d, prefix, ids in zip(rows, prefixes, kept):
-                if fit.cut_short(len(prefix), ids) and starts[d] < i:
+            for d, (ids, cut) in zip(rows, generated):
+                if cut and starts[d] < i:
                     starts[d] += 1
                     again.append(d)
                 else:
@@ -148,6 +162,20 @@ def translate_documents_counted(model, tokenizer, documents, window=4, batch_siz
             f"(encoder {fit.encoder_positions}, decoder {fit.decoder_positions})", shortened, windows),
             stacklevel=_caller_level())
     return [[tokenizer.decode(ids, skip_special_tokens=True).strip() for ids in doc] for doc in done], shortened
+
+
+def _non_blank(sentences):
+    """The indices of the sentences that are not blank (empty or whitespace only): those that windows hold."""
+    return [k for k, sentence in enumerate(sentences) if sentence.strip()]
+
+
+def _with_blanks(translations, present, length):
+    """The translations of the sentences at indices `present` -> one per sentence of `length`, "" for the others
+    (the blank ones)."""
+    out = [""] * length
+    for k, translation in zip(present, translations):
+        out[k] = translation
+    return out
 
 
 def translate_document(model, tokenizer, document, window=4, **kwargs):
@@ -200,7 +228,8 @@ def _with_new_tokens(generate_kwargs, new_tokens):
 
 def _per_sentence(model, generate_kwargs, start_length, **settings):
     """-> (generate_kwargs with the limits of one new sentence made explicit, its max_new_tokens):
-    num_return_sequences 1, max_new_tokens (given, else from the generation config passed or the model's:
+    num_return_sequences 1, return_dict_in_generate False (token ids out, whatever a generation config asks),
+    max_new_tokens (given, else from the generation config passed or the model's:
     max_new_tokens, else max_length less the decoder start of `start_length` ids, else generate()'s default of 20)
     and min_new_tokens if any (the same way from min_new_tokens and min_length; generate() gives it precedence over
     min_length), max_length None (a configured total would count the forced prefix), and `settings`; set on a copy
@@ -213,7 +242,8 @@ def _per_sentence(model, generate_kwargs, start_length, **settings):
     if isinstance(new_tokens, bool) or not isinstance(new_tokens, int) or new_tokens < 1:
         raise ValueError(f"max_new_tokens must be a positive int, got {new_tokens!r}")
     min_tokens = _sentence_limit(generate_kwargs, configs, "min_new_tokens", "min_length", start_length)
-    settings = {"num_return_sequences": 1, "max_new_tokens": new_tokens, "max_length": None,
+    settings = {"num_return_sequences": 1, "return_dict_in_generate": False, "max_new_tokens": new_tokens,
+                "max_length": None,
                 **({} if min_tokens is None else {"min_new_tokens": max(min_tokens, 0)}), **settings}
     if passed is None:
         return {**generate_kwargs, **settings}, new_tokens
@@ -265,12 +295,13 @@ class _WindowFit:
 
     The decoder input is the decoder start (`start_length` ids), the forced prefix and the new sentence, for which a
     window leaves room for `new_tokens` tokens; the sentence may take up to `limit` (default `new_tokens`) within the
-    positions left."""
+    positions left. forced_eos: the ids generate() forces in the last position (`forced_eos_token_id`), if any."""
 
-    def __init__(self, model, tokenizer, sep_token, start_length, new_tokens, limit=None):
+    def __init__(self, model, tokenizer, sep_token, start_length, new_tokens, limit=None, forced_eos=()):
         self.encoder_positions, self.decoder_positions = position_limits(model.config)
         self.tokenizer, self.sep_token, self.new_tokens = tokenizer, sep_token, new_tokens
         self.start_length, self.limit = start_length, new_tokens if limit is None else limit
+        self.forced_eos = set(forced_eos)
         if self.decoder_positions is not None and self._decoder_length(0) > self.decoder_positions:
             raise ValueError(
                 f"a sentence may take {self._decoder_length(0)} decoder positions (its decoder start and "
@@ -285,17 +316,24 @@ class _WindowFit:
             return self.limit
         return min(self.limit, self.decoder_positions - self.start_length - prefix)
 
-    def cut_short(self, prefix, kept):
-        """Whether the positions left after a forced prefix of `prefix` ids cut a sentence short of its limit: its
-        `kept` ids fill them (no stop id came before)."""
+    def cut_short(self, prefix, new_ids, kept):
+        """Whether the positions left after a forced prefix of `prefix` ids cut a sentence short of its limit: they
+        are fewer than the limit, and its generation reached their end. new_ids: what generate() returned after the
+        prefix; kept: the sentence's ids among them (before the first stop id). The end is reached when the kept
+        ids fill the positions, or all but the last, which holds a forced end of sequence (generate() puts it there
+        whatever the sentence would have been: a sentence that ends there of itself cannot be told apart)."""
         room = self.new_tokens_after(prefix)
-        return room < self.limit and len(kept) == room
+        if room >= self.limit:
+            return False
+        forced_end = len(new_ids) >= room and new_ids[room - 1] in self.forced_eos
+        return len(kept) >= room or (len(kept) == room - 1 and forced_end)
 
     def _source_length(self, sentences):
         return len(self.tokenizer(join_sentences(sentences, self.sep_token))["input_ids"])
 
-    def start(self, sentences, kept, i, first, separator, document):
-        """The first sentence of sentence i's window: `first`, or later until the window fits."""
+    def start(self, sentences, kept, i, first, separator, name):
+        """The first sentence of sentence i's window: `first`, or later until the window fits; name: sentence i as
+        an error names it ("sentence 3 of document 0")."""
         if self.encoder_positions is None and self.decoder_positions is None:
             return first
         for start in range(first, i + 1):
@@ -305,8 +343,8 @@ class _WindowFit:
             if source_fits and (self.decoder_positions is None
                                 or self._decoder_length(prefix) <= self.decoder_positions):
                 return start
-        raise ValueError(f"sentence {i} of document {document} alone has {self._source_length(sentences[i : i + 1])} "
-                         f"tokens, more than the model's {self.encoder_positions} encoder positions")
+        raise ValueError(f"{name} alone has {self._source_length(sentences[i : i + 1])} tokens, more than the "
+                         f"model's {self.encoder_positions} encoder positions")
 
 
 def position_limits(config):
@@ -321,20 +359,33 @@ def _decoder_start(model, generate_kwargs):
     force it at the first step only, which a window's decoder input has passed). Each is taken as given (an
     argument), else from the generation config passed, else from the model's (the start token: else its config)."""
     passed = generate_kwargs.get("generation_config")
-
-    def setting(name, *configs):
-        if name in generate_kwargs:
-            return generate_kwargs[name]
-        return next((getattr(c, name) for c in configs if c is not None and getattr(c, name, None) is not None), None)
-
-    start = setting("decoder_start_token_id", passed, model.generation_config, model.config)
-    bos = setting("forced_bos_token_id", passed, model.generation_config)
+    start = _setting(generate_kwargs, "decoder_start_token_id", passed, model.generation_config, model.config)
+    bos = _setting(generate_kwargs, "forced_bos_token_id", passed, model.generation_config)
     for name, token in (("decoder_start_token_id", start), ("forced_bos_token_id", bos)):
         if token is not None and (isinstance(token, bool) or not isinstance(token, int)):
             raise ValueError(f"{name} must be one token id (an int), got {token!r}")
     if start is None:
         raise ValueError("the model has no decoder_start_token_id: pass one, the token every decoder input begins with")
     return [start] + ([bos] if bos is not None else [])
+
+
+def _setting(generate_kwargs, name, *configs):
+    """A generation setting as generate() takes it: given as an argument (None included), else from the first of
+    `configs` (None ones skipped) that sets it (not None), else None."""
+    if name in generate_kwargs:
+        return generate_kwargs[name]
+    return next((getattr(c, name) for c in configs if c is not None and getattr(c, name, None) is not None), None)
+
+
+def _forced_eos_ids(model, generate_kwargs):
+    """The ids generate() forces in a sentence's last allowed position (`forced_eos_token_id`: given, else in the
+    generation config passed, else in the model's; Hub Marian and BART configs set their end of sequence) -> a set,
+    empty when none is forced."""
+    forced = _setting(generate_kwargs, "forced_eos_token_id", generate_kwargs.get("generation_config"),
+                      model.generation_config)
+    if forced is None:
+        return set()
+    return set(forced if isinstance(forced, (list, tuple)) else [forced])
 
 
 def _separator_id(tokenizer, sep_token):
@@ -390,15 +441,15 @@ def _generate(model, **kwargs):
 
 @torch.no_grad()
 def _generate_windows(model, tokenizer, sources, start, prefixes, stops, batch_size, fit, generate_kwargs):
-    """Translate windows (source text, forced prefix ids) -> the kept ids of each window's new sentence, in order;
-    start: the decoder start ids before each prefix; each group's max_new_tokens cut to the decoder positions its
-    prefix leaves (`fit`)."""
+    """Translate windows (source text, forced prefix ids) -> for each window's new sentence, in order, (its kept
+    ids, whether the positions its prefix leaves cut it short: `_WindowFit.cut_short`); start: the decoder start
+    ids before each prefix; each group's max_new_tokens cut to the decoder positions its prefix leaves (`fit`)."""
     pad = model.generation_config.pad_token_id
     ends = stops | ({pad} if pad is not None else set())
     groups = {}
     for row, prefix in enumerate(prefixes):
         groups.setdefault(len(prefix), []).append(row)
-    kept = [None] * len(sources)
+    generated = [None] * len(sources)
     for length, rows in sorted(groups.items()):
         group_kwargs = _with_new_tokens(generate_kwargs, fit.new_tokens_after(length))
         for first in range(0, len(rows), batch_size):
@@ -407,8 +458,9 @@ def _generate_windows(model, tokenizer, sources, start, prefixes, stops, batch_s
             decoder_input_ids = torch.tensor([[*start, *prefixes[r]] for r in chunk], device=model.device)
             out = _generate(model, **inputs, decoder_input_ids=decoder_input_ids, **group_kwargs)
             for r, ids in zip(chunk, out[:, len(start) + length :].tolist()):
-                kept[r] = _kept(ids, ends)
-    return kept
+                sentence = _kept(ids, ends)
+                generated[r] = (sentence, fit.cut_short(length, ids, sentence))
+    return generated
 
 
 @torch.no_grad()
@@ -418,24 +470,31 @@ def translate_document_streaming(model, tokenizer, document, window=4, sep_token
     Sentence i: the source window of sentences i - window + 1 .. i is encoded and replaces the cross-attention
     source; the decoder continues from its state after every earlier sentence and the separator after it, and
     generates until a separator or end of sequence (greedy or sampling: one state is carried, so num_beams must be
-    1, whatever the model's generation config says). Each generated token costs the same however long the document.
-    The model must be a talk_hf encoder-decoder (its decoder state has a fixed size); generate_kwargs as in
-    `translate_documents`.
+    1, whatever the model's generation config says; the state is generate()'s cache, so use_cache may not be False).
+    Each generated token costs the same however long the document. A blank sentence's translation is "", and it is
+    left out of the windows and the state (as in `translate_documents`). The model must be a talk_hf encoder-decoder
+    (its decoder state has a fixed size); generate_kwargs as in `translate_documents`.
     """
     _check_generation(window, 1, generate_kwargs)
     _warn_if_training(model)
     passed = generate_kwargs.get("generation_config")
     if generate_kwargs.get("num_beams", getattr(passed, "num_beams", None) or 1) != 1:
         raise ValueError("streaming carries one decoder state from sentence to sentence: num_beams must be 1")
+    use_cache = _setting(generate_kwargs, "use_cache", passed)
+    if use_cache is not None and not use_cache:
+        raise ValueError("streaming carries the decoder state from sentence to sentence in generate()'s cache: "
+                         f"use_cache must be True, got {use_cache!r}")
     if not (is_talk_hf_model(model) and model.config.is_encoder_decoder):
         raise ValueError("streaming document translation carries a fixed-size decoder state: it needs a talk_hf "
                          f"encoder-decoder, got {type(model).__name__} (translate_documents works with any)")
     sep_token = document_separator(tokenizer, sep_token)
-    sentences, = checked_documents([document], tokenizer, sep_token)
+    every, = checked_documents([document], tokenizer, sep_token)
+    present = _non_blank(every)
+    sentences = [every[k] for k in present]
     separator = _separator_id(tokenizer, sep_token)
     stops = _stop_ids(model, separator)
     tokens = _decoder_start(model, generate_kwargs)
-    generate_kwargs, _ = _per_sentence(model, generate_kwargs, len(tokens), num_beams=1,
+    generate_kwargs, _ = _per_sentence(model, generate_kwargs, len(tokens), num_beams=1, use_cache=True,
                                        eos_token_id=sorted(stops), return_dict_in_generate=True)
     cache, translations = None, []
     for i in range(len(sentences)):
@@ -454,4 +513,4 @@ def translate_document_streaming(model, tokenizer, document, window=4, sep_token
         # the state has consumed every generated token but the last: the stop id (not kept), or the last kept one
         # when max_new_tokens ended the sentence; generate() feeds what it has not consumed
         tokens = tokens + kept + [separator]
-    return translations
+    return _with_blanks(translations, present, len(every))

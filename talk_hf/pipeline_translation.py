@@ -252,17 +252,19 @@ class DocumentTranslationPipeline(Pipeline):
     window (default 4): sentences per window, the current one included; streaming=True carries the decoder state
     across sentences (talk_hf models) instead of sliding windows; batch_size: sliding windows of several documents
     per `generate()` call (`talk_hf.translate_documents`; without it, one document at a time); other keyword
-    arguments go to `model.generate` (num_beams, max_new_tokens per sentence, ...)."""
+    arguments go to `model.generate` (num_beams, max_new_tokens per sentence, ...), as do those of a
+    `generate_kwargs={...}` dict (a keyword given beside it wins, as in pipeline("translation"))."""
 
     _load_processor = False
     _load_image_processor = False
     _load_feature_extractor = False
     _load_tokenizer = True
 
-    def _sanitize_parameters(self, window=None, streaming=None, **generate_kwargs):
-        """Forward parameters, generation arguments among them, each its own key: the pipeline merges a call's over
-        those given when it was built, key by key."""
-        forward = dict(generate_kwargs)
+    def _sanitize_parameters(self, window=None, streaming=None, generate_kwargs=None, **kwargs):
+        """Forward parameters, generation arguments among them (`generation_arguments`: a generate_kwargs dict and
+        the keywords beside it), each its own key: the pipeline merges a call's over those given when it was built,
+        key by key."""
+        forward = dict(generation_arguments(generate_kwargs, kwargs))
         forward.update({k: v for k, v in (("window", window), ("streaming", streaming)) if v is not None})
         return {}, forward, {}
 

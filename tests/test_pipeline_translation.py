@@ -175,6 +175,23 @@ def test_a_generate_kwargs_dict_joins_the_generation_arguments(tokenizer):
         translator("a dog runs .", generate_kwargs=[("num_beams", 2)])
 
 
+def test_the_document_translation_pipeline_takes_a_generate_kwargs_dict(tokenizer):
+    """As pipeline("translation") does: a generate_kwargs dict joins the generation arguments, in a call (with or
+    without batch_size) and when the pipeline is built, a keyword given beside it winning."""
+    model = tiny(tokenizer).eval()
+    documents = [SENTENCES[:2], SENTENCES[2:4]]
+    translator = pipeline("document-translation", model=model, tokenizer=tokenizer)
+    direct = translator(documents, window=2, num_beams=2, **SHORT)
+    assert translator(documents, window=2, generate_kwargs=dict(num_beams=2, **SHORT)) == direct
+    assert translator(documents, window=2, batch_size=2, generate_kwargs=dict(num_beams=2, **SHORT)) == direct
+    assert translator(documents, window=2, generate_kwargs=dict(num_beams=2, max_new_tokens=9), **SHORT) == direct
+    built = pipeline("document-translation", model=model, tokenizer=tokenizer, generate_kwargs=dict(num_beams=2))
+    assert built(documents, window=2, **SHORT) == direct
+    assert built(documents, window=2, batch_size=2, **SHORT) == direct
+    with pytest.raises(TypeError, match="generate_kwargs must be a dict"):
+        translator(documents, window=2, generate_kwargs=[("num_beams", 2)])
+
+
 @pytest.mark.parametrize("task", ["translation", "summarization"])
 def test_an_empty_list_of_inputs_gives_an_empty_list(task, tokenizer):
     pipe = pipeline(task, model=tiny(tokenizer), tokenizer=tokenizer)

@@ -30,9 +30,13 @@ def eval_mode(model):
 def generate_translations(model, tokenizer, sources, num_beams=4, length_penalty=1.0, max_new_tokens=128,
                           batch_size=64, **generate_kwargs):
     """Generate a translation of each of `sources` (list of str) with beam search; sentences are batched by length,
-    results keep the input order; `generate_kwargs` go to `model.generate`. -> list of lists of token ids (the
-    decoder start and any padding included). Runs in `eval_mode` (a training run's validation BLEU must not switch
-    its dropout off)."""
+    results keep the input order; `generate_kwargs` go to `model.generate`, which returns one sequence of token ids
+    per source whatever a generation config asks (num_return_sequences 1, return_dict_in_generate False; either as
+    an argument is a ValueError). -> list of lists of token ids (the decoder start and any padding included). Runs
+    in `eval_mode` (a training run's validation BLEU must not switch its dropout off)."""
+    for name in ("num_return_sequences", "return_dict_in_generate"):
+        if name in generate_kwargs:
+            raise ValueError(f"{name}: generate_translations returns one sequence of token ids per source")
     device = next(model.parameters()).device
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
     outputs = [None] * len(sources)
@@ -41,7 +45,8 @@ def generate_translations(model, tokenizer, sources, num_beams=4, length_penalty
             index = order[start : start + batch_size]
             inputs = tokenizer([sources[i] for i in index], return_tensors="pt", padding=True).to(device)
             ids = model.generate(**inputs, num_beams=num_beams, length_penalty=length_penalty,
-                                 max_new_tokens=max_new_tokens, **generate_kwargs)
+                                 max_new_tokens=max_new_tokens, num_return_sequences=1,
+                                 return_dict_in_generate=False, **generate_kwargs)
             for i, row in zip(index, ids.tolist()):
                 outputs[i] = row
     return outputs
@@ -118,19 +123,21 @@ def document_metrics(tokenizer, doc_ids, sep_token=None):
     return compute_metrics
 
 
-def warn_if_cut(tokenizer, generated):
-    """Warn when generated windows ((rows, T) token ids, the decoder start first) hold no </s> after their start: the
-    generation length limit cut them, and the last sentence of such a window, scored as its current one, may be a
-    context sentence cut short."""
+def warn_if_cut(tokenizer, generated, stacklevel=3):
+    """Warn when generated windows (rows of token ids, of one length or not, the decoder start first) hold no </s>
+    after their start: the generation length limit cut them, and the last sentence of such a window, scored as its
+    current one, may be a context sentence cut short. -> how many were cut (0 for a tokenizer without </s>).
+    stacklevel: the warning's, as `warnings.warn` counts it from this function (3: the caller's caller)."""
     eos = tokenizer.eos_token_id
     if eos is None:
-        return
-    cut = int((~(np.asarray(generated)[:, 1:] == eos).any(axis=1)).sum())
+        return 0
+    cut = sum(not (np.asarray(row)[1:] == eos).any() for row in generated)
     if cut:
         warnings.warn(f"{cut} of {len(generated)} generated windows have no </s>: the generation length limit cut "
                       "them, and the last sentence scored for each may be a context sentence cut short rather than "
                       "the window's current one; raise generation_max_length (Seq2SeqTrainingArguments) or the "
-                      "generation config's max_new_tokens", stacklevel=3)
+                      "generation config's max_new_tokens", stacklevel=stacklevel)
+    return cut
 
 
 def generated_ids(predictions):

@@ -22,6 +22,7 @@ from .evaluation import (
     generate_translations,
     last_sentences,
     translate,
+    warn_if_cut,
     window_last_sentences,
 )
 from .loop import Trainer, check_range, validation_loss
@@ -45,9 +46,11 @@ def evaluate_translation(model, tokenizer, dataset, num_beams=4, length_penalty=
     document_level: the split holds document windows (scripts/preprocess.py --window; one row per sentence, its
     window ending with it). Its documents are translated whole, by `document_decoding`: "sliding" (the paper's
     sliding windows with the forced target context, window = the split's), "streaming" (the decoder state carried
-    across each document; greedy) or "windows" (each window translated on its own, its last sentence kept). Every
-    sentence is scored once (`bleu`, `chrf`); `d_bleu` scores whole documents (metrics/document_bleu). The model
-    is put in eval mode (no dropout; RFA-doc's fixed random features)."""
+    across each document; greedy) or "windows" (each window translated on its own, its last sentence kept;
+    max_new_tokens limits the whole window, and the windows it cuts, whose last sentence may be a context sentence,
+    are warned about and counted in `windows_cut`). Every sentence is scored once (`bleu`, `chrf`); `d_bleu` scores
+    whole documents (metrics/document_bleu); a blank sentence's translation is "" (`translate_documents`). The
+    model is put in eval mode (no dropout; RFA-doc's fixed random features)."""
     model.eval()
     if limit:
         dataset = dataset.select(range(min(limit, len(dataset)))) if hasattr(dataset, "select") else {
@@ -70,9 +73,10 @@ def _evaluate_documents(model, tokenizer, dataset, decoding, generation):
         raise ValueError(f"document_decoding must be one of {DOCUMENT_DECODINGS}, got {decoding!r}")
     sep_token = document_separator(tokenizer)
     sources, references, window = split_documents(dataset, sep_token)
-    shortened = 0
+    shortened = cut = 0
     if decoding == "windows":
         generated = generate_translations(model, tokenizer, dataset["source"], **generation)
+        cut = warn_if_cut(tokenizer, generated, stacklevel=4)  # the caller of evaluate_translation
         hyps = group_documents(window_last_sentences(tokenizer, generated, sep_token), dataset["doc_id"])
     elif decoding == "streaming":
         if generation["num_beams"] != 1:
@@ -86,7 +90,7 @@ def _evaluate_documents(model, tokenizer, dataset, decoding, generation):
     return {"bleu": scores["bleu"], "d_bleu": scores["d_bleu"], "signature": scores["signature"],
             "chrf": chrf, "chrf_signature": chrf_signature,
             "sentences": scores["sentences"], "documents": scores["documents"], "window": window,
-            "document_decoding": decoding, "context_shortened": shortened,
+            "document_decoding": decoding, "context_shortened": shortened, "windows_cut": cut,
             "hypotheses": flat}
 
 
@@ -164,7 +168,7 @@ def train_run(data_dir, kind, train_config, preset=None, config_file=None, overr
     tokenizer = AutoTokenizer.from_pretrained(Path(data_dir) / "tokenizer")
     train, valid = load_prepared(data_dir, train_split), load_prepared(data_dir, valid_split)
     test = load_prepared(data_dir, test_split) if test_split else None  # a missing split fails before training
-    if test is not None and document_level:  # what document translation refuses (blank sentences), before training
+    if test is not None and document_level:  # a sentence holding the separator: refused before training
         checked_documents(split_documents(test)[0], tokenizer)
     set_seed(train_config.seed)  # the initial weights (the Trainer seeds again for training)
     model = build_model(kind, tokenizer, preset=preset, config_file=config_file, overrides=overrides)

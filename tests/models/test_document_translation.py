@@ -9,6 +9,7 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from talk_hf import ContextShortenedWarning, translate_document, translate_document_streaming, translate_documents
+from talk_hf.document_translation import translate_documents_counted
 from talk_hf.tokenization import SEP_ID, SEP_TOKEN, document_separator, join_sentences, train_joint_bpe
 from talk_hf.training.models import build_model
 from tests.models.tiny import cache_of
@@ -112,6 +113,9 @@ def test_what_cannot_fit_the_models_positions_is_refused(tokenizer):
         translate_documents(model, tokenizer, DOCUMENTS, window=2, max_new_tokens=18)
     with pytest.raises(ValueError, match="sentence 1 of document 0 alone has .* 18 encoder positions"):
         translate_documents(model, tokenizer, [[SENTENCES[0], " ".join(SENTENCES)]], window=2, max_new_tokens=4)
+    with pytest.raises(ValueError, match="sentence 2 of document 1 alone has"):  # counted with the blank sentence
+        translate_documents(model, tokenizer, [SENTENCES[:1], [SENTENCES[0], "", " ".join(SENTENCES)]], window=2,
+                            max_new_tokens=4)
 
 
 @pytest.mark.parametrize("kind", ["rfa_doc", "marian"])
@@ -265,8 +269,6 @@ def test_bad_documents_are_refused_by_name(tokenizer):
         translate_documents(model, tokenizer, "\n".join(SENTENCES), window=2, **GREEDY)
     with pytest.raises(ValueError, match="sentence 1 of document 0 holds the separator '<sep>'"):
         translate_document(model, tokenizer, [SENTENCES[0], "a dog <sep> runs ."], window=2, **GREEDY)
-    with pytest.raises(ValueError, match="sentence 1 of document 1 is blank"):
-        translate_documents(model, tokenizer, [SENTENCES[:2], [SENTENCES[0], " "]], window=2, **GREEDY)
     with pytest.raises(ValueError, match="sentence 0 of document 0 holds the separator"):
         translate_document_streaming(model, tokenizer, ["<sep>"], window=2, max_new_tokens=3)
     for name, instead in (("max_length", "max_new_tokens"), ("min_length", "min_new_tokens")):
@@ -476,10 +478,12 @@ def test_a_configured_min_length_is_not_reported_once_per_window(tokenizer):
         logger.removeHandler(handler)
 
 
-def by_hand_configured(model, tokenizer, sentences, window, positions, limit, shortened, **generate_kwargs):
+def by_hand_configured(model, tokenizer, sentences, window, positions, limit, shortened, forced_eos=False,
+                       **generate_kwargs):
     """The sliding-window definition with a limit taken from the generation config (`limit` new tokens) and a
     model of `positions` positions: a window's sentence may take the limit within the positions its decoder start
-    and forced prefix leave; a sentence those positions cut (no </s> or <sep> before them, short of the limit)
+    and forced prefix leave; a sentence those positions cut (no </s> or <sep> before them, short of the limit; with
+    `forced_eos`, the model's generation config forcing </s> in the last position, a </s> there counts as none)
     is translated again with the window's oldest context sentence dropped (counted in the list `shortened`)."""
     start, eos = decoder_start(model, generate_kwargs), tokenizer.eos_token_id
     stops = {SEP_ID, eos, tokenizer.pad_token_id}
@@ -495,7 +499,8 @@ def by_hand_configured(model, tokenizer, sentences, window, positions, limit, sh
                                  eos_token_id=[eos, SEP_ID], **generate_kwargs)
             new = out[0, len(start) + len(prefix) :].tolist()
             end = next((j for j, t in enumerate(new) if t in stops), None)
-            if end is not None or room == limit or first == i:
+            cut = end is None or (forced_eos and end == room - 1 and new[end] == eos)
+            if not cut or room == limit or first == i:
                 break
         if first > max(0, i - window + 1):
             shortened.append(i)
@@ -535,3 +540,92 @@ def test_a_sentence_cut_by_the_positions_under_a_configured_limit_drops_context(
                    for doc in DOCUMENTS]
     [record] = [w for w in caught if issubclass(w.category, ContextShortenedWarning)]
     assert shortened and record.message.shortened == len(shortened)
+
+
+def test_a_forced_end_of_sequence_in_the_last_position_is_a_cut_sentence(tokenizer):
+    """Hub Marian and BART generation configs set forced_eos_token_id to their </s>: generate() puts it in the last
+    position a window leaves, so a sentence those positions cut ends with </s> there instead of running into them.
+    It is a cut sentence all the same: translated again with less context and warned about, and the translations
+    are those of the same model without the forced end (here no sentence ends there of itself)."""
+    model = model_for("marian", tokenizer, seed=4, max_position_embeddings=18)
+    model.generation_config.max_length = 18
+    stop = dict(num_beams=1, logits_processor=LogitsProcessorList([EndsSentencesAfter(14, tokenizer.eos_token_id)]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ContextShortenedWarning)
+        unforced = translate_documents(model, tokenizer, DOCUMENTS, window=2, **stop)
+    model.generation_config.forced_eos_token_id = tokenizer.eos_token_id
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got, count = translate_documents_counted(model, tokenizer, DOCUMENTS, window=2, **stop)
+    shortened = []
+    assert got == [by_hand_configured(model, tokenizer, doc, 2, 18, 17, shortened, forced_eos=True, **stop)
+                   for doc in DOCUMENTS]
+    assert got == unforced
+    assert shortened and count == len(shortened)
+    [record] = [w for w in caught if issubclass(w.category, ContextShortenedWarning)]
+    assert record.message.shortened == len(shortened)
+
+
+def test_token_ids_whatever_the_generation_config_returns(tokenizer):
+    """return_dict_in_generate=True (with output_scores) in the model's generation config or in one passed makes
+    generate() return a dict: document translation, its pipeline and the training evaluation's translate read
+    token ids all the same, one sequence per input (num_return_sequences in the config too), and give the same
+    translations; either setting as an argument of translate is refused by name."""
+    from transformers import GenerationConfig, pipeline
+
+    from talk_hf.training.evaluation import translate
+
+    model = model_for("talk", tokenizer)
+    plain = translate_documents(model, tokenizer, DOCUMENTS, window=2, **GREEDY)
+    sentences = translate(model, tokenizer, SENTENCES[:3], num_beams=2, max_new_tokens=4)
+    asked = GenerationConfig(return_dict_in_generate=True, output_scores=True, **GREEDY)
+    assert translate_documents(model, tokenizer, DOCUMENTS, window=2, generation_config=asked) == plain
+    model.generation_config.return_dict_in_generate = model.generation_config.output_scores = True
+    assert translate_documents(model, tokenizer, DOCUMENTS, window=2, **GREEDY) == plain
+    translator = pipeline("document-translation", model=model, tokenizer=tokenizer)
+    assert translator(DOCUMENTS[0], window=2, **GREEDY) == {"translations": plain[0]}
+    model.generation_config.num_beams, model.generation_config.num_return_sequences = 2, 2
+    assert translate(model, tokenizer, SENTENCES[:3], num_beams=2, max_new_tokens=4) == sentences
+    for name, value in (("return_dict_in_generate", True), ("num_return_sequences", 2)):
+        with pytest.raises(ValueError, match=f"{name}: generate_translations returns one sequence"):
+            translate(model, tokenizer, SENTENCES[:3], num_beams=2, max_new_tokens=4, **{name: value})
+
+
+def test_streaming_refuses_to_run_without_the_cache(tokenizer):
+    """Streaming carries the decoder state in generate()'s cache: use_cache=False, as an argument or in a
+    generation config passed, would carry none and give other translations, so it is refused by name; a model
+    whose own generation config says use_cache=False streams with the cache all the same."""
+    from transformers import GenerationConfig
+
+    model = model_for("rfa_doc", tokenizer, seed=2)
+    expected = translate_document_streaming(model, tokenizer, SENTENCES, window=2, max_new_tokens=4)
+    with pytest.raises(ValueError, match="use_cache must be True, got False"):
+        translate_document_streaming(model, tokenizer, SENTENCES, window=2, max_new_tokens=4, use_cache=False)
+    with pytest.raises(ValueError, match="use_cache must be True"):
+        translate_document_streaming(model, tokenizer, SENTENCES, window=2,
+                                     generation_config=GenerationConfig(use_cache=False, max_new_tokens=4))
+    model.generation_config.use_cache = False
+    assert translate_document_streaming(model, tokenizer, SENTENCES, window=2, max_new_tokens=4) == expected
+
+
+def test_a_blank_sentence_is_translated_as_empty_and_left_out_of_the_windows(tokenizer):
+    """A blank sentence (empty or whitespace only: a prepared split keeps blank lines as rows) gets "" and is in
+    no window, as source context or forced prefix: the other sentences are translated as if it were absent, by
+    either decoding, alone or in a batch."""
+    model = model_for("rfa_doc", tokenizer, seed=2)
+    with_blanks = ["", SENTENCES[0], " ", SENTENCES[1], SENTENCES[2], "\t", SENTENCES[3]]
+    without = [s for s in with_blanks if s.strip()]
+    blank = [not s.strip() for s in with_blanks]
+
+    def placed(translations):
+        it = iter(translations)
+        return ["" if b else next(it) for b in blank]
+
+    alone = translate_document(model, tokenizer, without, window=2, **GREEDY)
+    assert any(alone)  # the sentences have words
+    assert translate_document(model, tokenizer, with_blanks, window=2, **GREEDY) == placed(alone)
+    assert translate_documents(model, tokenizer, [DOCUMENTS[0], with_blanks, ["", " "]], window=2, batch_size=3,
+                               **GREEDY) == [translate_document(model, tokenizer, DOCUMENTS[0], window=2, **GREEDY),
+                                             placed(alone), ["", ""]]
+    streamed = translate_document_streaming(model, tokenizer, without, window=2, max_new_tokens=4)
+    assert translate_document_streaming(model, tokenizer, with_blanks, window=2, max_new_tokens=4) == placed(streamed)

@@ -1,22 +1,23 @@
 """Bad or unusual command-line input to the scripts and the library readers behind them: refused with a message
 naming the problem, or read as meant (repeated --set flags, unknown config fields, tiny vocabularies, byte order
-marks, --last, evaluate_model.py's --limit, line counts and --document_level)."""
+marks, --last, evaluate_model.py's --limit, line counts, --document_level and its decodings)."""
 
 import gzip
 import io
 import json
 import types
+import warnings
 
 import pytest
 import torch
-from transformers import GenerationConfig
+from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
 from talk_hf.tokenization import MIN_VOCAB_SIZE, train_joint_bpe
 from talk_hf.training.corpora import load_json_pairs, load_text_pairs, load_tsv_pairs, read_lines
 from talk_hf.training.evaluation import rouge
 from talk_hf.training.loop import make_collator, summed_losses, validation_loss
 from talk_hf.training.models import build_model, build_model_for_ids, config_fields, parse_overrides
-from talk_hf.training.run import load_prepared
+from talk_hf.training.run import evaluate_translation, load_prepared
 
 from .test_scripts import FIXTURE, TINY, script
 
@@ -257,6 +258,8 @@ def test_evaluate_checks_line_counts_before_translating(saved, tmp_path, monkeyp
     (["--data", "d", "--reference", "r"], "--reference needs --source"),
     (["--data", "d", "--limit", "-2"], "--limit must be >= 0, got -2"),
     (["--data", "d", "--document_decoding", "streaming"], "--document_decoding applies to --document_level"),
+    (["--data", "d", "--document_level", "--document_decoding", "streaming", "--num_beams", "4"],
+     "--document_decoding streaming carries one decoder state (greedy): --num_beams must be 1, got 4"),
 ])
 def test_evaluate_refuses_inconsistent_flags(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -267,3 +270,110 @@ def test_evaluate_refuses_inconsistent_flags(argv, message, capsys):
 def test_rouge_refuses_a_length_mismatch():
     with pytest.raises(ValueError, match="2 summaries for 3 references"):
         rouge(["a dog", "two"], ["a dog", "two", "three"])
+
+
+# ------------------------------------------------------------------------------------------ document-level evaluation
+
+DOC_SOURCES = ["ein hund läuft .", "er bellt .", "die katze rennt weg .", "ein mann sieht den hund .", "er ruft ihn ."]
+DOC_TARGETS = ["a dog runs .", "it barks .", "the cat runs away .", "a man sees the dog .", "he calls it ."]
+
+
+def document_split(sources=DOC_SOURCES, targets=DOC_TARGETS, doc_ids=("a",) * 3 + ("b",) * 2):
+    """A prepared split of document windows (window 2) of these sentences."""
+    import datasets
+
+    from talk_hf.training.corpora import document_windows
+
+    rows = {"doc_id": list(doc_ids), "source": list(sources), "target": list(targets)}
+    return document_windows(datasets.Dataset.from_dict(rows), window=2)
+
+
+@pytest.fixture(scope="module")
+def documents(tmp_path_factory):
+    """A folder with data/test, a prepared split of document windows (two documents), and model/, an untrained
+    tiny talk model saved with num_beams 4 in its generation config (as a training run saves its beam)."""
+    root = tmp_path_factory.mktemp("documents")
+    tokenizer = train_joint_bpe(DOC_SOURCES + DOC_TARGETS, vocab_size=80, min_frequency=1)
+    document_split().save_to_disk(str(root / "data" / "test"))
+    torch.manual_seed(0)
+    model = build_model("talk", tokenizer, overrides=dict(parse_overrides(TINY)))
+    model.generation_config.num_beams = 4
+    model.save_pretrained(root / "model")
+    tokenizer.save_pretrained(root / "model")
+    return root
+
+
+def loaded(folder):
+    """(model in eval mode, tokenizer) saved in `folder`."""
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    return AutoModelForSeq2SeqLM.from_pretrained(folder).eval(), AutoTokenizer.from_pretrained(folder)
+
+
+class OnlyScores(LogitsProcessor):
+    """Leaves one token possible at every step (ends=True: </s> at once) or every token but it (ends=False: a
+    model that never ends its windows)."""
+
+    def __init__(self, token, ends):
+        self.token, self.ends = token, ends
+
+    def __call__(self, input_ids, scores):
+        chosen = torch.arange(scores.shape[1]) == self.token
+        return scores.masked_fill(~chosen if self.ends else chosen, -float("inf"))
+
+
+def steered(model, processor):
+    """The model, its generate() calls given `processor`."""
+    generate = model.generate
+    model.generate = lambda **kwargs: generate(**kwargs, logits_processor=LogitsProcessorList([processor]))
+    return model
+
+
+def test_streaming_evaluation_decodes_greedily_whatever_beam_the_model_was_saved_with(documents, tmp_path):
+    """--document_decoding streaming carries one decoder state: without --num_beams it decodes greedily, though the
+    model was saved with 4 beams (which the other decodings still take), as evaluating it with num_beams=1 does."""
+    evaluate = script("evaluate_model")
+    argv = ["--model", str(documents / "model"), "--data", str(documents / "data"), "--document_level",
+            "--max_new_tokens", "4"]
+    hypotheses = tmp_path / "hypotheses.txt"
+    scored = evaluate.main([*argv, "--document_decoding", "streaming", "--hypotheses", str(hypotheses)])
+    assert scored["generation"]["num_beams"] == 1 and scored["document_decoding"] == "streaming"
+    model, tokenizer = loaded(documents / "model")
+    direct = evaluate_translation(model, tokenizer, load_prepared(documents / "data", "test"), num_beams=1,
+                                  max_new_tokens=4, document_level=True, document_decoding="streaming")
+    assert hypotheses.read_text(encoding="utf-8").split("\n")[:-1] == direct["hypotheses"]
+    assert evaluate.main(argv)["generation"]["num_beams"] == 4
+
+
+def test_windows_decoding_warns_about_and_counts_the_windows_the_limit_cuts(documents):
+    """document_decoding="windows": max_new_tokens limits a whole window (its context sentences and the current
+    one), and the last sentence of a window it cuts, scored as the current one, may be a context sentence: such
+    windows are warned about with their count, which the results hold (windows_cut); windows that end are not."""
+    model, tokenizer = loaded(documents / "model")
+    split = load_prepared(documents / "data", "test")
+    settings = dict(num_beams=1, max_new_tokens=4, document_level=True, document_decoding="windows")
+    steered(model, OnlyScores(tokenizer.eos_token_id, ends=False))
+    with pytest.warns(UserWarning, match="5 of 5 generated windows have no </s>") as caught:
+        scored = evaluate_translation(model, tokenizer, split, **settings)
+    assert scored["windows_cut"] == 5
+    assert [w.filename for w in caught if "no </s>" in str(w.message)] == [__file__]  # the caller's line
+    model, _ = loaded(documents / "model")
+    steered(model, OnlyScores(tokenizer.eos_token_id, ends=True))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        scored = evaluate_translation(model, tokenizer, split, **settings)
+    assert scored["windows_cut"] == 0 and not [w for w in caught if "no </s>" in str(w.message)]
+
+
+def test_document_evaluation_takes_a_blank_sentence(documents):
+    """A prepared split keeps a document's blank lines as rows: document-level evaluation gives a blank sentence
+    the translation "" and translates the others as in the document without it."""
+    from talk_hf import translate_document
+
+    model, tokenizer = loaded(documents / "model")
+    sources = [DOC_SOURCES[0], "", *DOC_SOURCES[1:3]]
+    targets = [DOC_TARGETS[0], "", *DOC_TARGETS[1:3]]
+    scored = evaluate_translation(model, tokenizer, document_split(sources, targets, ["a"] * 4), num_beams=1,
+                                  max_new_tokens=4, document_level=True)
+    alone = translate_document(model, tokenizer, [s for s in sources if s], window=2, num_beams=1, max_new_tokens=4)
+    assert scored["hypotheses"] == [alone[0], "", *alone[1:]] and scored["sentences"] == 4
