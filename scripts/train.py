@@ -62,9 +62,12 @@ class RunArguments:
                 "prepared from, else none)"})
     license: str = dataclasses.field(default=None, metadata={
         "help": "the model card's license, a Hub license id such as mit or cc-by-4.0 (default: none stated)"})
-    push_to_hub: str = dataclasses.field(default=None, metadata={"help": "repo id to upload the final model to"})
+    push_to_hub: str = dataclasses.field(default=None, metadata={
+        "help": "repository id (user/name or org/name) to upload the final model to"})
     hub_revision: str = None
-    hub_private: bool = False
+    hub_private: bool = dataclasses.field(default=None, metadata={
+        "help": "create the repository private (default: the Hub's default, public unless an organisation's is "
+                "private)"})
 
 
 def parse_args(argv=None):
@@ -80,6 +83,9 @@ def parse_args(argv=None):
         parser.error(f"--preset: {err}")
     if run_args.test_limit < 0:
         parser.error(f"--test_limit must be >= 0 (0: every test example), got {run_args.test_limit}")
+    if run_args.push_to_hub is not None and not re.fullmatch(r"[^/\s]+/[^/\s]+", run_args.push_to_hub):
+        parser.error(f"--push_to_hub takes a repository id with its namespace, user/name or org/name (the model "
+                     f"card's code samples name it), got {run_args.push_to_hub!r}")
     folder_error = run_folder_error(train_config.output_dir, train_config.resume)
     if folder_error is not None:  # a new run into a used folder, --resume without a checkpoint
         parser.error(str(folder_error))

@@ -7,8 +7,8 @@ The folder is the one ``scripts/train.py`` writes to ``<output_dir>/model``: wei
 modeling ``.py`` files (``auto_map``), tokenizer files, ``generation_config.json``, the ``README.md`` model card,
 ``metrics.jsonl`` / ``eval_results.json`` and ``metrics.png``. Everything in it is uploaded in one commit except
 training state that does not belong in a model repository (see ``DEFAULT_IGNORE``); the same commit deletes the
-repository's weight files and BPE codes that the folder does not have (see ``REPLACED``). The local folder is only
-read.
+repository's weight files, BPE codes, model card and results that the folder does not have (see ``REPLACED``). The
+local folder is only read.
 """
 
 from __future__ import annotations
@@ -32,11 +32,13 @@ DEFAULT_IGNORE = (
     "scaler.pt", "rng_state*", "training_args.bin", "trainer_state.json", ".*", ".*/**", "**/.*", "**/.*/**",
     "__pycache__/**", "**/__pycache__/**", "*.pyc",
 )
-# Files at a repository's root whose mere presence changes what loads, so that an earlier push's copies must not
-# outlive a push without them: the weights in any layout (transformers loads a leftover model.safetensors before a
-# newer sharded index) and subword-nmt codes (a fairseq tokenizer applies BPE when a bpecodes file is there). Those
-# the pushed folder lacks are deleted; files in subfolders, and those the folder has (uploaded or ignored), stay.
-REPLACED = ("*.safetensors", "*.safetensors.index.json", "*.bin", "*.bin.index.json", "bpecodes")
+# Files at a repository's root that an earlier push's copies must not outlive a push without them: those whose mere
+# presence changes what loads, the weights in any layout (transformers loads a leftover model.safetensors before a
+# newer sharded index) and subword-nmt codes (a fairseq tokenizer applies BPE when a bpecodes file is there), and those
+# that describe the weights of a run (the model card with its results, the results and metrics files). Those the
+# pushed folder lacks are deleted; files in subfolders, and those the folder has (uploaded or ignored), stay.
+REPLACED = ("*.safetensors", "*.safetensors.index.json", "*.bin", "*.bin.index.json", "bpecodes", "README.md",
+            "eval_results.json", "metrics.jsonl", "metrics.png")
 _WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 
 
@@ -57,8 +59,8 @@ def _check_folder(folder: Path) -> None:
     if not any((folder / name).is_file() for name in _WEIGHTS):
         raise FileNotFoundError(f"{folder} has no weights ({' or '.join(_WEIGHTS)}): nothing to push")
     if not (folder / "README.md").is_file():
-        warnings.warn(f"{folder} has no README.md: the repository gets no model card "
-                      "(write one with talk_hf.training.model_card.write_model_card)", stacklevel=3)
+        warnings.warn(f"{folder} has no README.md: the repository gets no model card, and an earlier push's is "
+                      "deleted (write one with talk_hf.training.model_card.write_model_card)", stacklevel=3)
 
 
 def _stale_files(repo_files: list[str], folder: Path) -> list[str]:
@@ -77,7 +79,7 @@ def push_run(
     repo_id: str,
     *,
     revision: str | None = None,
-    private: bool = False,
+    private: bool | None = None,
     commit_message: str | None = None,
     token: str | bool | None = None,
     ignore_patterns: tuple[str, ...] | list[str] | None = DEFAULT_IGNORE,
@@ -88,17 +90,20 @@ def push_run(
 
     Args:
         folder: the saved model folder (``save_pretrained`` output plus tokenizer, card, metrics, plot).
-        repo_id: ``"user/name"`` or ``"org/name"``; created if missing (``exist_ok``).
+        repo_id: ``"user/name"`` or ``"org/name"`` (a bare ``"name"``: the token's user's); created if missing
+            (``exist_ok``).
         revision: a branch to commit to; created from ``main`` when it does not exist yet. None: ``main``.
-        private: create the repository private. An existing repository keeps its visibility (a warning is given
-            when it is public and ``private=True`` was asked for).
+        private: create the repository private (True) or public (False); None: the Hub's default (public, or
+            private where an organisation makes its repositories private by default). An existing repository keeps
+            its visibility (a warning is given when it is public and ``private=True`` was asked for).
         commit_message: default ``"Upload <folder name> with talk_hf"``.
         token: Hub token (None: the saved login / ``HF_TOKEN``).
         ignore_patterns: glob patterns of files not to upload (default ``DEFAULT_IGNORE``; None uploads everything).
 
     Returns:
-        str: the commit URL, ``<endpoint>/<repo_id>/commit/<sha>`` (the sha is its last path segment). When no file
-        differs from the branch head, huggingface_hub makes no (empty) commit and this is the head's URL.
+        str: the commit URL, ``<endpoint>/<namespace>/<name>/commit/<sha>`` (the sha is its last path segment).
+        When no file differs from the branch head, huggingface_hub makes no (empty) commit and this is the head's
+        URL.
 
     Raises:
         FileNotFoundError: the folder, its config.json or its weights are missing (nothing was contacted).
@@ -112,7 +117,7 @@ def push_run(
     api = HfApi(token=token)
     step = "create the repository"
     try:
-        api.create_repo(repo_id, private=private, exist_ok=True)
+        repo_id = api.create_repo(repo_id, private=private, exist_ok=True).repo_id  # with its namespace
         if private:
             step = "read the repository's visibility"
             if not api.repo_info(repo_id).private:

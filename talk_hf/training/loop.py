@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 from transformers import get_cosine_schedule_with_warmup
 
 from .data import Seq2SeqCollator, TokenBatchSampler, pad_right
-from .evaluation import corpus_bleu, eval_mode, translate
+from .evaluation import corpus_bleu, eval_mode, perplexity, translate
 
 SCHEDULES = ("inverse_sqrt", "cosine")
 # field -> (lowest value, highest value or None, whether the lowest is excluded): the values TrainConfig takes (0
@@ -579,7 +579,7 @@ class Trainer:
         sums = summed_losses(model, self.valid_dataset, self.collator, self.config.max_tokens, self.accelerator,
                              swap_sources=seq2seq)
         record = {"step": self.state.global_step, "epoch": self.state.epoch, "valid_loss": sums.loss,
-                  "valid_ppl": math.exp(min(sums.loss, 50))}
+                  "valid_ppl": perplexity(sums.loss)}
         if seq2seq:
             record["valid_source_gain"] = sums.source_gain
         if self.valid_texts is not None and self.config.bleu_sentences and seq2seq:

@@ -3,7 +3,6 @@ scripts/train.py and scripts/demo.py)."""
 
 import fcntl
 import json
-import math
 import os
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from .evaluation import (
     corpus_chrf,
     generate_translations,
     last_sentences,
+    perplexity,
     translate,
     warn_if_cut,
     window_last_sentences,
@@ -211,7 +211,7 @@ def train_run(data_dir, kind, train_config, preset=None, config_file=None, overr
         results["valid_ppl"] = final["valid_ppl"]
         if test_split:
             loss, tokens = validation_loss(model, test, trainer.collator, train_config.max_tokens, trainer.accelerator)
-            results.update({"test_loss": loss, "test_ppl": math.exp(loss), "test_tokens": tokens})
+            results.update({"test_loss": loss, "test_ppl": perplexity(loss), "test_tokens": tokens})
     folder = trainer.save_model()
     if trainer.accelerator.is_main_process:
         (output_dir / "eval_results.json").write_text(json.dumps(results, indent=2) + "\n")

@@ -178,6 +178,41 @@ def test_private_is_recorded(local_hub, tokenizer, tmp_path):
     assert local_hub.repo("user/open-run").private is False
 
 
+def test_without_private_the_hub_decides_the_visibility(local_hub, tokenizer, tmp_path, monkeypatch):
+    """No visibility is sent (as model.push_to_hub sends none): an organisation whose repositories are private by
+    default gets a private one."""
+    asked = []
+    create = HfApi.create_repo
+    monkeypatch.setattr(HfApi, "create_repo", lambda self, repo_id, **kw: asked.append(kw) or create(self, repo_id,
+                                                                                                      **kw))
+    save_run(tmp_path / "m", tokenizer, ignored=False)
+    push_run(tmp_path / "m", "user/default-visibility")
+    assert asked[0]["private"] is None
+
+
+def test_a_name_without_namespace_goes_to_the_users_repository(local_hub, tokenizer, tmp_path):
+    save_run(tmp_path / "m", tokenizer, ignored=False)
+    url = push_run(tmp_path / "m", "bare-run")
+    assert url == f"{local_hub.url}/user/bare-run/commit/{local_hub.head('user/bare-run')}"
+    assert "model.safetensors" in local_hub.files("user/bare-run")
+
+
+def test_a_push_without_a_card_deletes_the_earlier_runs_card_and_results(local_hub, tokenizer, tmp_path):
+    """The card and results describe the weights they came with: a run pushed without them leaves none of the
+    earlier run's (the warning says so)."""
+    save_run(tmp_path / "a", tokenizer, seed=0, ignored=False)
+    push_run(tmp_path / "a", REPO)
+    save_run(tmp_path / "b", tokenizer, seed=1, ignored=False)
+    for name in RUN_FILES:
+        (tmp_path / "b" / name).unlink()
+    with pytest.warns(UserWarning, match="no README.md: the repository gets no model card, and an earlier push's is "
+                                         "deleted"):
+        push_run(tmp_path / "b", REPO)
+    files = local_hub.files(REPO)
+    assert not RUN_FILES & set(files)
+    assert files["model.safetensors"] == (tmp_path / "b" / "model.safetensors").read_bytes()
+
+
 @pytest.mark.parametrize("revision", [None, "v2"])
 def test_failed_upload_raises_and_leaves_the_folder_alone(local_hub, tokenizer, tmp_path, revision):
     save_run(tmp_path / "first", tokenizer, seed=0)

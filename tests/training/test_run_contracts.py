@@ -136,6 +136,48 @@ def test_train_reports_a_used_or_empty_run_folder_as_a_usage_error(monkeypatch, 
     assert len(trained) == 1
 
 
+@pytest.mark.parametrize("repo", ["tiny-run", "a/b/c", "/x"])
+def test_train_refuses_a_hub_repository_without_its_namespace_before_training(repo, monkeypatch, tmp_path, capsys):
+    """The model card's code samples name the repository, and the push comes after the whole run."""
+    train = script("train")
+    monkeypatch.setattr(train, "train_run", lambda *args, **kwargs: pytest.fail("trained"))
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(["--data", prepared_folder(tmp_path / "data"), "--model", "talk", "--output_dir",
+                    str(tmp_path / "o"), "--max_steps", "1", "--push_to_hub", repo])
+    assert exit_info.value.code == 2
+    assert "--push_to_hub takes a repository id with its namespace, user/name or org/name" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------ perplexity
+
+
+def test_a_diverged_language_model_reports_infinite_perplexity_and_is_saved(tmp_path, monkeypatch):
+    """A mean loss past log(max float) has an infinite perplexity, in the metrics log and the results alike (the
+    log capped it at exp(50), the results raised OverflowError before the model was saved)."""
+    from talk_hf.training import loop
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(line.replace("\t", " ") + "\n" for line in FIXTURE.read_text(encoding="utf-8")
+                              .splitlines()), encoding="utf-8")
+    script("preprocess").main(["--lm_text", f"train={corpus}", "--lm_holdout", "0.2", "--block_size", "16",
+                               "--vocab_size", "200", "--output_dir", str(tmp_path / "data")])
+    real = loop.summed_losses
+
+    def diverged(*args, **kwargs):  # a mean validation and test loss of 800 nats
+        sums = real(*args, **kwargs)
+        sums.total = 800.0 * sums.tokens
+        return sums
+
+    monkeypatch.setattr(loop, "summed_losses", diverged)
+    config = TrainConfig(output_dir=str(tmp_path / "lm"), max_tokens=256, max_steps=1, warmup_steps=1)
+    results = train_run(tmp_path / "data", "talk_lm", config, overrides=dict(d_model=16, decoder_layers=1, decoder_ffn_dim=32, decoder_heads=2,
+                                                                     decoder_max_offsets=[2]),
+                        test_split="valid")
+    assert results["valid_ppl"] == results["test_ppl"] == math.inf
+    assert records(tmp_path / "lm")[-1]["valid_ppl"] == math.inf
+    assert (tmp_path / "lm" / "model" / "model.safetensors").is_file()
+
+
 # ------------------------------------------------------------------------------------------ the metrics log
 
 
