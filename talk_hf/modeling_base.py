@@ -349,6 +349,20 @@ def _check_padding_mask(name, mask, batch, length, at_least=False):
         )
 
 
+def _checked_separators(separators, batch, length):
+    """decoder_separators as the gate reads them: (batch, length) bool; a 0/1 mask of another dtype (as collators
+    make) is taken as one, any other shape or value is a ValueError naming it."""
+    if not isinstance(separators, torch.Tensor) or tuple(separators.shape) != (batch, length):
+        shape = tuple(separators.shape) if isinstance(separators, torch.Tensor) else type(separators).__name__
+        raise ValueError(f"decoder_separators must be a ({batch}, {length}) mask of the decoder inputs' separator "
+                         f"positions (True or 1 at a separator), got {shape}")
+    if separators.dtype == torch.bool:
+        return separators
+    if not torch.compiler.is_compiling() and not ((separators == 0) | (separators == 1)).all():
+        raise ValueError("decoder_separators must hold 0 and 1 only (or be bool)")
+    return separators != 0
+
+
 class EncoderStack(nn.Module):
     """Embeddings, encoder layers, final norm (pre-norm only). Padding on either side does not change the
     outputs of real tokens: positions count real tokens and every mixer ignores padded positions."""
@@ -466,6 +480,8 @@ class DecoderStack(nn.Module):
                 "this decoder's sentential gate finds the sentence separators in its token ids: with "
                 "decoder_inputs_embeds, pass decoder_separators too ((B, T) bool, True at separator positions)"
             )
+        else:
+            separators = _checked_separators(separators, ref.shape[0], length)
         x = self.embed(input_ids, inputs_embeds, position_ids)
         hidden = [x] if output_hidden_states else None
         for layer, state, cross_state in zip(self.layers, states, cross_states):

@@ -45,6 +45,25 @@ def test_rfa_gate_with_embeddings_takes_the_separators_or_refuses():
         plain(input_ids=src, attention_mask=mask, decoder_inputs_embeds=plain.get_input_embeddings()(dec))
 
 
+def test_rfa_gate_takes_separators_as_a_mask_of_any_dtype_and_refuses_other_shapes():
+    """A 0/1 int or float mask (as collators make them) is read as the bool one; a mask of another shape or with
+    other values is refused by name (not a torch error from inside the gate)."""
+    model = make("rfa_doc")
+    src, mask = source_batch()
+    dec = torch.tensor([[2, 7, 8, 9, SEP, 10, 11, 12]] * 3)
+    embeds = model.get_input_embeddings()(dec)
+    run = lambda separators: model(input_ids=src, attention_mask=mask, decoder_inputs_embeds=embeds,  # noqa: E731
+                                   decoder_separators=separators).logits
+    with torch.no_grad():
+        want = run(dec == SEP)
+        for dtype in (torch.long, torch.int32, torch.float32):
+            torch.testing.assert_close(run((dec == SEP).to(dtype)), want, rtol=0, atol=0)
+        with pytest.raises(ValueError, match=r"decoder_separators must be a \(3, 8\) mask .* got \(3, 4\)"):
+            run((dec == SEP)[:, :4])
+        with pytest.raises(ValueError, match="decoder_separators must hold 0 and 1 only"):
+            run((dec == SEP).long() * 2)
+
+
 def test_rfa_random_features_are_drawn_when_built_and_again_by_init_weights():
     """The evaluation projections hold the seeded draw as soon as the model is built, also with weight
     initialisation skipped, and a model built on the meta device gets the same values from init_weights."""
