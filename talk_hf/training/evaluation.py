@@ -3,6 +3,7 @@ and a document-level `compute_metrics` for transformers' Seq2SeqTrainer (RFA-doc
 
 import contextlib
 import math
+import re
 import warnings
 
 import numpy as np
@@ -66,18 +67,42 @@ def check_pairs(hypotheses, references):
         raise ValueError("no hypotheses to score (an empty corpus has no BLEU or chrF)")
 
 
-def corpus_bleu(hypotheses, references):
-    """sacreBLEU over detokenised text -> (score, signature string as sacreBLEU prints it)."""
+def corpus_bleu(hypotheses, references, tokenize=None, lowercase=False):
+    """sacreBLEU over detokenised text -> (score, signature string as sacreBLEU prints it); tokenize (default 13a)
+    and lowercase: sacreBLEU's options (`scoring`)."""
     check_pairs(hypotheses, references)
-    metric = sacrebleu.metrics.BLEU()
+    metric = sacrebleu.metrics.BLEU(tokenize=tokenize, lowercase=lowercase)
     return metric.corpus_score(hypotheses, [references]).score, str(metric.get_signature())
 
 
-def corpus_chrf(hypotheses, references):
-    """sacreBLEU's chrF (character n-gram F-score, chrF2) over detokenised text -> (score, signature string)."""
+def corpus_chrf(hypotheses, references, lowercase=False):
+    """sacreBLEU's chrF (character n-gram F-score, chrF2) over detokenised text -> (score, signature string);
+    lowercase: case-insensitive."""
     check_pairs(hypotheses, references)
-    metric = sacrebleu.metrics.CHRF()
+    metric = sacrebleu.metrics.CHRF(lowercase=lowercase)
     return metric.corpus_score(hypotheses, [references]).score, str(metric.get_signature())
+
+
+# Han characters (CJK unified ideographs, extension A, compatibility ideographs): references holding any are scored
+# with sacreBLEU's zh tokenizer, which splits them one by one (13a would read a Chinese sentence as a few tokens).
+HAN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
+
+
+def scoring(tokenizer, references):
+    """What translations by a model with this tokenizer are scored against, so that a model that writes its labels
+    scores 100 -> (references, {"tokenize", "lowercase"}: sacreBLEU's options).
+
+    references: the texts as the tokenizer's normaliser writes them (talk_hf's joint BPE: NFKC, runs of whitespace
+    made one space, lowercased on request), the only text its model can produce; as given for a tokenizer without
+    a normaliser (the converted fairseq one). lowercase: True when that normaliser lowercases (case-insensitive
+    scores, `case:lc` in the signatures). tokenize: "zh" when a reference holds Han characters, else None (13a).
+    fairseq-generate likewise scores against the references as preprocessed."""
+    normalizer = getattr(getattr(tokenizer, "backend_tokenizer", None), "normalizer", None)
+    if normalizer is not None:
+        references = [normalizer.normalize_str(text) for text in references]
+    lowercase = normalizer is not None and normalizer.normalize_str("A") == "a"
+    tokenize = "zh" if any(HAN.search(text) for text in references) else None
+    return references, {"tokenize": tokenize, "lowercase": lowercase}
 
 
 def last_sentences(texts, sep_token=SEP_TOKEN):
@@ -117,7 +142,8 @@ def document_metrics(tokenizer, doc_ids, sep_token=None):
         hyps, refs = texts(generated), texts(prediction.label_ids)
         if len(hyps) != len(doc_ids):
             raise ValueError(f"{len(hyps)} predictions for an evaluation set of {len(doc_ids)} rows (doc_ids)")
-        scores = document_scores(group_documents(hyps, doc_ids), group_documents(refs, doc_ids))
+        refs, options = scoring(tokenizer, refs)
+        scores = document_scores(group_documents(hyps, doc_ids), group_documents(refs, doc_ids), **options)
         return {"bleu": scores["bleu"], "d_bleu": scores["d_bleu"]}
 
     return compute_metrics

@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 from transformers import get_cosine_schedule_with_warmup
 
 from .data import Seq2SeqCollator, TokenBatchSampler, pad_right
-from .evaluation import corpus_bleu, eval_mode, perplexity, translate
+from .evaluation import corpus_bleu, eval_mode, perplexity, scoring, translate
 
 SCHEDULES = ("inverse_sqrt", "cosine")
 # field -> (lowest value, highest value or None, whether the lowest is excluded): the values TrainConfig takes (0
@@ -587,7 +587,8 @@ class Trainer:
             n = self.config.bleu_sentences
             hyps = translate(model, self.tokenizer, sources[:n], num_beams=self.config.num_beams,
                              max_new_tokens=self.config.max_new_tokens)
-            record["valid_bleu"] = corpus_bleu(hyps, references[:n])[0]
+            references, options = scoring(self.tokenizer, references[:n])
+            record["valid_bleu"] = corpus_bleu(hyps, references, **options)[0]
         record.update(fields)
         self.log(record)
         return record

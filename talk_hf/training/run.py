@@ -21,6 +21,7 @@ from .evaluation import (
     generate_translations,
     last_sentences,
     perplexity,
+    scoring,
     translate,
     warn_if_cut,
     window_last_sentences,
@@ -59,8 +60,9 @@ def evaluate_translation(model, tokenizer, dataset, num_beams=4, length_penalty=
     if document_level:
         return _evaluate_documents(model, tokenizer, dataset, document_decoding, generation)
     hyps = translate(model, tokenizer, dataset["source"], **generation)
-    score, signature = corpus_bleu(hyps, dataset["target"])
-    chrf, chrf_signature = corpus_chrf(hyps, dataset["target"])
+    references, options = scoring(tokenizer, dataset["target"])
+    score, signature = corpus_bleu(hyps, references, **options)
+    chrf, chrf_signature = corpus_chrf(hyps, references, lowercase=options["lowercase"])
     return {"bleu": score, "signature": signature, "chrf": chrf, "chrf_signature": chrf_signature,
             "sentences": len(hyps), "hypotheses": hyps}
 
@@ -84,9 +86,12 @@ def _evaluate_documents(model, tokenizer, dataset, decoding, generation):
         hyps = [translate_document_streaming(model, tokenizer, doc, window=window, **generation) for doc in sources]
     else:
         hyps, shortened = translate_documents_counted(model, tokenizer, sources, window=window, **generation)
-    scores = document_scores(hyps, references)
+    flat_references, options = scoring(tokenizer, [s for doc in references for s in doc])
+    sentences = iter(flat_references)
+    references = [[next(sentences) for _ in doc] for doc in references]
+    scores = document_scores(hyps, references, **options)
     flat = [s for doc in hyps for s in doc]
-    chrf, chrf_signature = corpus_chrf(flat, [s for doc in references for s in doc])
+    chrf, chrf_signature = corpus_chrf(flat, flat_references, lowercase=options["lowercase"])
     return {"bleu": scores["bleu"], "d_bleu": scores["d_bleu"], "signature": scores["signature"],
             "chrf": chrf, "chrf_signature": chrf_signature,
             "sentences": scores["sentences"], "documents": scores["documents"], "window": window,

@@ -6,6 +6,7 @@ import evaluate
 import numpy as np
 import pytest
 import sacrebleu
+import torch
 from transformers import EvalPrediction
 
 from talk_hf.metrics import DOCUMENT_BLEU
@@ -86,3 +87,39 @@ def test_an_empty_corpus_is_refused_by_name(score):
 def test_perplexity_past_the_largest_float_is_inf():
     assert perplexity(800.0) == math.inf
     assert perplexity(1.0) == pytest.approx(math.e)
+
+
+# --- scoring against what the labels hold ---------------------------------------------------------------------------
+
+SCORED = {  # targets whose labels the tokenizer normalises: lowercased, NFKC (fullwidth comma), Chinese
+    "lowercase": (["Wagner was a German composer, and a conductor.", "He waves at us."], True),
+    "chinese": (["瓦格纳是德国作曲家，也是指挥家。", "他向我们挥手，然后走了。"], False),
+}
+
+
+@pytest.mark.parametrize("case", list(SCORED))
+def test_a_model_that_writes_its_labels_scores_100(case, monkeypatch):
+    """References are scored as the tokenizer writes text (NFKC, lowercased when it lowercases: case-insensitive,
+    `case:lc`), with sacreBLEU's zh tokenizer for Chinese: sentence- and document-level evaluation give a model
+    that reproduces its labels 100."""
+    import datasets
+
+    from talk_hf.training import run
+    from talk_hf.training.corpora import document_windows
+
+    targets, lowercase = SCORED[case]
+    tokenizer = train_joint_bpe(["ein hund .", "er winkt ."] + targets, vocab_size=200, lowercase=lowercase,
+                                min_frequency=1)
+    labels = {text: tokenizer.decode(tokenizer(text)["input_ids"], skip_special_tokens=True) for text in targets}
+    assert any(label != text for text, label in labels.items())  # the labels differ from the raw references
+    sentences = datasets.Dataset.from_dict({"doc_id": ["a", "a"], "source": ["ein hund .", "er winkt ."],
+                                            "target": targets})
+    monkeypatch.setattr(run, "translate", lambda model, tok, sources, **kw: [labels[t] for t in targets])
+    model = torch.nn.Module()  # translations come from the labels
+    result = run.evaluate_translation(model, tokenizer, sentences)
+    assert result["bleu"] == pytest.approx(100) and result["chrf"] == pytest.approx(100)
+    assert ("case:lc" in result["signature"]) == lowercase and ("tok:zh" in result["signature"]) == (case == "chinese")
+    windows = document_windows(sentences, window=1)
+    monkeypatch.setattr(run, "translate_documents_counted", lambda *a, **kw: ([[labels[t] for t in targets]], 0))
+    result = run.evaluate_translation(model, tokenizer, windows, document_level=True)
+    assert result["bleu"] == result["d_bleu"] == pytest.approx(100) and result["chrf"] == pytest.approx(100)
