@@ -171,6 +171,11 @@ def check_args(args, parser):
             if "train" not in names or "valid" in names:
                 parser.error("--lm_holdout needs a 'train' text and no 'valid' one")
             names = [*names, "valid"]
+    if args.tokenizer is not None:  # a given tokenizer is used as it is: the flags that train one do not apply
+        training = [f"--{name}" for name in ("vocab_size", "min_frequency", "lowercase", "tokenizer_splits")
+                    if getattr(args, name) != parser.get_default(name)]
+        if training:
+            parser.error(f"{', '.join(training)} train a tokenizer: with --tokenizer (used as it is) they do not apply")
     missing = [name for name in args.tokenizer_splits if name not in names]
     if args.tokenizer is None and missing:
         parser.error(f"--tokenizer_splits {missing} are not among the splits {names}")

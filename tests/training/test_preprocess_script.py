@@ -155,6 +155,20 @@ def test_wiki_windows(script, tmp_path, monkeypatch):
     assert row["input_ids"].count(SEP_ID) == 3 and row["labels"].count(SEP_ID) == 3
 
 
+@pytest.mark.parametrize("flags", [["--lowercase"], ["--vocab_size", "100"], ["--min_frequency", "1"],
+                                   ["--tokenizer_splits", "valid"]])
+def test_tokenizer_training_flags_with_a_given_tokenizer_are_a_usage_error(script, tmp_path, capsys, flags):
+    """A given tokenizer is used as it is: --lowercase and the others would be recorded in preprocess.json as if
+    applied while the data stays as that tokenizer makes it."""
+    script.main(["--tsv", f"train={FIXTURE}", "--vocab_size", "300", "--output_dir", str(tmp_path / "a")])
+    with pytest.raises(SystemExit) as exit_info:
+        script.main(["--tsv", f"valid={FIXTURE}", "--tokenizer", str(tmp_path / "a" / "tokenizer"), *flags,
+                     "--output_dir", str(tmp_path / "b")])
+    assert exit_info.value.code == 2
+    assert f"{flags[0]} train a tokenizer: with --tokenizer (used as it is) they do not apply" in capsys.readouterr().err
+    assert not (tmp_path / "b").exists()
+
+
 def test_input_errors(script, tmp_path):
     with pytest.raises(SystemExit):  # no input
         script.main(["--output_dir", str(tmp_path / "x")])
