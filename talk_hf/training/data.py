@@ -241,11 +241,21 @@ def _check_block_size(block_size: int) -> None:
 
 
 def lm_token_stream(texts: Iterable[str], tokenizer, separator_token_id: int | None = None) -> list[int]:
-    """All texts tokenized and concatenated in order, ``separator_token_id`` after each when given -> list of ids."""
+    """All texts tokenized and concatenated in order, ``separator_token_id`` after each when given -> list of ids.
+    A text that spells ``<s>``, ``<pad>`` or ``</s>`` (read as the special token, not as text: an end of sequence
+    or padding in the middle of the stream) is refused, naming the text, as ``encode`` refuses it in pairs."""
+    specials = {tokenizer.bos_token_id, tokenizer.pad_token_id, tokenizer.eos_token_id} - {None}
     stream: list[int] = []
     texts = list(texts)
     for start in range(0, len(texts), 1000):
-        for ids in tokenizer(texts[start : start + 1000])["input_ids"]:
+        encoded = tokenizer(texts[start : start + 1000], return_special_tokens_mask=True)
+        for k, (ids, added) in enumerate(zip(encoded["input_ids"], encoded["special_tokens_mask"])):
+            found = next((i for i, a in zip(ids, added) if i in specials and not a), None)
+            if found is not None:
+                token = tokenizer.convert_ids_to_tokens(found)
+                raise ValueError(f"lm_token_stream: text {start + k} holds the text {token!r}, which the tokenizer "
+                                 f"reads as its special token {token!r} (not as text): remove or rewrite it in the "
+                                 "data")
             stream.extend(ids)
             if separator_token_id is not None:
                 stream.append(separator_token_id)

@@ -223,6 +223,18 @@ def test_collator_pads_and_shifts():
 # ------------------------------------------------------------------------------------------------ LM blocks
 
 
+@pytest.mark.parametrize("add_bos", [False, True])
+@pytest.mark.parametrize("text", ["the price was <s>ten</s> five", "<pad> first"])
+def test_lm_blocks_refuse_text_that_spells_a_special_token(pairs_ds, text, add_bos):
+    """As encode does for pairs: "</s>" in a line would put an end of sequence in the middle of the stream; the
+    special tokens the tokenizer itself adds (a BOS) are not text."""
+    lm_tok = train_joint_bpe(pairs_ds["target"], 200, add_eos=False, add_bos=add_bos)
+    texts = pairs_ds["target"][:3]
+    assert len(lm_blocks(texts, lm_tok, 4)) > 0
+    with pytest.raises(ValueError, match=r"text 3 holds the text '<(s|/s|pad)>', which the tokenizer reads"):
+        lm_blocks([*texts, text], lm_tok, 4)
+
+
 def test_lm_blocks(pairs_ds, caplog):
     lm_tok = train_joint_bpe(pairs_ds["target"], 200, add_eos=False)
     texts = pairs_ds["target"][:20]
