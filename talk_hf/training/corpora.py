@@ -525,10 +525,13 @@ def group_documents(values: Sequence[Any], doc_ids: Sequence[Any]) -> list[list[
 def document_windows(ds: datasets.Dataset, window: int, sep_token: str = SEP_TOKEN) -> datasets.Dataset:
     """Sliding windows over documents (RFA-doc training data, stride 1, one example per sentence).
 
-    Example i covers sentences ``[max(i - window + 1, doc_start), i]`` of its document, joined with
-    :func:`talk_hf.tokenization.join_sentences` on both sides, so the last sentence of every window is sentence i
+    Example i covers sentences ``[max(i - window + 1, doc_start), i]`` of its document (blank ones aside), joined
+    with :func:`talk_hf.tokenization.join_sentences` on both sides, so the last sentence of every window is sentence i
     and a window never crosses a document boundary (the first ``window - 1`` sentences of a document get shorter
-    windows). ``window=1`` gives the sentence-level data unchanged (texts stripped).
+    windows). A blank sentence (its source empty or whitespace only) is left out of the other sentences' windows, as
+    document translation leaves it out (`talk_hf.translate_documents`), and its own window is itself alone: the
+    sentences before and after it take the sentences around it as context. ``window=1`` gives the sentence-level
+    data unchanged (texts stripped).
 
     Args:
         ds: Dataset with str columns ``"source"``, ``"target"`` and, for ``window > 1``, ``"doc_id"`` (a document
@@ -561,13 +564,18 @@ def document_windows(ds: datasets.Dataset, window: int, sep_token: str = SEP_TOK
         for i, text in enumerate(texts):
             if sep_token in text:
                 raise ValueError(f"document_windows: row {i} {side} already contains the separator {sep_token!r}")
-    starts = _document_starts(doc_ids)
     out: dict[str, list] = {"source": [], "target": [], "doc_id": doc_ids, "num_context": []}
-    for i, start in enumerate(starts):
-        first = max(i - window + 1, start)
-        out["source"].append(join_sentences(sources[first : i + 1], sep_token))
-        out["target"].append(join_sentences(targets[first : i + 1], sep_token))
-        out["num_context"].append(i - first)
+    context: list[int] = []  # the rows of the current document's last window - 1 sentences that are not blank
+    for i, start in enumerate(_document_starts(doc_ids)):
+        if start == i:
+            context = []
+        blank = not sources[i].strip()
+        rows = [i] if blank else [*context, i]
+        out["source"].append(join_sentences([sources[k] for k in rows], sep_token))
+        out["target"].append(join_sentences([targets[k] for k in rows], sep_token))
+        out["num_context"].append(len(rows) - 1)
+        if not blank and window > 1:
+            context = rows[-(window - 1):]
     return datasets.Dataset.from_dict(out)
 
 

@@ -117,11 +117,16 @@ def split_documents(dataset, sep_token=SEP_TOKEN):
 
 def check_consecutive(document, window):
     """document: [(doc_id, source window sentences)], one per row. Each row's context must be the sentences of the
-    rows before it (as many as the window holds): a row dropped at preparation (e.g. by max_tokens_per_example)
-    would otherwise join the sentences around it as one document, scored and decoded with the wrong context."""
-    sentences = [(row or [""])[-1] for _, row in document]
+    rows before it (as many as the window holds, blank ones left out, as `document_windows` makes them): a row
+    dropped at preparation (e.g. by max_tokens_per_example) would otherwise join the sentences around it as one
+    document, scored and decoded with the wrong context."""
+    before = []  # the sentences before row k that are not blank (a blank one is no other row's context)
     for k, (doc_id, row) in enumerate(document):
-        expected = sentences[max(0, k - (window - 1)):k]
+        sentence = (row or [""])[-1]
+        blank = not sentence.strip()
+        expected = [] if blank or window == 1 else before[-(window - 1):]
+        if not blank:
+            before.append(sentence)
         if row[:-1] != expected:
             raise ValueError(f"document {doc_id!r}: row {k} has {len(row) - 1} context sentence(s) that are not the "
                              f"{len(expected)} sentence(s) before it: the split lost windows of this document (prepare "

@@ -328,6 +328,17 @@ def test_window4_on_six_sentence_doc():
     assert document_windows(six_and_two(), 2, sep_token="|")["source"][2] == "s2 | s3"
 
 
+def test_a_blank_sentence_is_left_out_of_the_other_windows():
+    """As document translation leaves it out: the sentences after it take those before it as context, and its own
+    window is itself alone (its translation is empty)."""
+    doc = datasets.Dataset.from_dict({"source": ["s1", " ", "s3", "s4"], "target": ["t1", "", "t3", "t4"],
+                                      "doc_id": ["A"] * 4})
+    out = document_windows(doc, 3)
+    assert out["source"] == ["s1", "", "s1 <sep> s3", "s1 <sep> s3 <sep> s4"]
+    assert out["target"] == ["t1", "", "t1 <sep> t3", "t1 <sep> t3 <sep> t4"]
+    assert out["num_context"] == [0, 0, 1, 2]
+
+
 def test_window1_is_sentence_level(wiki, pairs_ds):
     dev = wiki["dev"]
     out = document_windows(dev, 1)

@@ -44,6 +44,15 @@ def test_a_split_of_windows_gives_back_its_documents(setup):
     assert sources == [SOURCES[:3], SOURCES[3:]] and references == [TARGETS[:3], TARGETS[3:]] and window == 2
 
 
+def test_a_split_with_a_blank_sentence_gives_back_its_documents():
+    """document_windows leaves a blank sentence out of the other windows; the split's check of each row's context
+    reads them so."""
+    rows = datasets.Dataset.from_dict({"doc_id": ["a"] * 4, "source": ["s1", "", "s3", "s4"],
+                                       "target": ["t1", "", "t3", "t4"]})
+    sources, references, window = split_documents(document_windows(rows, window=3))
+    assert sources == [["s1", "", "s3", "s4"]] and references == [["t1", "", "t3", "t4"]] and window == 3
+
+
 def test_a_split_that_lost_windows_is_refused(setup):
     _, _, windows = setup  # document "a" without its second window: the third would follow the first
     with pytest.raises(ValueError, match="document 'a': row 1 .* lost windows"):
