@@ -70,6 +70,7 @@ def parse_args(argv=None):
                         help="translate the test set at every grid point too (the grid chooses on the dev set, and "
                              "a model at the grid's budget may loop to the length limit on every test window)")
     args = parser.parse_args(argv)
+    tuning.check_arguments(parser, args)
     for row in args.rows:
         name, _, window = row.partition("@")
         if name not in MODELS or not window.isdigit() or int(window) < 1:

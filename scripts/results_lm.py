@@ -53,7 +53,9 @@ def parse_args(argv=None):
     parser.add_argument("--block_size", type=int, default=128)
     parser.add_argument("--vocab_size", type=int, default=8000)
     parser.add_argument("--seed", type=int, default=1)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    tuning.check_arguments(parser, args)
+    return args
 
 
 def corpus_texts(corpus):

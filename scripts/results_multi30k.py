@@ -22,6 +22,7 @@ from pathlib import Path
 
 from talk_hf.training import tuning
 from talk_hf.training.loop import TrainConfig
+from talk_hf.training.prepare import SUMMARY_FILE
 from talk_hf.training.run import train_run
 from talk_hf.training.tables import RUN_COLUMNS
 
@@ -49,7 +50,12 @@ def parse_args(argv=None):
     parser.add_argument("--max_tokens", type=int, default=4096)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--test_limit", type=int, default=0, help="score only the first N test sentences (0: all)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    tuning.check_arguments(parser, args)
+    if not (Path(args.data) / SUMMARY_FILE).is_file():
+        parser.error(f"--data {args.data} is not a prepared data folder (it has no {SUMMARY_FILE}): prepare one with "
+                     "scripts/preprocess.py (the README's make demo prepares runs/demo/data)")
+    return args
 
 
 GRID_COLUMNS = [

@@ -244,6 +244,21 @@ class GridShard(argparse.Action):
         setattr(namespace, self.dest, (index, count))
 
 
+def check_arguments(parser, args):
+    """Exit with a usage error (parser.error) when the shared options, --max_tokens or --test_limit are out of range:
+    before any data is prepared or any run trained, not at the first run that uses them."""
+    from .loop import TrainConfig
+
+    try:
+        grid_of(args)
+        TrainConfig(output_dir=str(args.output_dir), max_tokens=args.max_tokens, max_steps=args.max_steps,
+                    max_minutes=args.max_minutes, eval_every=args.eval_every, patience=args.patience)
+    except ValueError as err:
+        parser.error(str(err))
+    if getattr(args, "test_limit", 0) < 0:
+        parser.error(f"--test_limit must be >= 0 (0: every test example), got {args.test_limit}")
+
+
 def grid_of(args):
     return Grid(tuple(args.grid_learning_rates), tuple(args.grid_warmup_steps), args.grid_steps,
                 args.grid_extensions, getattr(args, "grid_min_source_gain", None) or None)

@@ -250,7 +250,31 @@ def test_a_results_runner_tabulates_final_runs_without_patience(monkeypatch, tmp
                 "test_chrf": 2.0}
 
     monkeypatch.setattr(module, "train_run", train_run_without_patience)
-    tables = module.main(["--output_dir", str(tmp_path), "--rows", "talk", "--stages", "final", "--setting", "1e-3",
-                          "2", "--patience", "0", "--max_steps", "4", "--eval_every", "2"])
+    tables = module.main(["--data", prepared_folder(tmp_path / "data"), "--output_dir", str(tmp_path), "--rows",
+                          "talk", "--stages", "final", "--setting", "1e-3", "2", "--patience", "0", "--max_steps", "4",
+                          "--eval_every", "2"])
     assert "| talk | 0.001 | 2 | 1.00M | 4 | 0.1 | - | cap | - | 2.000 | 1.00 | 2.00 |" in tables["results.md"]
     assert (tmp_path / "results.md").read_text().strip() == tables["results.md"]
+
+
+@pytest.mark.parametrize("runner", ["results_multi30k", "results_lm", "results_doc_zh_en"])
+@pytest.mark.parametrize("flags, message", [
+    (["--patience", "-1"], "patience=-1 needs patience >= 0"),
+    (["--max_steps", "-5"], "max_steps must be >= 0, got -5"),
+    (["--max_tokens", "0"], "max_tokens must be >= 1, got 0"),
+    (["--grid_learning_rates", "-1"], "the grid's learning_rates must be distinct values > 0"),
+])
+def test_results_runners_refuse_settings_out_of_range_before_any_work(runner, flags, message, tmp_path, capsys):
+    """A usage error at once, not a traceback after the data is prepared or the grid has trained."""
+    module = script(runner)
+    data = ["--data", prepared_folder(tmp_path / "data")] if runner == "results_multi30k" else []
+    with pytest.raises(SystemExit) as exit_info:
+        module.main([*data, "--output_dir", str(tmp_path / "out"), *flags])
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_multi30k_runner_refuses_a_folder_without_prepared_data(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        script("results_multi30k").main(["--data", str(tmp_path / "none"), "--output_dir", str(tmp_path / "out")])
+    assert exit_info.value.code == 2 and "is not a prepared data folder" in capsys.readouterr().err
