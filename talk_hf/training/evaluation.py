@@ -94,10 +94,13 @@ def scoring(tokenizer, references):
 
     references: the texts as the tokenizer's normaliser writes them (talk_hf's joint BPE: NFKC, runs of whitespace
     made one space, lowercased on request), the only text its model can produce; as given for a tokenizer without
-    a normaliser (the converted fairseq one). lowercase: True when that normaliser lowercases (case-insensitive
-    scores, `case:lc` in the signatures). tokenize: "zh" when a reference holds Han characters, else None (13a).
-    fairseq-generate likewise scores against the references as preprocessed."""
+    a normaliser that maps text to text (the converted fairseq one; Gemma's and legacy Llama's, which write spaces
+    as "▁"). lowercase: True when that normaliser lowercases (case-insensitive scores, `case:lc` in the
+    signatures). tokenize: "zh" when a reference holds Han characters, else None (13a). fairseq-generate likewise
+    scores against the references as preprocessed."""
     normalizer = getattr(getattr(tokenizer, "backend_tokenizer", None), "normalizer", None)
+    if normalizer is not None and normalizer.normalize_str("a b") != "a b":
+        normalizer = None  # not text to text: its output is the pre-tokenizer's input, not a text a model writes
     if normalizer is not None:
         references = [normalizer.normalize_str(text) for text in references]
     lowercase = normalizer is not None and normalizer.normalize_str("A") == "a"

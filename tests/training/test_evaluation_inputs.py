@@ -123,3 +123,20 @@ def test_a_model_that_writes_its_labels_scores_100(case, monkeypatch):
     monkeypatch.setattr(run, "translate_documents_counted", lambda *a, **kw: ([[labels[t] for t in targets]], 0))
     result = run.evaluate_translation(model, tokenizer, windows, document_level=True)
     assert result["bleu"] == result["d_bleu"] == pytest.approx(100) and result["chrf"] == pytest.approx(100)
+
+
+def test_a_normaliser_that_writes_spaces_as_metaspace_leaves_the_references_as_they_are():
+    """Gemma's and legacy Llama tokenizers' normalisers write " " as "▁" (the pre-tokenizer's input, not text a
+    model writes): references stay as given, and exact hypotheses score 100."""
+    from tokenizers import Tokenizer, models, normalizers
+    from transformers import PreTrainedTokenizerFast
+
+    from talk_hf.training.evaluation import scoring
+
+    backend = Tokenizer(models.BPE(unk_token="<unk>"))
+    backend.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="</s>", unk_token="<unk>")
+    references = ["The cat sat on the mat .", "A dog ran ."]
+    scored, options = scoring(tokenizer, references)
+    assert scored == references and options == {"tokenize": None, "lowercase": False}
+    assert corpus_bleu(references, scored, **options)[0] == pytest.approx(100)
