@@ -92,8 +92,9 @@ def first(rows, limit):
 
 def generation_settings(generation_config, args):
     """Beam size, length penalty and new-token limit: the command line's, else those the model was saved with (a
-    training run saves the ones its reported BLEU used), else 4 beams and 128 tokens; streaming document decoding
-    (`--document_decoding streaming`, greedy) takes 1 beam."""
+    training run saves the ones its reported BLEU used; a saved max_length, as converted fairseq models have, counts
+    the decoder start), else 4 beams and 128 tokens; streaming document decoding (`--document_decoding streaming`,
+    greedy) takes 1 beam."""
     saved = generation_config.to_diff_dict()  # the values set in the model's generation_config.json, not defaults
 
     def pick(name, fallback):
@@ -102,7 +103,7 @@ def generation_settings(generation_config, args):
 
     streaming = getattr(args, "document_decoding", None) == "streaming"
     return {"num_beams": 1 if streaming else pick("num_beams", 4), "length_penalty": pick("length_penalty", 1.0),
-            "max_new_tokens": pick("max_new_tokens", 128)}
+            "max_new_tokens": pick("max_new_tokens", saved["max_length"] - 1 if "max_length" in saved else 128)}
 
 
 def main(argv=None):

@@ -159,6 +159,18 @@ def test_translate_uses_the_models_saved_generation_settings_unless_flags_say_ot
                      dict(batch_size=32, num_beams=5, length_penalty=0.6, max_new_tokens=7)]
 
 
+def test_a_saved_max_length_limits_new_tokens_less_the_decoder_start():
+    """Converted fairseq models save max_length (fairseq-generate's max_len_b + 2): 201 new tokens, not the 128 of a
+    model that saved no limit; a saved max_new_tokens or a flag comes first."""
+    settings = script("evaluate_model").generation_settings
+    flags = types.SimpleNamespace(num_beams=None, length_penalty=None, max_new_tokens=None)
+    assert settings(GenerationConfig(num_beams=5, max_length=202), flags)["max_new_tokens"] == 201
+    assert settings(GenerationConfig(max_length=202, max_new_tokens=7), flags)["max_new_tokens"] == 7
+    assert settings(GenerationConfig(num_beams=5), flags)["max_new_tokens"] == 128
+    flags.max_new_tokens = 9
+    assert settings(GenerationConfig(max_length=202), flags)["max_new_tokens"] == 9
+
+
 # ------------------------------------------------------------------------------------------ demo.py
 
 
