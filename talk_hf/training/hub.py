@@ -7,8 +7,8 @@ The folder is the one ``scripts/train.py`` writes to ``<output_dir>/model``: wei
 modeling ``.py`` files (``auto_map``), tokenizer files, ``generation_config.json``, the ``README.md`` model card,
 ``metrics.jsonl`` / ``eval_results.json`` and ``metrics.png``. Everything in it is uploaded in one commit except
 training state that does not belong in a model repository (see ``DEFAULT_IGNORE``); the same commit deletes the
-repository's weight files, BPE codes, model card and results that the folder does not have (see ``REPLACED``). The
-local folder is only read.
+repository's weight files and BPE codes that the folder does not have (see ``REPLACED``). The local folder is only
+read.
 """
 
 from __future__ import annotations
@@ -32,13 +32,13 @@ DEFAULT_IGNORE = (
     "scaler.pt", "rng_state*", "training_args.bin", "trainer_state.json", ".*", ".*/**", "**/.*", "**/.*/**",
     "__pycache__/**", "**/__pycache__/**", "*.pyc",
 )
-# Files at a repository's root that an earlier push's copies must not outlive a push without them: those whose mere
-# presence changes what loads, the weights in any layout (transformers loads a leftover model.safetensors before a
-# newer sharded index) and subword-nmt codes (a fairseq tokenizer applies BPE when a bpecodes file is there), and those
-# that describe the weights of a run (the model card with its results, the results and metrics files). Those the
-# pushed folder lacks are deleted; files in subfolders, and those the folder has (uploaded or ignored), stay.
-REPLACED = ("*.safetensors", "*.safetensors.index.json", "*.bin", "*.bin.index.json", "bpecodes", "README.md",
-            "eval_results.json", "metrics.jsonl", "metrics.png")
+# Files at a repository's root whose mere presence changes what loads, so that an earlier push's copies must not
+# outlive a push without them: the weights in any layout (transformers loads a leftover model.safetensors before a
+# newer sharded index) and subword-nmt codes (a fairseq tokenizer applies BPE when a bpecodes file is there). Those
+# the pushed folder lacks are deleted; files in subfolders, and those the folder has (uploaded or ignored), stay. A
+# model card and results are not among them: the repository's own (one written on the Hub) stay, and a push without
+# a card says so.
+REPLACED = ("*.safetensors", "*.safetensors.index.json", "*.bin", "*.bin.index.json", "bpecodes")
 _WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 
 
@@ -59,8 +59,9 @@ def _check_folder(folder: Path) -> None:
     if not any((folder / name).is_file() for name in _WEIGHTS):
         raise FileNotFoundError(f"{folder} has no weights ({' or '.join(_WEIGHTS)}): nothing to push")
     if not (folder / "README.md").is_file():
-        warnings.warn(f"{folder} has no README.md: the repository gets no model card, and an earlier push's is "
-                      "deleted (write one with talk_hf.training.model_card.write_model_card)", stacklevel=3)
+        warnings.warn(f"{folder} has no README.md: a model card the repository has stays as it is, and describes "
+                      "other weights than these (write one with talk_hf.training.model_card.write_model_card)",
+                      stacklevel=3)
 
 
 def _stale_files(repo_files: list[str], folder: Path) -> list[str]:

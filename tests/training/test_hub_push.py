@@ -197,19 +197,19 @@ def test_a_name_without_namespace_goes_to_the_users_repository(local_hub, tokeni
     assert "model.safetensors" in local_hub.files("user/bare-run")
 
 
-def test_a_push_without_a_card_deletes_the_earlier_runs_card_and_results(local_hub, tokenizer, tmp_path):
-    """The card and results describe the weights they came with: a run pushed without them leaves none of the
-    earlier run's (the warning says so)."""
+def test_a_push_without_a_card_keeps_the_repositorys_card_and_says_it_describes_other_weights(local_hub, tokenizer,
+                                                                                               tmp_path):
+    """A card may have been written on the Hub: it is not deleted, and the warning says what it now describes."""
     save_run(tmp_path / "a", tokenizer, seed=0, ignored=False)
     push_run(tmp_path / "a", REPO)
+    card = local_hub.files(REPO)["README.md"]
     save_run(tmp_path / "b", tokenizer, seed=1, ignored=False)
-    for name in RUN_FILES:
-        (tmp_path / "b" / name).unlink()
-    with pytest.warns(UserWarning, match="no README.md: the repository gets no model card, and an earlier push's is "
-                                         "deleted"):
+    (tmp_path / "b" / "README.md").unlink()
+    with pytest.warns(UserWarning, match="no README.md: a model card the repository has stays as it is, and "
+                                         "describes other weights than these"):
         push_run(tmp_path / "b", REPO)
     files = local_hub.files(REPO)
-    assert not RUN_FILES & set(files)
+    assert files["README.md"] == card
     assert files["model.safetensors"] == (tmp_path / "b" / "model.safetensors").read_bytes()
 
 
