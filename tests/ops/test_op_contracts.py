@@ -294,6 +294,21 @@ def test_forward_mode_tangents_of_every_op_equal_the_reference(case):
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
 
 
+def test_forward_mode_tangents_under_torch_compile_equal_the_reference():
+    """The traced tensors show no tangents: an open dual level sends the ops to their PyTorch forms there too
+    (dynamo with the eager backend; inductor drops forward-mode tangents of the PyTorch forms alike)."""
+    import torch.autograd.forward_ad as fwAD
+
+    _, op, reference, x = forward_mode_cases()[0]  # talk_conv
+    tangent = torch.randn_like(x)
+    want = torch.func.jvp(reference, (x,), (tangent,))[1]
+    torch._dynamo.reset()
+    compiled = torch.compile(op, backend="eager")
+    with fwAD.dual_level():
+        got = fwAD.unpack_dual(compiled(fwAD.make_dual(x, tangent))).tangent
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
 def test_rfa_causal_compiled_refuses_forward_mode():
     q, k, v, _, _ = step_inputs(14, T=3)
     with pytest.raises(RuntimeError, match="reverse-mode derivatives only"):
