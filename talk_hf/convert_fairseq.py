@@ -26,8 +26,9 @@ What a converted LightConv/DynamicConv model computes, against fairseq (docs/con
   tokens and then forces </s>; transformers has no source-length rule, so the generation config holds
   ``max_length = max_len_b + 2`` (the decoder start and max_len_b + 1 new tokens; ``min_length = min_len + 1``, so
   that a ``max_length`` or ``max_new_tokens`` given per call replaces them as for any transformers model) with
-  ``forced_eos_token_id`` (a checkpoint with max_len_a != 0 is converted with a warning). A hypothesis cut at the limit scores its forced </s> as log-probability 0 in transformers and as its
-  real log-probability in fairseq, so hypotheses that reach the limit can rank differently.
+  ``forced_eos_token_id`` (a checkpoint with max_len_a != 0 is converted with a warning). A hypothesis cut at the
+  limit scores its forced </s> as log-probability 0 in transformers and as its real log-probability in fairseq, so
+  hypotheses that reach the limit can rank differently.
 """
 
 import argparse
@@ -71,7 +72,8 @@ TRAINING_METERS = [
 def _numpy_array_globals():
     """What a pickled numpy array or scalar names, under numpy 1.x's module (numpy.core) and 2.x's (numpy._core): a
     checkpoint of `fairseq-train --eval-bleu` keeps the BLEU counts it logged as arrays in extra_state["metrics"].
-    Unpickling rebuilds the array from its dtype and bytes (object arrays through the same restricted unpickler)."""
+    Unpickling rebuilds the array from its dtype and bytes; the dtypes are the boolean and numeric ones (an object,
+    string or datetime array is refused, naming its dtype class)."""
     import numpy
 
     core = numpy._core.multiarray if hasattr(numpy, "_core") else numpy.core.multiarray
@@ -84,10 +86,10 @@ def _numpy_array_globals():
 
 
 # The globals a fairseq checkpoint's pickle may name besides torch's tensors and plain containers (which
-# weights_only loading allows by itself): the training arguments, the training meters and numpy arrays. fairseq >= 0.10 stores
-# `cfg` as plain containers (OmegaConf.to_container), with the model's arguments still an argparse.Namespace; older
-# releases store `args`. A Namespace is a plain attribute bag: unpickling it sets attributes and runs no code; a
-# meter unpickles to a TrainingMeter, which only stores its state.
+# weights_only loading allows by itself): the training arguments, the training meters and numpy arrays. fairseq >=
+# 0.10 stores `cfg` as plain containers (OmegaConf.to_container), with the model's arguments still an
+# argparse.Namespace; older releases store `args`. A Namespace is a plain attribute bag: unpickling it sets
+# attributes and runs no code; a meter unpickles to a TrainingMeter, which only stores its state.
 ALLOWED_GLOBALS = [argparse.Namespace, *TRAINING_METERS, *_numpy_array_globals()]
 GIT_LFS_POINTER = b"version https://git-lfs.github.com/spec/v1"  # the first line of a Git LFS pointer file
 
@@ -139,7 +141,7 @@ def refused_global(err):
     """The global a weights-only UnpicklingError refuses ("a global" where torch's message does not name it), or
     None for an error about something else (bytes that are no pickle)."""
     text = str(err)
-    found = re.search(r"GLOBAL ([\w.]+)", text)
+    found = re.search(r"GLOBAL ([\w.]+)", text) or re.search(r"but got <class '([\w.]+)'>", text)
     if found:
         return found.group(1)
     return "a global" if re.search(r"allowlist|unrecognized function", text) else None

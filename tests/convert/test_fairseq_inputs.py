@@ -63,6 +63,18 @@ def test_a_file_that_is_no_checkpoint_is_named_with_torchs_error(tmp_path, conte
     assert caught.value.__cause__ is not None
 
 
+def test_a_numpy_object_array_is_refused_naming_its_dtype(tmp_path):
+    import numpy
+
+    from talk_hf.convert_fairseq import load_checkpoint
+
+    checkpoint = layout.fairseq_checkpoint(argparse.Namespace(arch="lightconv"), {"x": torch.zeros(1)})
+    checkpoint["extra_state"]["notes"] = numpy.array(["a", "b"], dtype=object)
+    torch.save(checkpoint, tmp_path / "model.pt")
+    with pytest.raises(ValueError, match=r"needs numpy\.dtypes\.ObjectDType, which is not among the globals"):
+        load_checkpoint(tmp_path / "model.pt")
+
+
 def test_numpy_arrays_of_an_eval_bleu_checkpoint_load(tmp_path):
     """`fairseq-train --eval-bleu` logs its BLEU counts as numpy arrays, which the checkpoint keeps in
     extra_state["metrics"]."""
