@@ -79,7 +79,9 @@ def _evaluate_documents(model, tokenizer, dataset, decoding, generation):
     if decoding == "windows":
         generated = generate_translations(model, tokenizer, dataset["source"], **generation)
         cut = warn_if_cut(tokenizer, generated, stacklevel=4)  # the caller of evaluate_translation
-        hyps = group_documents(window_last_sentences(tokenizer, generated, sep_token), dataset["doc_id"])
+        last = window_last_sentences(tokenizer, generated, sep_token)
+        blank = [not sentence.strip() for doc in sources for sentence in doc]  # translated as "", as by the others
+        hyps = group_documents(["" if b else h for b, h in zip(blank, last)], dataset["doc_id"])
     elif decoding == "streaming":
         if generation["num_beams"] != 1:
             raise ValueError("streaming document decoding is greedy: evaluate it with num_beams=1")

@@ -53,6 +53,18 @@ def test_a_split_with_a_blank_sentence_gives_back_its_documents():
     assert sources == [["s1", "", "s3", "s4"]] and references == [["t1", "", "t3", "t4"]] and window == 3
 
 
+@pytest.mark.parametrize("decoding", ["sliding", "streaming", "windows"])
+def test_every_document_decoding_translates_a_blank_sentence_as_empty(setup, decoding):
+    _, tokenizer, _ = setup
+    model = tiny_model("rfa_doc", tokenizer, dropout=0.0)
+    model.generation_config.min_new_tokens = 3  # every translated sentence has words
+    rows = datasets.Dataset.from_dict({"doc_id": ["a"] * 3, "source": [SOURCES[0], "", SOURCES[2]],
+                                       "target": [TARGETS[0], "", TARGETS[2]]})
+    result = evaluate_translation(model, tokenizer, document_windows(rows, window=2), document_level=True,
+                                  document_decoding=decoding, **GREEDY)
+    assert result["hypotheses"][1] == "" and all(result["hypotheses"][k] for k in (0, 2))
+
+
 def test_a_split_that_lost_windows_is_refused(setup):
     _, _, windows = setup  # document "a" without its second window: the third would follow the first
     with pytest.raises(ValueError, match="document 'a': row 1 .* lost windows"):
