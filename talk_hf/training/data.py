@@ -113,10 +113,16 @@ def _tokenizer_hash(tokenizer) -> str:
 ENCODE_VERSION = 2
 
 
+def _text_special_ids(tokenizer) -> set[int]:
+    """The ids of <s>, <pad> and </s>, which text must not spell; not <unk>'s, also where the pad token is the unk
+    token (Llama-style tokenizers): text with unknown characters is text."""
+    return {tokenizer.bos_token_id, tokenizer.pad_token_id, tokenizer.eos_token_id} - {None, tokenizer.unk_token_id}
+
+
 def _check_no_special_text(tokenizer, enc, indices: list[int]) -> None:
     """Text that spells ``<s>``, ``<pad>`` or ``</s>`` is encoded as that token (transformers reads special tokens
     out of text): inside a source or target it would start, pad or end the sentence. Refused, naming the row."""
-    specials = {tokenizer.bos_token_id, tokenizer.pad_token_id, tokenizer.eos_token_id} - {None}
+    specials = _text_special_ids(tokenizer)
     leading = tokenizer.num_special_tokens_to_add() - 1  # ids the tokenizer puts before the text (</s> ends it)
     for side, column in (("source", "input_ids"), ("target", "labels")):
         for index, ids in zip(indices, enc[column]):
@@ -244,7 +250,7 @@ def lm_token_stream(texts: Iterable[str], tokenizer, separator_token_id: int | N
     """All texts tokenized and concatenated in order, ``separator_token_id`` after each when given -> list of ids.
     A text that spells ``<s>``, ``<pad>`` or ``</s>`` (read as the special token, not as text: an end of sequence
     or padding in the middle of the stream) is refused, naming the text, as ``encode`` refuses it in pairs."""
-    specials = {tokenizer.bos_token_id, tokenizer.pad_token_id, tokenizer.eos_token_id} - {None}
+    specials = _text_special_ids(tokenizer)
     stream: list[int] = []
     texts = list(texts)
     for start in range(0, len(texts), 1000):

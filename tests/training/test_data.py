@@ -235,6 +235,14 @@ def test_lm_blocks_refuse_text_that_spells_a_special_token(pairs_ds, text, add_b
         lm_blocks([*texts, text], lm_tok, 4)
 
 
+def test_lm_text_with_unknown_characters_is_text_where_the_pad_token_is_unk(pairs_ds):
+    """Llama-style tokenizers use <unk> as their pad token: an unknown character is no spelled special token."""
+    lm_tok = train_joint_bpe(pairs_ds["target"], 200, add_eos=False)
+    lm_tok.pad_token = lm_tok.unk_token
+    blocks = lm_blocks([*pairs_ds["target"][:3], "a dog ☃ runs"], lm_tok, 4)
+    assert lm_tok.unk_token_id in [i for block in blocks["input_ids"] for i in block]
+
+
 def test_lm_blocks(pairs_ds, caplog):
     lm_tok = train_joint_bpe(pairs_ds["target"], 200, add_eos=False)
     texts = pairs_ds["target"][:20]
