@@ -165,7 +165,8 @@ def test_tokenizer_training_flags_with_a_given_tokenizer_are_a_usage_error(scrip
         script.main(["--tsv", f"valid={FIXTURE}", "--tokenizer", str(tmp_path / "a" / "tokenizer"), *flags,
                      "--output_dir", str(tmp_path / "b")])
     assert exit_info.value.code == 2
-    assert f"{flags[0]} train a tokenizer: with --tokenizer (used as it is) they do not apply" in capsys.readouterr().err
+    message = f"{flags[0]} train a tokenizer: with --tokenizer (used as it is) they do not apply"
+    assert message in capsys.readouterr().err
     assert not (tmp_path / "b").exists()
 
 
