@@ -101,6 +101,9 @@ class TrainConfig:
                              f"{self.average_last}")
         if self.average_last > self.keep_checkpoints:
             raise ValueError(f"average_last={self.average_last} needs keep_checkpoints >= it ({self.keep_checkpoints})")
+        if self.average_last > 1 and not self.save_every:
+            raise ValueError(f"average_last={self.average_last} averages the last checkpoints: it needs save_every > 0 "
+                             "(without it a run saves only its last one)")
 
     def least_warmup(self):
         """The shortest warm-up the schedule takes: inverse_sqrt scales by it (0 keeps the learning rate at 0), cosine
@@ -335,9 +338,13 @@ def run_folder_error(output_dir, resume):
     output_dir = Path(output_dir)
     if resume and not checkpoints(output_dir):
         return FileNotFoundError(f"--resume: no checkpoint under {output_dir / 'checkpoints'}")
-    if not resume and (checkpoints(output_dir) or (output_dir / METRICS_FILE).exists()):
+    if not resume and checkpoints(output_dir):
         return FileExistsError(f"{output_dir} holds an earlier run (checkpoints/, {METRICS_FILE}): continue it with "
                                "resume (--resume), or train into another output_dir")
+    if not resume and (output_dir / METRICS_FILE).exists():
+        return FileExistsError(f"{output_dir} holds the {METRICS_FILE} of an earlier run that saved no checkpoint "
+                               f"(nothing to resume): remove {output_dir / METRICS_FILE} to train afresh there, or "
+                               "train into another output_dir")
     return None
 
 
@@ -694,8 +701,17 @@ class Trainer:
         return self.best_if_lower(final) if self.stopped_early() else final
 
     def evaluate_averaged(self):
-        """Load the mean of the last average_last checkpoints and evaluate it -> the record."""
-        last = checkpoints(self.output_dir)[-self.config.average_last :]
+        """Load the mean of the last average_last checkpoints and evaluate it -> the record. The checkpoints are
+        those an uninterrupted run keeps (`prune_checkpoints`): a resume point kept as the best checkpoint is not
+        among them. Fewer than average_last (a run shorter than average_last * save_every) are averaged with a
+        warning."""
+        found = checkpoints(self.output_dir)
+        last = [p for p in found[:-1] if not (p / RESUME_POINT_FILE).exists()][-(self.config.average_last - 1):]
+        last = [*last, found[-1]] if self.config.average_last > 1 else found[-1:]
+        if len(last) < self.config.average_last:
+            warnings.warn(f"average_last={self.config.average_last}, but the run has {len(last)} checkpoint(s) to "
+                          f"average (save_every={self.config.save_every}, {self.state.global_step} updates): the "
+                          f"final weights average those", stacklevel=2)
         self.load_weights(average_checkpoints(last))
         return self.evaluate(averaged_checkpoints=len(last))  # not a point of the trajectory: marked as such
 

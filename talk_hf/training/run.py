@@ -4,6 +4,7 @@ scripts/train.py and scripts/demo.py)."""
 import fcntl
 import json
 import os
+import warnings
 from pathlib import Path
 
 from accelerate.utils import set_seed
@@ -185,6 +186,11 @@ def train_run(data_dir, kind, train_config, preset=None, config_file=None, overr
     set_seed(train_config.seed)  # the initial weights (the Trainer seeds again for training)
     model = build_model(kind, tokenizer, preset=preset, config_file=config_file, overrides=overrides)
     kept_initialisation = initialise_from(model, init_from) if init_from is not None else None
+    if kept_initialisation:
+        warnings.warn(f"init_from {init_from}: {len(kept_initialisation)} of the model's weights are not in it and "
+                      f"keep their initialisation ({', '.join(kept_initialisation[:4])}"
+                      f"{', ...' if len(kept_initialisation) > 4 else ''}): a model of another size or layout is "
+                      "trained partly from scratch", UserWarning, stacklevel=2)
     is_seq2seq = model.config.is_encoder_decoder
     valid_texts = (valid["source"], valid["target"]) if is_seq2seq and not document_level else None
     trainer = Trainer(model, tokenizer, train, valid, train_config, valid_texts=valid_texts)

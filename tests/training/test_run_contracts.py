@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 from safetensors.torch import load_file
 
 from talk_hf.training.loop import TrainConfig, Trainer, checkpoints
@@ -75,6 +76,8 @@ def test_the_seed_decides_the_initial_weights(prepared, tmp_path):
     (dict(learning_rate=-1.0), "learning_rate must be > 0, got -1.0"),
     (dict(learning_rate=math.nan), "learning_rate must be > 0, got nan"),
     (dict(adam_beta2=1.0), "adam_beta2 must be >= 0 and < 1, got 1.0"),
+    (dict(average_last=3, keep_checkpoints=3), "average_last=3 averages the last checkpoints: it needs save_every > 0 "
+                                               "(without it a run saves only its last one)"),
 ])
 def test_settings_out_of_range_are_refused_by_name(bad, message):
     with pytest.raises(ValueError) as error:
@@ -127,11 +130,15 @@ def test_train_reports_a_used_or_empty_run_folder_as_a_usage_error(monkeypatch, 
     assert f"--resume: no checkpoint under {out / 'checkpoints'}" in capsys.readouterr().err
     out.mkdir()
     (out / "metrics.jsonl").write_text('{"step": 1, "loss": 9.0}\n')
-    with pytest.raises(SystemExit) as exit_info:
+    with pytest.raises(SystemExit) as exit_info:  # a run stopped before its first checkpoint: nothing to resume
         train.main(base)
     assert exit_info.value.code == 2
-    assert f"{out} holds an earlier run (checkpoints/, metrics.jsonl): continue it" in capsys.readouterr().err
+    assert (f"{out} holds the metrics.jsonl of an earlier run that saved no checkpoint (nothing to resume): remove "
+            f"{out / 'metrics.jsonl'} to train afresh there") in capsys.readouterr().err
     (out / "checkpoints" / "step-1").mkdir(parents=True)
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(base)
+    assert f"{out} holds an earlier run (checkpoints/, metrics.jsonl): continue it" in capsys.readouterr().err
     train.main([*base, "--resume"])
     assert len(trained) == 1
 
@@ -277,3 +284,62 @@ def test_the_multi30k_runner_refuses_a_folder_without_prepared_data(tmp_path, ca
     with pytest.raises(SystemExit) as exit_info:
         script("results_multi30k").main(["--data", str(tmp_path / "none"), "--output_dir", str(tmp_path / "out")])
     assert exit_info.value.code == 2 and "is not a prepared data folder" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------ averaging
+
+
+def scripted_validation(monkeypatch, losses):
+    """Trainer.evaluate logs the next of `losses` as the validation loss (the weights are not evaluated)."""
+    queue = iter(losses)
+
+    def evaluate(self, **fields):
+        record = {"step": self.state.global_step, "valid_loss": next(queue), **fields}
+        self.log(record)
+        return record
+
+    monkeypatch.setattr(Trainer, "evaluate", evaluate)
+
+
+def test_a_resumed_run_averages_the_checkpoints_an_uninterrupted_one_does(data, tmp_path, monkeypatch):
+    """The resume point where the first part stopped validated lowest, so it is kept as the best checkpoint: it is
+    not averaged in place of a scheduled one."""
+    losses = [5.0, 4.9, 4.8, 4.7, 4.6, 4.5, 4.0, 4.1, 4.2, 4.3]  # update 7 (a resume point) validates lowest
+    settings = dict(save_every=2, eval_every=1, patience=5, keep_checkpoints=3, average_last=3)
+    scripted_validation(monkeypatch, losses + [9.9])
+    straight = run(data, tmp_path / "a", max_steps=10, **settings)
+    scripted_validation(monkeypatch, losses[:7] + [9.9])
+    run(data, tmp_path / "b", max_steps=7, **settings)
+    scripted_validation(monkeypatch, losses[7:] + [9.9])
+    resumed = run(data, tmp_path / "b", max_steps=10, resume=True, **settings)
+    assert "step-7" in [p.name for p in checkpoints(tmp_path / "b")]  # kept: the best
+    for (name, p), q in zip(straight.model.named_parameters(), resumed.model.parameters()):
+        assert torch.equal(p, q), name
+
+
+def test_averaging_fewer_checkpoints_than_asked_warns(data, tmp_path):
+    with pytest.warns(UserWarning, match=r"average_last=3, but the run has 2 checkpoint\(s\) to average"):
+        run(data, tmp_path / "a", max_steps=3, save_every=2, keep_checkpoints=3, average_last=3)
+
+
+def test_init_from_a_model_of_another_size_warns_before_training(prepared, tmp_path, monkeypatch):
+    """Weights the folder does not hold keep their initialisation: said before training, not only in the results."""
+    from transformers import AutoTokenizer
+
+    from talk_hf.training import run as run_module
+
+    class Stop(Exception):
+        pass
+
+    def stop(*args, **kwargs):
+        raise Stop
+
+    tokenizer = AutoTokenizer.from_pretrained(prepared / "tokenizer")
+    build_model("talk", tokenizer, overrides=dict(TINY)).save_pretrained(tmp_path / "small")  # 1 + 1 layers
+    monkeypatch.setattr(run_module, "Trainer", stop)
+    config = TrainConfig(output_dir=str(tmp_path / "o"), max_steps=1)
+    with pytest.warns(UserWarning, match=r"init_from .*small: \d+ of the model's weights are not in it"):
+        with pytest.raises(Stop):
+            larger = dict(TINY, encoder_layers=2, decoder_layers=2, encoder_max_offsets=[2, 2],
+                          decoder_max_offsets=[3, 3])
+            train_run(prepared, "talk", config, overrides=larger, init_from=tmp_path / "small")
