@@ -15,7 +15,7 @@ from huggingface_hub import ModelCard
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
 import talk_hf  # noqa: F401
-from talk_hf.training.loop import average_checkpoints, checkpoints
+from talk_hf.training.loop import average_checkpoints, scheduled_checkpoints
 from talk_hf.training.model_card import write_model_card
 
 
@@ -37,7 +37,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.last < 1:
         parser.error(f"--last must be >= 1, got {args.last}")
-    found = checkpoints(args.run)
+    found = scheduled_checkpoints(args.run)  # as the run averages them: a resumed run's resume points left out
     if len(found) < args.last:
         raise SystemExit(f"{args.run} has {len(found)} checkpoints, fewer than --last {args.last}")
     model_dir = f"{args.run}/model"

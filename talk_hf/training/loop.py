@@ -331,6 +331,13 @@ def checkpoint_step(path):
     return int(Path(path).name.split("-")[1])
 
 
+def scheduled_checkpoints(output_dir):
+    """A run's checkpoints but the resume points before its newest one (saved off the save_every schedule where an
+    earlier part of the run stopped): those an uninterrupted run has (`Trainer.prune_checkpoints`)."""
+    found = checkpoints(output_dir)
+    return [p for p in found[:-1] if not (p / RESUME_POINT_FILE).exists()] + found[-1:]
+
+
 def run_folder_error(output_dir, resume):
     """Why a run cannot train into `output_dir` -> the exception to raise, or None: a resumed run needs a checkpoint
     there (FileNotFoundError), a new one a folder without an earlier run, whose checkpoints and metrics it would mix
@@ -480,9 +487,8 @@ class Trainer:
         only a point to resume from, removed once a later one exists, so a resumed run keeps and averages the
         checkpoints an uninterrupted one would. The best checkpoint is kept too where patience may stop the run (it
         may end with it)."""
-        found = checkpoints(self.output_dir)
-        resume_points = [p for p in found[:-1] if (p / RESUME_POINT_FILE).exists()]
-        scheduled = [p for p in found if p not in resume_points]
+        scheduled = scheduled_checkpoints(self.output_dir)
+        resume_points = [p for p in checkpoints(self.output_dir) if p not in scheduled]
         best = self.best_checkpoint() if self.config.patience else None
         for old in resume_points + scheduled[: -self.config.keep_checkpoints]:
             if old != best:
@@ -705,9 +711,7 @@ class Trainer:
         those an uninterrupted run keeps (`prune_checkpoints`): a resume point kept as the best checkpoint is not
         among them. Fewer than average_last (a run shorter than average_last * save_every) are averaged with a
         warning."""
-        found = checkpoints(self.output_dir)
-        last = [p for p in found[:-1] if not (p / RESUME_POINT_FILE).exists()][-(self.config.average_last - 1):]
-        last = [*last, found[-1]] if self.config.average_last > 1 else found[-1:]
+        last = scheduled_checkpoints(self.output_dir)[-self.config.average_last :]
         if len(last) < self.config.average_last:
             warnings.warn(f"average_last={self.config.average_last}, but the run has {len(last)} checkpoint(s) to "
                           f"average (save_every={self.config.save_every}, {self.state.global_step} updates): the "

@@ -16,7 +16,7 @@ from talk_hf.training.models import build_model
 from talk_hf.training.run import train_run
 
 from .test_cli_inputs import prepared_folder
-from .test_loop import TINY, data, run  # noqa: F401  (data: a pytest fixture)
+from .test_loop import TINY, data, run, scripted_validation  # noqa: F401  (data: a pytest fixture)
 from .test_scripts import FIXTURE, script
 
 
@@ -289,21 +289,9 @@ def test_the_multi30k_runner_refuses_a_folder_without_prepared_data(tmp_path, ca
 # ------------------------------------------------------------------------------------------ averaging
 
 
-def scripted_validation(monkeypatch, losses):
-    """Trainer.evaluate logs the next of `losses` as the validation loss (the weights are not evaluated)."""
-    queue = iter(losses)
-
-    def evaluate(self, **fields):
-        record = {"step": self.state.global_step, "valid_loss": next(queue), **fields}
-        self.log(record)
-        return record
-
-    monkeypatch.setattr(Trainer, "evaluate", evaluate)
-
-
 def test_a_resumed_run_averages_the_checkpoints_an_uninterrupted_one_does(data, tmp_path, monkeypatch):
     """The resume point where the first part stopped validated lowest, so it is kept as the best checkpoint: it is
-    not averaged in place of a scheduled one."""
+    not averaged in place of a scheduled one, by the run or by scripts/average_checkpoints.py."""
     losses = [5.0, 4.9, 4.8, 4.7, 4.6, 4.5, 4.0, 4.1, 4.2, 4.3]  # update 7 (a resume point) validates lowest
     settings = dict(save_every=2, eval_every=1, patience=5, keep_checkpoints=3, average_last=3)
     scripted_validation(monkeypatch, losses + [9.9])
@@ -315,6 +303,12 @@ def test_a_resumed_run_averages_the_checkpoints_an_uninterrupted_one_does(data, 
     assert "step-7" in [p.name for p in checkpoints(tmp_path / "b")]  # kept: the best
     for (name, p), q in zip(straight.model.named_parameters(), resumed.model.parameters()):
         assert torch.equal(p, q), name
+    resumed.save_model()
+    averaged = script("average_checkpoints").main(["--run", str(tmp_path / "b"), "--last", "3", "--output",
+                                                   str(tmp_path / "averaged")])
+    by_script = load_file(str(Path(averaged) / "model.safetensors"))
+    assert all(torch.equal(by_script[k], v) for k, v in load_file(str(tmp_path / "b" / "model" /
+                                                                      "model.safetensors")).items())
 
 
 def test_averaging_fewer_checkpoints_than_asked_warns(data, tmp_path):
