@@ -22,7 +22,7 @@ from pathlib import Path
 
 from talk_hf.training import tuning
 from talk_hf.training.loop import TrainConfig
-from talk_hf.training.prepare import SUMMARY_FILE
+from talk_hf.training.prepare import read_summary
 from talk_hf.training.run import train_run
 from talk_hf.training.tables import RUN_COLUMNS
 
@@ -52,9 +52,10 @@ def parse_args(argv=None):
     parser.add_argument("--test_limit", type=int, default=0, help="score only the first N test sentences (0: all)")
     args = parser.parse_args(argv)
     tuning.check_arguments(parser, args)
-    if not (Path(args.data) / SUMMARY_FILE).is_file():
-        parser.error(f"--data {args.data} is not a prepared data folder (it has no {SUMMARY_FILE}): prepare one with "
-                     "scripts/preprocess.py (the README's make demo prepares runs/demo/data)")
+    try:
+        read_summary(args.data)
+    except FileNotFoundError as err:
+        parser.error(f"--data {err} (make demo prepares runs/demo/data)")
     return args
 
 

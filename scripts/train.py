@@ -26,7 +26,7 @@ from transformers import HfArgumentParser
 from talk_hf.training.loop import TrainConfig, run_folder_error
 from talk_hf.training.model_card import hub_repo_id
 from talk_hf.training.models import KINDS, check_preset, parse_overrides
-from talk_hf.training.prepare import SUMMARY_FILE
+from talk_hf.training.prepare import read_summary
 from talk_hf.training.run import train_run
 
 LANGUAGE_CODE = re.compile(r"[a-z]{2}")  # ISO 639-1 (not a column name such as "src", nor a .txt suffix)
@@ -94,11 +94,10 @@ def parse_args(argv=None):
 
 def read_preparation(parser, data):
     """The ``preprocess.json`` summary of the --data folder; a usage error when the folder holds none."""
-    summary = Path(data) / SUMMARY_FILE
-    if not summary.is_file():
-        parser.error(f"--data {data} is not a prepared data folder (it has no {SUMMARY_FILE}): write one with "
-                     f"scripts/preprocess.py --output_dir {data}")
-    return json.loads(summary.read_text(encoding="utf-8"))
+    try:
+        return read_summary(data)
+    except FileNotFoundError as err:
+        parser.error(f"--data {err}")
 
 
 def file_languages(prepared):

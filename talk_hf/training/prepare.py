@@ -50,6 +50,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "SUMMARY_FILE",
+    "read_summary",
     "load_pair_splits",
     "prepare_once",
     "prepare_lm_data",
@@ -60,6 +61,16 @@ __all__ = [
 
 SUMMARY_FILE = "preprocess.json"
 PathLike = str | os.PathLike
+
+
+def read_summary(folder: PathLike) -> dict:
+    """The ``SUMMARY_FILE`` contents of a prepared data folder; FileNotFoundError naming the folder where it has none
+    (not prepared, or its preparation did not finish)."""
+    summary = Path(folder) / SUMMARY_FILE
+    if not summary.is_file():
+        raise FileNotFoundError(f"{folder} is not a prepared data folder (it has no {SUMMARY_FILE}): write one with "
+                                f"scripts/preprocess.py --output_dir {folder}")
+    return json.loads(summary.read_text(encoding="utf-8"))
 
 
 def prepare_once(output_dir: PathLike, build: Callable[[], Any], settings: Mapping[str, Any] | None = None) -> Path:
