@@ -126,7 +126,7 @@ def _translate_sliding(model, tokenizer, documents, present, window, batch_size,
     separator = _separator_id(tokenizer, sep_token) if window > 1 else None
     stops = _stop_ids(model, separator)
     start = _decoder_start(model, generate_kwargs)
-    given = _given_new_tokens(generate_kwargs)
+    given = _setting(generate_kwargs, "max_new_tokens", generate_kwargs.get("generation_config"))  # None: configured
     forced_eos = _forced_eos_ids(model, generate_kwargs)
     generate_kwargs, new_tokens = _per_sentence(model, generate_kwargs, len(start), eos_token_id=sorted(stops))
     # a limit taken from the generation config (Marian's max_length is its 512 positions) is cut to the positions a
@@ -209,12 +209,6 @@ def _check_generation(window, batch_size, generate_kwargs):
         if name in generate_kwargs:
             raise ValueError(f"{name} would count the forced prefix of the sentences before: pass {per_sentence}, "
                              "which applies to each new sentence")
-
-
-def _given_new_tokens(generate_kwargs):
-    """max_new_tokens as the caller gave it (an argument, or in a generation config passed), else None."""
-    passed = generate_kwargs.get("generation_config")
-    return generate_kwargs.get("max_new_tokens", getattr(passed, "max_new_tokens", None))
 
 
 def _with_new_tokens(generate_kwargs, new_tokens):
@@ -478,7 +472,7 @@ def translate_document_streaming(model, tokenizer, document, window=4, sep_token
     _check_generation(window, 1, generate_kwargs)
     _warn_if_training(model)
     passed = generate_kwargs.get("generation_config")
-    if generate_kwargs.get("num_beams", getattr(passed, "num_beams", None) or 1) != 1:
+    if (_setting(generate_kwargs, "num_beams", passed) or 1) != 1:
         raise ValueError("streaming carries one decoder state from sentence to sentence: num_beams must be 1")
     use_cache = _setting(generate_kwargs, "use_cache", passed)
     if use_cache is not None and not use_cache:
