@@ -99,10 +99,14 @@ class TalkHfConfigMixin:
     def from_dict(cls, config_dict, **kwargs):
         """transformers' from_dict, which sets keyword overrides (`from_pretrained(path, pad_token_id=9)`) on the
         config it built; the result is then checked as a new config is, so a wrong override is a ValueError naming
-        its field here rather than a failure inside a model."""
+        its field here rather than a failure inside a model. An override of None takes the default a new config
+        gets (`from_pretrained(path, decoder_layers=3, decoder_max_offsets=None)`: the paper's pattern for 3 layers)."""
         result = super().from_dict(config_dict, **kwargs)
         config = result[0] if isinstance(result, tuple) else result
-        cls(**config.to_dict())
+        checked = cls(**config.to_dict())
+        for name, value in config.to_dict().items():
+            if value is None and getattr(checked, name, None) is not None:
+                setattr(config, name, getattr(checked, name))
         return result
 
     def validate_talk_hf_fields(self):
@@ -132,6 +136,13 @@ class TalkHfConfigMixin:
         """The cache-layer type of each decoder layer, which transformers' cache classes read
         (`DynamicCache(config=...)`, `StaticCache`): every layer keeps a fixed-size RecurrentLayer state."""
         return [RECURRENT_LAYER_TYPE] * self.decoder_layers
+
+    @layer_types.setter
+    def layer_types(self, value):
+        """`layer_types` derives from `decoder_layers`; a config.json or keyword naming it must name that list."""
+        if value is not None and list(value) != self.layer_types:
+            raise ValueError(f"layer_types must be {RECURRENT_LAYER_TYPE!r} for each of the {self.decoder_layers} "
+                             f"decoder layers, got {value!r}")
 
     def validate_layer_type(self):
         """transformers checks `layer_types` against the layer types it ships; talk_hf registers its own (the

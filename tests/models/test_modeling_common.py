@@ -458,6 +458,38 @@ def test_a_layer_count_set_without_its_per_layer_lists_is_refused_by_name(name, 
         config_class.from_pretrained(tmp_path, **{count: 3})
 
 
+@pytest.mark.parametrize("name,overrides,filled", [
+    ("talk", dict(conv_dim=None), dict(conv_dim=16)),
+    ("talk", dict(decoder_layers=3, decoder_max_offsets=None), dict(decoder_max_offsets=[1, 3, 7])),
+    ("dynamic_conv", dict(encoder_layers=1, encoder_kernel_sizes=None), dict(encoder_kernel_sizes=[3])),
+    ("talk_lm", dict(decoder_layers=1, decoder_max_offsets=None), dict(decoder_max_offsets=[1])),
+])
+def test_a_none_override_on_load_takes_the_default_a_new_config_gets(name, overrides, filled, tmp_path):
+    """None means "the default" in a config's arguments (the paper's per-layer pattern, conv_dim = d_model); an
+    override of from_pretrained takes it the same way, so the loaded config builds a model."""
+    config_class, _, head_class, _ = ALL[name]
+    make(name).config.save_pretrained(tmp_path)
+    config = config_class.from_pretrained(tmp_path, **overrides)
+    for field, value in filled.items():
+        assert getattr(config, field) == value
+    head_class(config)
+
+
+@pytest.mark.parametrize("name", ["talk", "rfa_doc", "dynamic_conv_lm"])
+def test_layer_types_given_as_the_config_derives_them_load_and_others_are_refused(name, tmp_path):
+    """transformers' configs may carry `layer_types` (a config.json written by hand or by other tools): the list
+    the config derives is accepted, any other is a ValueError naming the field."""
+    config = make(name).config
+    config_class = type(config)
+    layer_types = config.layer_types
+    assert config_class(**{**config.to_dict(), "layer_types": layer_types}).layer_types == layer_types
+    assert config_class.from_dict({**config.to_dict(), "layer_types": layer_types}).layer_types == layer_types
+    with pytest.raises(ValueError, match="layer_types must be"):
+        config_class(**{**config.to_dict(), "layer_types": ["full_attention"] * len(layer_types)})
+    with pytest.raises(ValueError, match="layer_types must be"):
+        config_class(**{**config.to_dict(), "layer_types": layer_types[:1]})
+
+
 @pytest.mark.parametrize("name", list(LM))
 def test_logits_to_keep_takes_a_count_or_positions(name):
     model = make(name)
