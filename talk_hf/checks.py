@@ -15,10 +15,14 @@ def check_float_tensor(name, t, ndim):
         raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(t.shape)}")
 
 
-def check_like(name, t, ref_name, ref, dims=None):
-    """`t` must share device and dtype with `ref`, and the sizes of `dims` (pairs of (t_dim, ref_dim))."""
+def check_same_device(name, t, ref_name, ref):
     if t.device != ref.device:
         raise ValueError(f"{name} is on {t.device} but {ref_name} is on {ref.device}")
+
+
+def check_like(name, t, ref_name, ref, dims=None):
+    """`t` must share device and dtype with `ref`, and the sizes of `dims` (pairs of (t_dim, ref_dim))."""
+    check_same_device(name, t, ref_name, ref)
     if t.dtype != ref.dtype:
         raise TypeError(f"{name} has dtype {t.dtype} but {ref_name} has dtype {ref.dtype}")
     for td, rd in dims or ():

@@ -27,6 +27,7 @@ from .checks import (
     check_heads,
     check_int,
     check_like,
+    check_same_device,
     exact_products,
 )
 
@@ -197,6 +198,9 @@ def light_conv(x, weight, padding_left, softmax=False, weight_dropout=0.0, seed=
 
 def dynamic_conv_init_state(batch, channels, kernel_size, device=None, dtype=torch.float32):
     """An empty decoding state: the last K - 1 inputs, (B, K - 1, C) zeros."""
+    check_int("batch", batch, minimum=0)
+    check_int("channels", channels, minimum=0)
+    check_int("kernel_size", kernel_size, minimum=1)
     return torch.zeros(batch, kernel_size - 1, channels, device=device, dtype=dtype)
 
 
@@ -217,6 +221,8 @@ def dynamic_conv_step(x, weight, state, softmax=False, weight_dropout=0.0, seed=
     nothing is dropped, else the same math in PyTorch ops.
     """
     _check_conv_args(x, weight, 0, softmax, weight_dropout, seed)
+    check_float_tensor("state", state, 3)
+    check_same_device("state", state, "x", x)
     K = weight.shape[-1]
     if state.shape != (x.shape[0], K - 1, x.shape[2]):
         raise ValueError(f"state must have shape {(x.shape[0], K - 1, x.shape[2])}, got {tuple(state.shape)}")

@@ -232,6 +232,18 @@ def test_step_uses_the_kernel_without_gradients_and_pytorch_ops_with_them():
     assert wg.grad is not None and wg.grad.abs().sum() > 0
 
 
+def test_step_and_init_state_name_a_missing_state_or_a_bad_size():
+    x, w = torch.randn(2, 1, 6), softmax_weights(3, 4, dtype=torch.float32)
+    with pytest.raises(TypeError, match="state must be a torch.Tensor, got NoneType"):
+        ops.dynamic_conv_step(x, w, None)
+    with pytest.raises(ValueError, match="state must have 3 dimensions"):
+        ops.dynamic_conv_step(x, w, torch.zeros(3, 6))
+    with pytest.raises(ValueError, match="kernel_size must be >= 1, got 0"):
+        ops.dynamic_conv_init_state(2, 6, 0)
+    with pytest.raises(ValueError, match="channels must be >= 0, got -6"):
+        ops.dynamic_conv_init_state(2, -6, 3)
+
+
 def test_step_kernel_checks_its_inputs():
     x, w = torch.randn(2, 1, 6), softmax_weights(2, 1, 3, 4, dtype=torch.float32)
     with pytest.raises(RuntimeError, match=r"state must be \(B, K - 1, C\)"):

@@ -319,6 +319,20 @@ def test_step_kernel_checks_its_inputs():
         torch.ops.talk_hf.talk_conv_step(x, offsets(2, 1, 4, dtype=torch.float32), torch.zeros(2, 6, 6), 4)
 
 
+def test_step_and_init_state_name_a_missing_state_or_a_bad_size():
+    x, ol = torch.randn(2, 1, 6), offsets(2, 1, 3, dtype=torch.float32)
+    with pytest.raises(TypeError, match="state must be a torch.Tensor, got NoneType"):
+        ops.talk_conv_step(x, ol, None, 4)
+    with pytest.raises(ValueError, match="state must have 3 dimensions"):
+        ops.talk_conv_step(x, ol, torch.zeros(6, 6), 4)
+    with pytest.raises(ValueError, match="max_left must be >= 0, got -3"):
+        ops.talk_conv_init_state(2, 6, -3)
+    with pytest.raises(ValueError, match="batch must be >= 0, got -1"):
+        ops.talk_conv_init_state(-1, 6, 3)
+    with pytest.raises(TypeError, match="channels must be an int"):
+        ops.talk_conv_init_state(2, 6.0, 3)
+
+
 def test_opcheck():
     x = torch.randn(2, 7, 6)
     ol, orr = offsets(2, 7, 3, dtype=torch.float32), offsets(2, 7, 3, dtype=torch.float32)
