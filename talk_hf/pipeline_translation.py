@@ -247,7 +247,8 @@ class SummarizationPipeline(Text2TextPipeline):
 class DocumentTranslationPipeline(Pipeline):
     """A document in, one translation per sentence out: {"translations": [...]}. A document is a list of sentences
     or a string with one sentence per line; a list of documents gives one dict per document (a list of str is one
-    document's sentences, unless one of them holds a line break, "\n", "\r\n" or "\r": then each is a document).
+    document's sentences, unless one of them holds a line break, "\n", "\r\n" or "\r", before its end: then each
+    is a document; the lines of `f.readlines()`, each ending in one, are one document).
 
     window (default 4): sentences per window, the current one included; streaming=True carries the decoder state
     across sentences (talk_hf models) instead of sliding windows; batch_size: sliding windows of several documents
@@ -283,7 +284,7 @@ class DocumentTranslationPipeline(Pipeline):
         """One document (a str, or a list of str) -> {"translations": [...]}; a list of documents -> a list."""
         single = isinstance(documents, str) or (
             isinstance(documents, (list, tuple)) and all(isinstance(s, str) for s in documents)
-            and not any(LINE_BREAK.search(s) for s in documents)
+            and not any(LINE_BREAK.search(s.rstrip("\r\n")) for s in documents)
         )
         documents = [documents] if single else list(documents)
         batch_size = self._batch_size if batch_size is None else batch_size

@@ -219,6 +219,18 @@ def test_documents_written_with_any_line_break_are_each_a_document(tokenizer):
         assert translator([line_break.join(d) for d in documents], window=2, **SHORT) == expected
 
 
+def test_lines_read_with_their_line_ends_are_one_document(tokenizer):
+    """`f.readlines()` keeps each line's end: a list of str whose line breaks all end their str is one document's
+    sentences, translated as the same lines without them (a line break inside a str makes the list documents)."""
+    from talk_hf import translate_document
+
+    model = tiny(tokenizer).eval()
+    translator = pipeline("document-translation", model=model, tokenizer=tokenizer)
+    expected = {"translations": translate_document(model, tokenizer, SENTENCES[:3], window=2, **SHORT)}
+    for line_end in ("\n", "\r\n", "\r"):
+        assert translator([s + line_end for s in SENTENCES[:3]], window=2, **SHORT) == expected
+
+
 # --- long sources and generate() outputs ---------------------------------------------------------------------------
 
 
