@@ -74,7 +74,7 @@ from talk_hf import (
 )
 from talk_hf.training.plot import pyplot, save_figure
 from talk_hf.training.tables import markdown_table
-from timing import environment, save_results
+from timing import environment, require_at_least, require_positive, save_results
 from talk_hf.versions import CACHE_NAME
 
 VOCAB, D, LAYERS, HEADS = 8000, 256, 3, 4
@@ -477,6 +477,18 @@ def saved_rows(paths):
     return rows
 
 
+def check_options(parser, args):
+    """A usage error (exit status 2) for a count, size or scale out of range, and for options that do not go
+    together, before any model is built."""
+    if args.from_results and args.output:
+        parser.error("--from_results measures nothing: there is no new --output to write")
+    if args.ctranslate2 and importlib.util.find_spec("ctranslate2") is None:
+        parser.error("--ctranslate2 needs the ctranslate2 package: pip install ctranslate2")
+    require_at_least(parser, args, 1, "lm_tokens", "lm_batch", "windows", "sentences", "paper_beams",
+                     "stream_sentences", "stream_window", "repeats")
+    require_positive(parser, args, "batch_scale")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
@@ -505,10 +517,7 @@ def main(argv=None):
     parser.add_argument("--from_results", nargs="+", default=None, metavar="JSON",
                         help="measure nothing: the table and plots of the rows saved in these --output files")
     args = parser.parse_args(argv)
-    if args.from_results and args.output:
-        parser.error("--from_results measures nothing: there is no new --output to write")
-    if args.ctranslate2 and importlib.util.find_spec("ctranslate2") is None:
-        parser.error("--ctranslate2 needs the ctranslate2 package: pip install ctranslate2")
+    check_options(parser, args)
     if args.from_results:
         rows = saved_rows(args.from_results)
     else:

@@ -9,7 +9,8 @@ fp32 also the chunked kernels' tensor-core (TF32) products, which `rfa_causal` d
 fp32 products), and
 torch.nn.functional.scaled_dot_product_attention, forward and forward+backward (in which every input that has a
 gradient in training requires one: x, TaLK's offsets, DynamicConv's weights, RFA's q/k features and decay, so that
-each op and its baseline do the same backward work); plus two copies of the input, the memory floor of a one-pass
+each op and its baseline do the same backward work; the gradients returned by torch.autograd.grad, none added into
+an earlier call's .grad); plus two copies of the input, the memory floor of a one-pass
 op: `x.clone()` (allocates its output, as every op here does; on CPU a large fresh allocation pays its page faults)
 and `out.copy_(x)` into a buffer allocated once (the bandwidth floor alone). Median of timed iterations after warm-up
 (CUDA events on GPU).
@@ -35,7 +36,7 @@ from talk_hf.backend import needs_grad
 from talk_hf.rfa import DEFAULT_EPS
 from talk_hf.training.plot import pyplot, save_figure
 from talk_hf.training.tables import markdown_table
-from timing import environment, median_seconds, save_results
+from timing import environment, median_seconds, require_at_least, require_divisible, require_positive, save_results
 
 
 def interleaved_ratio(fn, baseline, device, pairs):
@@ -45,18 +46,24 @@ def interleaved_ratio(fn, baseline, device, pairs):
     return statistics.median(ratios)
 
 
-def cases(x, heads, max_offset):
+def cases(x, heads, max_offset, leaves=None):
     """name -> callable() returning the output of one forward.
 
     With x.requires_grad (the forward+backward cases) every input that has a gradient in training requires one too,
     so that each op and its baseline do the same backward work: TaLK's offsets, DynamicConv's weights (or logits),
     RFA's q/k features and decay gate (the compiled kernel's backward computes them all whatever is asked), and SDPA's
-    q, k, v (views of x). Without it (the forward-only cases) no input does."""
+    q, k, v (views of x). Without it (the forward-only cases) no input does. `leaves`: a list that receives each fresh
+    leaf that requires a gradient, in the order they are made."""
     B, T, C = x.shape
     grad = x.requires_grad
 
     def leaf(t):  # a fresh leaf that requires a gradient in the fwd+bwd cases (a dense copy of an expanded view)
-        return t.detach().clone().requires_grad_() if grad else t
+        if not grad:
+            return t
+        t = t.detach().clone().requires_grad_()
+        if leaves is not None:
+            leaves.append(t)
+        return t
 
     g = torch.Generator(device="cpu").manual_seed(0)
     ol = leaf(torch.rand(B, T, heads, generator=g).to(x))
@@ -96,14 +103,31 @@ def cases(x, heads, max_offset):
     return fns
 
 
+def fwd_bwd_cases(x, heads, max_offset):
+    """name -> callable() running one forward + backward of `cases` on a copy of x that requires a gradient, and
+    returning the gradients of x and of every fresh leaf (None for a leaf the op does not read). torch.autograd.grad
+    hands them back without storing them in .grad: each call computes them afresh, as a training step's backward
+    after its gradients are set to None does, and adds nothing into an earlier call's."""
+    xg = x.detach().requires_grad_()
+    leaves = [xg]
+    return {name: forward_backward(fn, leaves) for name, fn in cases(xg, heads, max_offset, leaves).items()}
+
+
+def forward_backward(fn, leaves):
+    """callable() running fn() and the backward of its output (a gradient of ones) to `leaves`: their gradients."""
+    def run():
+        out = fn()
+        return torch.autograd.grad(out, leaves, torch.ones_like(out), allow_unused=True)
+    return run
+
+
 def measure(args, T):
     device, dtype = args.device, getattr(torch, args.dtype)
     x = torch.randn(args.batch, T, args.channels, device=device, dtype=dtype)
     row = {"n": T, "copy_ms": 1e3 * median_seconds(lambda: x.clone(), device, args.warmup, args.iters, args.budget)}
     buffer = torch.empty_like(x)
     row["copy_into_ms"] = 1e3 * median_seconds(lambda: buffer.copy_(x), device, args.warmup, args.iters, args.budget)
-    xg = x.detach().requires_grad_()
-    with_grad = cases(xg, args.heads, args.max_offset)  # inputs built once, outside the timed calls
+    with_grad = fwd_bwd_cases(x, args.heads, args.max_offset)  # inputs built once, outside the timed calls
     forward = cases(x, args.heads, args.max_offset)
     for name, fn in forward.items():
         if name == "sdpa" and T > args.max_sdpa_length:
@@ -115,12 +139,7 @@ def measure(args, T):
             torch.cuda.reset_peak_memory_stats()
             fn()
             row[f"{name}_fwd_peak_MB"] = (torch.cuda.max_memory_allocated() - before) / 2**20
-
-        def fwd_bwd():
-            out = with_grad[name]()
-            out.backward(torch.ones_like(out))
-
-        row[f"{name}_fwdbwd_ms"] = 1e3 * median_seconds(fwd_bwd, device, 1, args.iters, args.budget)
+        row[f"{name}_fwdbwd_ms"] = 1e3 * median_seconds(with_grad[name], device, 1, args.iters, args.budget)
     bytes_moved = 2 * x.numel() * x.element_size()  # read + write
     row["copy_GBps"] = bytes_moved / row["copy_into_ms"] / 1e6
     row["talk_vs_copy"] = row["talk_fwd_ms"] / row["copy_ms"]
@@ -176,6 +195,14 @@ def plot(rows, path):
     save_figure(fig, path)
 
 
+def check_options(parser, args):
+    """A usage error (exit status 2) for a size, count or time option out of range, before anything is measured."""
+    require_at_least(parser, args, 1, "batch", "channels", "heads", "lengths", "iters")
+    require_at_least(parser, args, 0, "max_offset", "max_sdpa_length", "warmup")
+    require_positive(parser, args, "budget")
+    require_divisible(parser, args, "channels", "heads")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
@@ -192,6 +219,7 @@ def main(argv=None):
     parser.add_argument("--output", default=None)
     parser.add_argument("--plot", default=None, help="PNG path for a plot of the rows")
     args = parser.parse_args(argv)
+    check_options(parser, args)
     if ops.backend(args.device) != "compiled":
         raise SystemExit(f"no compiled kernels for {args.device}: build the extension first")
     env = environment(args.device, args)

@@ -26,7 +26,7 @@ import torch
 from talk_hf.training.models import build_model_for_ids, count_parameters
 from talk_hf.training.plot import pyplot, save_figure
 from talk_hf.training.tables import markdown_table
-from timing import environment, median_seconds, save_results
+from timing import environment, median_seconds, require_at_least, save_results
 
 VOCAB = 8000
 IDS = dict(vocab_size=VOCAB, pad_token_id=1, bos_token_id=0, eos_token_id=2)
@@ -183,6 +183,12 @@ def plot(rows, path):
     save_figure(fig, path)
 
 
+def check_options(parser, args):
+    """A usage error (exit status 2) for a size or count option out of range, before any model is built."""
+    require_at_least(parser, args, 1, "d_model", "layers", "ffn", "heads", "batch", "length", "lengths", "iters")
+    require_at_least(parser, args, 0, "warmup")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
@@ -200,6 +206,7 @@ def main(argv=None):
     parser.add_argument("--output", default=None)
     parser.add_argument("--plot", default=None, help="PNG path for a plot of the rows")
     args = parser.parse_args(argv)
+    check_options(parser, args)
     device = torch.device(args.device)
     torch.manual_seed(0)
     generator = torch.Generator().manual_seed(0)

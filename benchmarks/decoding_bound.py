@@ -37,7 +37,7 @@ import torch
 from benchmark_generation import LONGER_BATCH, PAPER_BATCH, PAPER_SOURCE, PAPER_TARGET, models
 from talk_hf.rfa import rfa_feature_map
 from talk_hf.training.tables import markdown_table
-from timing import environment, median_seconds, save_results
+from timing import environment, median_seconds, require_at_least, require_positive, save_results
 
 FP32 = 4
 
@@ -139,6 +139,8 @@ def main(argv=None):
     parser.add_argument("--bandwidth_mb", type=int, default=512, help="buffer of the bandwidth measurement (MB)")
     parser.add_argument("--output", default=None, help="JSON path for the rows (none: the table only)")
     args = parser.parse_args(argv)
+    require_at_least(parser, args, 1, "threads", "bandwidth_mb")
+    require_positive(parser, args, "batch_scale")
     if args.threads:
         torch.set_num_threads(args.threads)
     rfa, marian = models("paper")

@@ -18,7 +18,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from benchmark_generation import PAPER_SOURCE, PAPER_TARGET, models, source
-from timing import environment, save_results
+from timing import environment, require_at_least, save_results
 
 
 def op_times(model, inputs):
@@ -41,6 +41,7 @@ def main(argv=None):
     parser.add_argument("--top", type=int, default=20, help="ops listed")
     parser.add_argument("--output", default=None)
     args = parser.parse_args(argv)
+    require_at_least(parser, args, 1, "window", "batch", "num_beams", "top")
     rfa, marian = models("paper")
     new_tokens = PAPER_TARGET * args.window
     inputs = dict(source(args.batch, PAPER_SOURCE * args.window, torch.device("cpu"), torch.Generator().manual_seed(0)),

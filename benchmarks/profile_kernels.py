@@ -14,7 +14,8 @@ import argparse
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from benchmark_ops import cases
+from benchmark_ops import cases, fwd_bwd_cases
+from timing import require_at_least, require_divisible
 
 
 def device_time_us(event):
@@ -42,7 +43,8 @@ def report(name, kernels):
             print(f"    {us / 1e3:8.3f} ms  {100 * us / total:5.1f}%  {kernel[:110]}")
 
 
-def main(argv=None):
+def parse_args(argv=None):
+    """The command line; a usage error (exit status 2) for a size or count out of range, before any work."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda", choices=["cuda"])
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
@@ -54,21 +56,34 @@ def main(argv=None):
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--ops", nargs="*", default=["talk", "dynamic_conv_k31", "dynamic_conv_k31_fused_softmax", "rfa"])
     args = p.parse_args(argv)
-    x = torch.randn(args.batch, args.length, args.channels, device=args.device, dtype=getattr(torch, args.dtype))
+    require_at_least(p, args, 1, "batch", "channels", "heads", "length", "iters")
+    require_at_least(p, args, 0, "max_offset")
+    require_divisible(p, args, "channels", "heads")
+    return args
+
+
+def profiled_calls(args, x):
+    """[(label, callable)] of each op of --ops on x: its forward, then its forward + backward (benchmark_ops'
+    fwd_bwd_cases: the gradients returned, none added into an earlier call's .grad)."""
     forward = cases(x, args.heads, args.max_offset)
-    with_grad = cases(x.detach().requires_grad_(), args.heads, args.max_offset)
+    unknown = [name for name in args.ops if name not in forward]
+    if unknown:
+        raise SystemExit(f"unknown op {unknown[0]!r}: one of {', '.join(forward)}")
+    with_grad = fwd_bwd_cases(x, args.heads, args.max_offset)
+    calls = []
+    for name in args.ops:
+        calls += [(f"{name} forward", forward[name]), (f"{name} forward+backward", with_grad[name])]
+    return calls
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    x = torch.randn(args.batch, args.length, args.channels, device=args.device, dtype=getattr(torch, args.dtype))
+    calls = profiled_calls(args, x)
     print(f"B={args.batch} T={args.length} C={args.channels} H={args.heads} {args.dtype} "
           f"({torch.cuda.get_device_name()})")
-    for name in args.ops:
-        if name not in forward:
-            raise SystemExit(f"unknown op {name!r}: one of {', '.join(forward)}")
-        report(f"{name} forward", profile_op(forward[name], args.iters))
-
-        def fwd_bwd(fn=with_grad[name]):
-            out = fn()
-            out.backward(torch.ones_like(out))
-
-        report(f"{name} forward+backward", profile_op(fwd_bwd, args.iters))
+    for label, fn in calls:
+        report(label, profile_op(fn, args.iters))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""Timing for the benchmark scripts (the median of timed calls after warm-up, with CUDA events on a GPU) and the
-one format their result files share."""
+"""Timing for the benchmark scripts (the median of timed calls after warm-up, with CUDA events on a GPU), the one
+format their result files share, and the range checks of their numeric options."""
 
 import json
 import os
@@ -45,3 +45,35 @@ def save_results(path, env, rows):
     """Write {"environment": env, "rows": rows} as JSON to `path`."""
     with open(path, "w") as f:
         json.dump({"environment": env, "rows": rows}, f, indent=2)
+
+
+def require_at_least(parser, args, minimum, *names):
+    """Exit with a usage error (parser.error: exit status 2) naming the first option --<name> of `names` (argparse
+    dests) whose value, or a value of its list (nargs), is below `minimum`; an option left at None passes."""
+    for name in names:
+        for value in option_values(args, name):
+            if value < minimum:
+                parser.error(f"--{name} must be >= {minimum}, got {value}")
+
+
+def require_positive(parser, args, *names):
+    """The same for options that must be > 0 (a scale, a time budget)."""
+    for name in names:
+        for value in option_values(args, name):
+            if value <= 0:
+                parser.error(f"--{name} must be > 0, got {value}")
+
+
+def require_divisible(parser, args, name, divisor_name):
+    """A usage error unless --<name> is a multiple of --<divisor_name> (channels split evenly over heads)."""
+    value, divisor = getattr(args, name), getattr(args, divisor_name)
+    if value % divisor:
+        parser.error(f"--{name} must be divisible by --{divisor_name}, got {value} and {divisor}")
+
+
+def option_values(args, name):
+    """The values of option `name` in `args`: its items for a list (nargs), none for None, else the value alone."""
+    value = getattr(args, name)
+    if value is None:
+        return []
+    return list(value) if isinstance(value, (list, tuple)) else [value]

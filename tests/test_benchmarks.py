@@ -72,6 +72,81 @@ def test_ops_fwd_bwd_cases_differentiate_every_input_that_training_does():
             torch.testing.assert_close(forward[name](), fn().detach(), msg=name)
 
 
+def record_fwd_bwd_cases(module, monkeypatch):
+    """[(x, cases)] of every cases() call with an x that requires a gradient (the forward+backward cases), recorded
+    as the benchmark builds them."""
+    recorded, cases = [], module.cases
+
+    def recording(x, *args, **kwargs):
+        fns = cases(x, *args, **kwargs)
+        if x.requires_grad:
+            recorded.append((x, fns))
+        return fns
+
+    monkeypatch.setattr(module, "cases", recording)
+    return recorded
+
+
+def test_ops_timed_fwd_bwd_accumulates_into_no_gradient(monkeypatch):
+    """The timed forward+backward calls leave no .grad behind on x or on any leaf of a case: no call adds its
+    gradients into an earlier call's (an accumulation that a training step, its gradients set to None, does not do)."""
+    module = script("benchmark_ops")
+    recorded = record_fwd_bwd_cases(module, monkeypatch)
+    monkeypatch.setattr(module, "median_seconds", lambda fn, *args, **kwargs: [fn() for _ in range(3)] and 1e-3)
+    args = argparse.Namespace(device="cpu", dtype="float32", batch=1, channels=8, heads=2, max_offset=3,
+                              max_sdpa_length=16, warmup=0, iters=1, budget=None)
+    module.measure(args, 16)
+    assert len(recorded) == 1
+    x, fns = recorded[0]
+    assert x.grad is None
+    for name, fn in fns.items():
+        assert all(t.grad is None for t in tensor_inputs(fn).values()), name
+
+
+def test_ops_fwd_bwd_cases_compute_the_gradients_of_a_fresh_backward_at_every_call():
+    """Each forward+backward call returns the gradients of x and of every leaf that one backward from no gradients
+    gives (None for a leaf the op does not read), the second call the same as the first."""
+    module = script("benchmark_ops")
+    x = torch.randn(1, 16, 8)
+    xg = x.clone().requires_grad_()
+    leaves = [xg]
+    expected_cases = module.cases(xg, 2, 3, leaves)
+    timed = module.fwd_bwd_cases(x, 2, 3)
+    assert timed.keys() == expected_cases.keys()
+    for name, fn in expected_cases.items():
+        if "dropconnect" in name:  # a fresh random mask at every call
+            continue
+        for t in leaves:
+            t.grad = None
+        out = fn()
+        out.backward(torch.ones_like(out))
+        expected = [t.grad for t in leaves]
+        for _ in range(2):
+            grads = timed[name]()
+            assert len(grads) == len(expected), name
+            for grad, want in zip(grads, expected):
+                assert (grad is None) == (want is None), name
+                if want is not None:
+                    torch.testing.assert_close(grad, want, msg=name)
+
+
+def test_profile_kernels_fwd_bwd_calls_accumulate_into_no_gradient():
+    """profile_kernels' forward+backward calls (the cases of benchmark_ops) leave no .grad on x or on a leaf."""
+    module = script("profile_kernels")
+    args = module.parse_args(["--batch", "1", "--channels", "8", "--heads", "2", "--length", "16", "--max_offset", "3",
+                              "--ops", "talk", "rfa"])
+    calls = module.profiled_calls(args, torch.randn(1, 16, 8))
+    assert [label for label, _ in calls] == ["talk forward", "talk forward+backward", "rfa forward",
+                                             "rfa forward+backward"]
+    for label, fn in calls:
+        fn()
+        fn()
+        leaves = inspect.getclosurevars(fn).nonlocals.get("leaves", [])
+        assert all(t.grad is None for t in leaves), label
+    with pytest.raises(SystemExit, match="unknown op"):
+        module.profiled_calls(module.parse_args(["--ops", "nope"]), torch.randn(1, 16, 8))
+
+
 # ------------------------------------------------------------------------------------------ benchmark_generation
 
 
@@ -181,3 +256,93 @@ def test_decoding_bound_writes_no_file_without_output(tmp_path, monkeypatch):
     assert rows and not list(tmp_path.iterdir())
     module.main(["--windows", "1", "--batch_scale", "0.01", "--bandwidth_mb", "8", "--output", "b.json"])
     assert [p.name for p in tmp_path.iterdir()] == ["b.json"]
+
+
+# ------------------------------------------------------------------------------------------ numeric options
+
+WORK = {  # what each script runs after its arguments are parsed (profile_kernels: torch.randn, its input)
+    "benchmark_ops": ["measure"],
+    "benchmark_generation": ["run", "saved_rows"],
+    "benchmark_training": ["layer_rows", "model_rows"],
+    "profile_kernels": ["profiled_calls", "cases"],
+    "profile_decoding": ["models"],
+    "decoding_bound": ["models", "bandwidth_bytes_per_s"],
+}
+BAD_OPTIONS = [
+    ("benchmark_ops", ["--iters", "0"], "--iters"),
+    ("benchmark_ops", ["--warmup", "-1"], "--warmup"),
+    ("benchmark_ops", ["--batch", "0"], "--batch"),
+    ("benchmark_ops", ["--channels", "0"], "--channels"),
+    ("benchmark_ops", ["--heads", "0"], "--heads"),
+    ("benchmark_ops", ["--channels", "10", "--heads", "4"], "--channels"),
+    ("benchmark_ops", ["--max_offset", "-1"], "--max_offset"),
+    ("benchmark_ops", ["--lengths", "16", "0"], "--lengths"),
+    ("benchmark_ops", ["--max_sdpa_length", "-1"], "--max_sdpa_length"),
+    ("benchmark_ops", ["--budget", "0"], "--budget"),
+    ("benchmark_generation", ["--repeats", "0"], "--repeats"),
+    ("benchmark_generation", ["--sentences", "0"], "--sentences"),
+    ("benchmark_generation", ["--stream_sentences", "0"], "--stream_sentences"),
+    ("benchmark_generation", ["--stream_window", "0"], "--stream_window"),
+    ("benchmark_generation", ["--lm_tokens", "0"], "--lm_tokens"),
+    ("benchmark_generation", ["--lm_batch", "1", "0"], "--lm_batch"),
+    ("benchmark_generation", ["--windows", "0"], "--windows"),
+    ("benchmark_generation", ["--paper_beams", "0"], "--paper_beams"),
+    ("benchmark_generation", ["--batch_scale", "0"], "--batch_scale"),
+    ("benchmark_training", ["--iters", "0"], "--iters"),
+    ("benchmark_training", ["--warmup", "-1"], "--warmup"),
+    ("benchmark_training", ["--d_model", "0"], "--d_model"),
+    ("benchmark_training", ["--layers", "0"], "--layers"),
+    ("benchmark_training", ["--ffn", "0"], "--ffn"),
+    ("benchmark_training", ["--heads", "0"], "--heads"),
+    ("benchmark_training", ["--batch", "0"], "--batch"),
+    ("benchmark_training", ["--length", "0"], "--length"),
+    ("benchmark_training", ["--lengths", "0"], "--lengths"),
+    ("profile_kernels", ["--iters", "0"], "--iters"),
+    ("profile_kernels", ["--batch", "0"], "--batch"),
+    ("profile_kernels", ["--channels", "0"], "--channels"),
+    ("profile_kernels", ["--heads", "0"], "--heads"),
+    ("profile_kernels", ["--channels", "10", "--heads", "4"], "--channels"),
+    ("profile_kernels", ["--length", "0"], "--length"),
+    ("profile_kernels", ["--max_offset", "-1"], "--max_offset"),
+    ("profile_decoding", ["--window", "0"], "--window"),
+    ("profile_decoding", ["--batch", "0"], "--batch"),
+    ("profile_decoding", ["--num_beams", "0"], "--num_beams"),
+    ("profile_decoding", ["--top", "0"], "--top"),
+    ("decoding_bound", ["--batch_scale", "0"], "--batch_scale"),
+    ("decoding_bound", ["--threads", "0"], "--threads"),
+    ("decoding_bound", ["--bandwidth_mb", "0"], "--bandwidth_mb"),
+]
+
+
+class WorkStarted(Exception):
+    pass
+
+
+def stub_work(name, monkeypatch):
+    """benchmarks/<name>.py with what its main runs after parsing (WORK) raising WorkStarted."""
+    module = script(name)
+
+    def work(*args, **kwargs):
+        raise WorkStarted(name)
+
+    for attribute in WORK[name]:
+        monkeypatch.setattr(module, attribute, work, raising=False)
+    if name == "profile_kernels":
+        monkeypatch.setattr(torch, "randn", work)
+    return module
+
+
+@pytest.mark.parametrize("name,argv,option", BAD_OPTIONS, ids=lambda v: " ".join(v) if isinstance(v, list) else v)
+def test_numeric_option_out_of_range_is_a_usage_error_before_any_work(name, argv, option, monkeypatch, capsys):
+    module = stub_work(name, monkeypatch)
+    with pytest.raises(SystemExit) as exit_info:
+        module.main(argv)
+    assert exit_info.value.code == 2
+    assert option in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", sorted(WORK))
+def test_default_options_pass_the_range_checks(name, monkeypatch):
+    """The defaults are in range: main reaches its work."""
+    with pytest.raises(WorkStarted):
+        stub_work(name, monkeypatch).main([])
