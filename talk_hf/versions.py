@@ -24,13 +24,15 @@ FIRST_UNTESTED = "5.25.0"
 
 
 def check_transformers_version(version):
-    """Raise ImportError for a transformers `version` older than OLDEST; warn for one at or past FIRST_UNTESTED."""
+    """Raise ImportError for a transformers `version` older than OLDEST; warn for one at or past FIRST_UNTESTED,
+    its pre-releases included (a source install of transformers' main branch reports `5.25.0.dev0`, which PEP 440
+    orders below 5.25.0 and pip's `<5.25.0` leaves out)."""
     if Version(version) < Version(OLDEST):
         raise ImportError(
             f"talk_hf needs transformers>={OLDEST},<{FIRST_UNTESTED}; transformers {version} is installed "
             f"(pip install 'transformers>={OLDEST},<{FIRST_UNTESTED}')"
         )
-    if Version(version) >= Version(FIRST_UNTESTED):
+    if Version(Version(version).base_version) >= Version(FIRST_UNTESTED):
         warnings.warn(
             f"talk_hf is tested with transformers>={OLDEST},<{FIRST_UNTESTED}; transformers {version} is installed "
             "and may name or pass the decoding state differently: check that cached and uncached generation agree, "

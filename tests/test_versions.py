@@ -1,5 +1,6 @@
 """The supported transformers range and the decoding state's name (talk_hf/versions.py)."""
 
+import re
 import tomllib
 import warnings
 from pathlib import Path
@@ -37,6 +38,14 @@ def test_a_newer_transformers_warns_and_the_range_is_silent():
         warnings.simplefilter("error")
         for version in (versions.OLDEST, "5.24.0", "5.24.9"):
             versions.check_transformers_version(version)
+
+
+@pytest.mark.parametrize("version", ["5.25.0.dev0", "5.25.0rc1", "5.25.0a1"])
+def test_a_prerelease_of_the_first_untested_release_warns(version):
+    """A source install of transformers' main branch reports the next release as a .dev0 pre-release, which PEP 440
+    orders below that release; pip's `<5.25.0` leaves it out, and so does the check."""
+    with pytest.warns(UserWarning, match=f"transformers {re.escape(version)} is installed"):
+        versions.check_transformers_version(version)
 
 
 def test_the_cache_name_is_the_installed_outputs_field():
