@@ -4,11 +4,13 @@
     python scripts/average_checkpoints.py --run runs/multi30k/talk --last 5 --output runs/multi30k/talk/averaged
 
 The output folder is the run's model/ (config, code, tokenizer, generation settings) with the averaged weights, and
-a model card naming the checkpoints averaged, with the run card's languages, licence and datasets (not its scores,
-which are another model's).
+a model card naming the checkpoints averaged, with what the run's card was built from (its languages, licence,
+datasets, base model, repository and name, as the run's eval_results.json records them; not its scores, which are
+another model's).
 """
 
 import argparse
+import json
 from pathlib import Path
 
 from huggingface_hub import ModelCard
@@ -17,6 +19,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM
 import talk_hf  # noqa: F401
 from talk_hf.training.loop import average_checkpoints, scheduled_checkpoints
 from talk_hf.training.model_card import write_model_card
+from talk_hf.training.run import card_arguments
 
 
 def card_metadata(model_dir):
@@ -27,6 +30,15 @@ def card_metadata(model_dir):
     data = ModelCard.load(path).data
     return {"languages": data.language or (), "license": data.license, "datasets": data.datasets or (),
             "base_model": data.base_model}
+
+
+def run_card(model_dir):
+    """The keyword arguments the run's model card was built from (talk_hf.training.run.card_arguments of its
+    eval_results.json: languages, licence, datasets, base model, repository ...), over what its card's metadata names
+    (card_metadata) for a run whose results record no card."""
+    path = Path(model_dir) / "eval_results.json"
+    results = json.loads(path.read_text()) if path.is_file() else {}
+    return {**card_metadata(model_dir), **card_arguments(results)}
 
 
 def main(argv=None):
@@ -44,7 +56,7 @@ def main(argv=None):
     if not Path(model_dir, "config.json").is_file():
         raise SystemExit(f"{args.run} has no model/ folder (a run saves it when it ends): its config, code and "
                          "tokenizer are what the averaged weights are saved with")
-    card = card_metadata(model_dir)  # read first: a card that does not parse stops the script before it writes
+    card = run_card(model_dir)  # read first: a card that does not parse stops the script before it writes
     config = AutoConfig.from_pretrained(model_dir)
     auto = AutoModelForSeq2SeqLM if config.is_encoder_decoder else AutoModelForCausalLM
     model = auto.from_pretrained(model_dir)

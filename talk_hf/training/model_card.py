@@ -16,6 +16,9 @@ model type, pipeline tag, ``model-index`` of ``EvalResult``) and must parse back
 "valid_ppl": 8.2, "parameters": 9136, "steps": 20000}``. Keys ``[split_]metric`` with a known metric name (bleu,
 sacrebleu, chrf, ter, loss, ppl/perplexity, accuracy, rouge1/2/L, meteor, comet) and a number become evaluation
 results (table and ``model-index``); ``split`` is one of test/valid/validation/dev/eval/train (none: ``eval_split``).
+A ``<split>_split`` string and a ``<split>_limit`` number (``train_run``'s ``test_split`` and ``test_limit``) say what
+the ``<split>_`` results are of: the split scored (named in the table and ``model-index``) and how many of its first
+rows (0: all); a result of the first N rows is not the split's result, and is in the table only (labelled so).
 A ``<metric>_signature`` string (``bleu_signature``, ``chrf_signature``; a bare ``signature`` is BLEU's, as
 ``evaluate_translation`` returns it) is printed under the table, labelled with its metric; other numbers and strings
 are listed as run statistics.
@@ -133,15 +136,35 @@ def _number(value) -> float | int | None:
     return value if finite else None
 
 
+def _scopes(metrics: Mapping) -> tuple[dict[str, dict], set]:
+    """What each prefix's results are of, from the ``<prefix>_split`` and ``<prefix>_limit`` entries (``test_split``,
+    ``test_limit``, as ``train_run`` records them) -> (``{prefix: {"split": the split scored (default: the prefix),
+    "limit": the first rows scored (0: all)}}``, the keys of these entries)."""
+    scopes, keys = {}, set()
+    for key, raw in metrics.items():
+        head, _, tail = str(key).lower().partition("_")
+        count = _number(raw) if tail == "limit" else None
+        value = raw if tail == "split" and isinstance(raw, str) else None if count is None else int(count)
+        if head in _SPLITS and value is not None:
+            scopes.setdefault(head, {"split": head, "limit": 0})[tail] = value
+            keys.add(key)
+    return scopes, keys
+
+
 def parse_metrics(metrics: Mapping | None, eval_split: str = "test") -> tuple[list[dict], dict[str, str], dict]:
     """Split a run's results into (evaluation results, sacreBLEU signatures, other entries).
 
-    Each evaluation result is ``{"key", "split", "type", "name", "value"}``; the signatures are ``{metric display
-    name: signature}`` (``{"BLEU": ..., "chrF": ...}``); see the module docstring for the rules.
+    Each evaluation result is ``{"key", "split", "type", "name", "value", "limit"}`` (``limit``: the result is of
+    the split's first N rows, 0: of the whole split); the signatures are ``{metric display name: signature}``
+    (``{"BLEU": ..., "chrF": ...}``); see the module docstring for the rules.
     """
+    metrics = metrics or {}
     results, signatures, other = [], {}, {}
-    for key, raw in (metrics or {}).items():
+    scopes, scope_keys = _scopes(metrics)
+    for key, raw in metrics.items():
         lowered = str(key).lower()
+        if key in scope_keys:
+            continue
         if lowered.endswith("signature") and isinstance(raw, str):
             signatures[_signature_name(key)] = raw
             continue
@@ -149,11 +172,12 @@ def parse_metrics(metrics: Mapping | None, eval_split: str = "test") -> tuple[li
         head, _, tail = lowered.partition("_")
         if tail and head in _SPLITS:
             split, metric = head, tail
+        scope = scopes.get(split, {"split": split, "limit": 0})
         value = _number(raw)
         if metric in _METRIC_NAMES and value is not None:
             mtype, name = _METRIC_NAMES[metric]
-            results.append({"key": key, "split": _SPLITS.get(split, split), "type": mtype, "name": name,
-                            "value": value})
+            results.append({"key": key, "split": _SPLITS.get(scope["split"], scope["split"]), "type": mtype,
+                            "name": name, "value": value, "limit": scope["limit"]})
         else:
             other[key] = raw
     return results, signatures, other
@@ -192,11 +216,12 @@ def _card_data(config, task, run: dict, results: list[dict], eval_dataset, extra
     eval_name = eval_dataset or (run["datasets"][0] if run["datasets"] else None)
     direction = f" {run['source_language']}-{run['target_language']}" if run["languages"] else ""
     task_name = f"Translation{direction}" if task == "translation" else "Text generation"
-    # a model-index entry needs its dataset: without one the results are shown in the card's table only
+    # a model-index entry needs its dataset, and is the whole split's result: without a dataset, and for the scores
+    # of a split's first rows, the results are shown in the card's table only
     eval_results = [EvalResult(task_type=task, task_name=task_name, dataset_type=eval_name, dataset_name=eval_name,
                                dataset_split=r["split"], metric_type=r["type"],
                                metric_name=f"{r['name']} ({r['split']})", metric_value=r["value"])
-                    for r in results if eval_name is not None]
+                    for r in results if eval_name is not None and not r["limit"]]
     return ModelCardData(
         language=run["languages"] or None, license=run["license"], library_name="transformers",
         tags=list(dict.fromkeys(["talk_hf", config.model_type, task, *(t for t in extra_tags if t)])),

@@ -166,15 +166,50 @@ def final_weights(record):
     return f"last {n} averaged" if n else "last"
 
 
+def scored_split(test_split, test_limit, rows):
+    """How a run records what its test scores are of: the split's name (`test_split`) and `test_limit`, the first
+    rows scored when the limit leaves some of the split's `rows` out, else 0 (the whole split)."""
+    return {"test_split": test_split, "test_limit": test_limit if 0 < test_limit < rows else 0}
+
+
+CARD_KEY = "model_card"  # the results entry (eval_results.json) holding the model card's keyword arguments
+
+
+def recorded_card(card):
+    """`card` (train_run's model card keyword arguments) as JSON values, for the results: paths as strings."""
+    return json.loads(json.dumps(card, default=str))
+
+
+def card_arguments(results, card=None):
+    """The keyword arguments of talk_hf.training.model_card.write_model_card (less metrics and training_args) that
+    describe a run's model: `card` (default: the one its results record under CARD_KEY, as eval_results.json holds
+    them), the run's init_from folder its base model where the card names none."""
+    card = dict((results.get(CARD_KEY) or {}) if card is None else card)
+    if card.get("base_model") is None and results.get("init_from") is not None:
+        card["base_model"] = results["init_from"]
+    return card
+
+
+def write_run_card(folder, model, results, training_args, card):
+    """The run's model card (README.md) in its model folder: `card`'s values (card_arguments), the results as its
+    metrics."""
+    from .model_card import write_model_card
+
+    metrics = {key: value for key, value in results.items() if key != CARD_KEY}
+    return write_model_card(folder, model=model, metrics=metrics, training_args=training_args,
+                            **card_arguments(results, card))
+
+
 def train_run(data_dir, kind, train_config, preset=None, config_file=None, overrides=None, train_split="train",
               valid_split="valid", test_split=None, document_level=False, card=None, test_limit=0, init_from=None):
     """Build, train, evaluate and save a model; returns the results dict (also written to eval_results.json).
 
     `test_split`: translated and scored (BLEU, chrF) for an encoder-decoder, its perplexity measured for a causal LM.
-    `card`: keyword arguments for talk_hf.training.model_card.write_model_card (languages, license, datasets ...);
-    None writes no card. `test_limit`: score only the first N test examples (0: all). `init_from`: a saved model
-    folder whose weights start training (initialise_from). The model is initialised from train_config.seed: the same
-    settings give the same run.
+    The results record the split scored (`test_split`) and, for an encoder-decoder, `test_limit` (scored_split).
+    `card`: keyword arguments for talk_hf.training.model_card.write_model_card (languages, license, datasets ...),
+    recorded in the results under CARD_KEY; None writes no card. `test_limit`: score only the first N test examples
+    (0: all). `init_from`: a saved model folder whose weights start training (initialise_from), the card's base model
+    where it names none. The model is initialised from train_config.seed: the same settings give the same run.
     """
     check_range("test_limit", test_limit, 0, why=" (0: every test example)")
     output_dir = Path(train_config.output_dir)
@@ -205,6 +240,8 @@ def train_run(data_dir, kind, train_config, preset=None, config_file=None, overr
         results["valid_source_gain"] = final["valid_source_gain"]
     if init_from is not None:
         results.update({"init_from": str(init_from), "not_initialised": kept_initialisation})
+    if card is not None:
+        results[CARD_KEY] = recorded_card(card)
     if train_config.patience:
         results.update({"best_step": trainer.state.best_step, "best_valid_loss": trainer.state.best_valid_loss,
                         "stopped_early": trainer.stopped_early(), "final_weights": final_weights(final),
@@ -216,7 +253,7 @@ def train_run(data_dir, kind, train_config, preset=None, config_file=None, overr
                                       max_new_tokens=train_config.max_new_tokens, document_level=document_level,
                                       limit=test_limit)
         results.update({"test_bleu": scored["bleu"], "bleu_signature": scored["signature"],
-                        "test_sentences": scored["sentences"]})
+                        "test_sentences": scored["sentences"], **scored_split(test_split, test_limit, len(test))})
         if "chrf" in scored:
             results.update({"test_chrf": scored["chrf"], "chrf_signature": scored["chrf_signature"]})
         if document_level:
@@ -229,7 +266,8 @@ def train_run(data_dir, kind, train_config, preset=None, config_file=None, overr
         results["valid_ppl"] = final["valid_ppl"]
         if test_split:
             loss, tokens = validation_loss(model, test, trainer.collator, train_config.max_tokens, trainer.accelerator)
-            results.update({"test_loss": loss, "test_ppl": perplexity(loss), "test_tokens": tokens})
+            results.update({"test_loss": loss, "test_ppl": perplexity(loss), "test_tokens": tokens,
+                            "test_split": test_split})
     folder = trainer.save_model()
     if trainer.accelerator.is_main_process:
         (output_dir / "eval_results.json").write_text(json.dumps(results, indent=2) + "\n")
@@ -237,9 +275,7 @@ def train_run(data_dir, kind, train_config, preset=None, config_file=None, overr
         for name in ("eval_results.json", "metrics.jsonl", "metrics.png"):
             (folder / name).write_bytes((output_dir / name).read_bytes())
         if card is not None:
-            from .model_card import write_model_card
-
-            write_model_card(folder, model=model, metrics=results, training_args=vars(train_config), **card)
+            write_run_card(folder, model, results, vars(train_config), card)
     return results
 
 

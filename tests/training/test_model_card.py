@@ -434,3 +434,29 @@ def test_code_samples_without_a_repo_id_name_a_placeholder():
     assert ModelCard(text).data.model_name == "talk-de-en"
     for block in code_blocks(section(text, "How to use")):
         assert f'from_pretrained("{MODEL_ID_PLACEHOLDER}"' in block and '"talk-de-en"' not in block
+
+
+def test_model_index_names_the_scored_split_and_leaves_out_a_limited_subset():
+    """train_run records the split its test scores are of (test_split) and the first rows scored (test_limit, 0: the
+    whole split): the card names that split in model-index, and a score of the first N sentences is in the table
+    only, labelled so."""
+    assert talk_card(metrics={**RESULTS, "test_split": "test", "test_limit": 0}) == talk_card()
+
+    other = ModelCard(talk_card(metrics={**RESULTS, "test_split": "valid", "test_limit": 0}))
+    assert {(r.dataset_split, r.metric_type) for r in other.data.eval_results} == {
+        ("validation", "bleu"), ("validation", "loss")}
+    assert ("validation", "BLEU", "35.21") in table_rows(section(other.text, "Evaluation results"))
+
+    for split, name in (("test", "test"), ("valid", "validation")):
+        text = talk_card(metrics={**RESULTS, "test_split": split, "test_limit": 4})
+        data = ModelCard(text).data
+        assert [(r.dataset_split, r.metric_type) for r in data.eval_results] == [("validation", "loss")]
+        evaluation = section(text, "Evaluation results")
+        assert (f"first 4 sentences of {name}", "BLEU", "35.21") in table_rows(evaluation)
+        assert "not the split's result" in evaluation and "`test_limit`" not in evaluation
+    results = parse_metrics({"test_bleu": 1.0, "test_split": "dev", "test_limit": 3, "valid_loss": 2.0})[0]
+    assert [(r["split"], r["limit"]) for r in results] == [("validation", 3), ("validation", 0)]
+
+    lm = fill_model_card(make("talk_lm"), datasets=["wikitext"], metrics={"test_ppl": 9.5, "test_limit": 2})
+    assert ModelCard(lm).data.eval_results is None
+    assert ("first 2 examples of test", "perplexity", "9.50") in table_rows(section(lm, "Evaluation results"))

@@ -186,6 +186,43 @@ def test_average_checkpoints_script(run, tmp_path):
                                             str(tmp_path / "o")])
 
 
+def test_train_records_the_scored_split_and_limit(run):
+    """--test_limit 8 of the 64 test rows: eval_results.json records the split and the limit, and the card's table
+    labels the scores as those of the first 8 sentences."""
+    root, results = run
+    assert (results["test_split"], results["test_limit"]) == ("test", 8)
+    evaluation = (root / "talk" / "model" / "README.md").read_text().split("## Evaluation results")[1]
+    assert "| first 8 sentences of test | BLEU |" in evaluation
+
+
+def test_averaged_card_keeps_the_runs_training_history(run, tmp_path):
+    """A run fine-tuned from a local folder, averaged: the averaged card names the same base model, repository and
+    model name as the run's card (as the run's eval_results.json records them)."""
+    from talk_hf.training.loop import TrainConfig
+    from talk_hf.training.model_card import MODEL_ID_PLACEHOLDER
+    from talk_hf.training.models import parse_overrides
+    from talk_hf.training.run import train_run
+
+    root, _ = run
+    base = str(root / "talk" / "model")
+    config = TrainConfig(output_dir=str(tmp_path / "tuned"), max_tokens=512, max_steps=2, save_every=1,
+                         warmup_steps=1, bleu_sentences=0)
+    card = {"languages": ["de", "en"], "datasets": ["multi30k"], "license": "mit", "base_model": base,
+            "repo_id": "user/talk-tuned"}  # as scripts/train.py --init_from --push_to_hub builds it
+    train_run(root / "data", "talk", config, overrides=parse_overrides(TINY), card=card,
+              init_from=base)
+    target = script("average_checkpoints").main(["--run", str(tmp_path / "tuned"), "--last", "2", "--output",
+                                                 str(tmp_path / "avg")])
+    run_card = (tmp_path / "tuned" / "model" / "README.md").read_text()
+    averaged = (Path(target) / "README.md").read_text()
+    history = [line for line in run_card.splitlines() if "fine-tuned from" in line]
+    assert history and f"`{base}`" in history[0]
+    assert [line for line in averaged.splitlines() if "fine-tuned from" in line] == history
+    assert "from scratch" not in averaged and MODEL_ID_PLACEHOLDER not in averaged
+    assert 'from_pretrained("user/talk-tuned")' in averaged and averaged.startswith("---")
+    assert "\n# talk-tuned\n" in averaged and ModelCard(averaged).data.license == "mit"
+
+
 def test_demo_smoke(tmp_path, capsys):
     results = script("demo").main(["--output_dir", str(tmp_path), "--max_steps", "2", "--test_limit", "4",
                                    "--valid_bleu_sentences", "0", "--vocab_size", "2000"])
