@@ -123,7 +123,7 @@ def _translate_sliding(model, tokenizer, documents, present, window, batch_size,
     """The sliding windows of `translate_documents` over the sentences at indices `present` of each document ->
     (one list of translations per document, one per sentence of `present`; how many windows were shortened)."""
     docs = [[sentences[k] for k in kept_at] for sentences, kept_at in zip(documents, present)]
-    separator = _separator_id(tokenizer, sep_token) if window > 1 else None
+    separator = _separator_id(model, tokenizer, sep_token) if window > 1 else None
     stops = _stop_ids(model, separator)
     start = _decoder_start(model, generate_kwargs)
     given = _setting(generate_kwargs, "max_new_tokens", generate_kwargs.get("generation_config"))  # None: configured
@@ -382,11 +382,18 @@ def _forced_eos_ids(model, generate_kwargs):
     return set(forced if isinstance(forced, (list, tuple)) else [forced])
 
 
-def _separator_id(tokenizer, sep_token):
+def _separator_id(model, tokenizer, sep_token):
+    """The id of `sep_token`, which joins a window's sentences; a model with a sentential gate (RFA-doc's) must gate
+    at it (its config's sep_token_id), or the gate would never fire between the sentences."""
     separator = token_id(tokenizer, sep_token)
     if separator is None:
         raise ValueError(f"the tokenizer has no {sep_token!r} token, which joins the sentences of a window; "
                          "use window=1 or a tokenizer (and model) trained with it")
+    config = model.config
+    if getattr(config, "sentential_gate", "none") != "none" and config.sep_token_id != separator:
+        raise ValueError(f"the model's sentential gate gates at sep_token_id={config.sep_token_id}, but the windows "
+                         f"are joined with {sep_token!r} (id {separator}): pass the sep_token the model was trained "
+                         "with, or a tokenizer whose separator it is")
     return separator
 
 
@@ -485,7 +492,7 @@ def translate_document_streaming(model, tokenizer, document, window=4, sep_token
     every, = checked_documents([document], tokenizer, sep_token)
     present = _non_blank(every)
     sentences = [every[k] for k in present]
-    separator = _separator_id(tokenizer, sep_token)
+    separator = _separator_id(model, tokenizer, sep_token)
     stops = _stop_ids(model, separator)
     tokens = _decoder_start(model, generate_kwargs)
     generate_kwargs, _ = _per_sentence(model, generate_kwargs, len(tokens), num_beams=1, use_cache=True,

@@ -409,14 +409,22 @@ class DecoderStack(nn.Module):
     (a DynamicCache of RecurrentLayers, an EncoderDecoderCache with cross-attention)."""
 
     def __init__(
-        self, embed_tokens, layers, d_model, scale_embedding, dropout, final_layer_norm, sep_token_id=None,
+        self, embed_tokens, layers, d_model, scale_embedding, dropout, final_layer_norm, separator_config=None,
         position_offset=0,
     ):
+        """separator_config: the model's config, whose `sep_token_id` marks the sentence separators, for a decoder
+        with a sentential gate (None: none). The id is read at every forward, so the model gates at the id its
+        config holds, the one `save_pretrained` writes."""
         super().__init__()
         self.embed = TokenEmbedding(embed_tokens, d_model, scale_embedding, dropout, position_offset)
         self.layers = nn.ModuleList(layers)
         self.layer_norm = nn.LayerNorm(d_model) if final_layer_norm else None
-        self.sep_token_id = sep_token_id
+        self.separator_config = separator_config
+
+    @property
+    def sep_token_id(self):
+        """The sentence separator's id (None: this decoder has no sentential gate)."""
+        return None if self.separator_config is None else self.separator_config.sep_token_id
 
     @property
     def embed_tokens(self):
@@ -471,10 +479,11 @@ class DecoderStack(nn.Module):
                 position_ids = positions_from_mask(attention_mask, length)
             else:
                 position_ids = torch.arange(length, device=ref.device).expand(ref.shape[0], -1)
-        if self.sep_token_id is None:
+        sep_token_id = self.sep_token_id
+        if sep_token_id is None:
             separators = None
         elif input_ids is not None:
-            separators = input_ids == self.sep_token_id
+            separators = input_ids == sep_token_id
         elif separators is None:
             raise ValueError(
                 "this decoder's sentential gate finds the sentence separators in its token ids: with "
@@ -646,7 +655,7 @@ def token_embedding(config):
 class RecurrentSeq2SeqModel(RecurrentPreTrainedModel):
     """Encoder-decoder base model: `shared`, `encoder` and `decoder` (each stack with its own embedding, tied
     through _tied_weights_keys). A family gives its layers: `encoder_layer(config, i)`, `decoder_layer(config, i)`,
-    and `separator_id(config)` for a decoder whose sentential gate reads sentence separators.
+    and `gates_at_separators(config)` for a decoder whose sentential gate reads sentence separators.
 
     The config's source-side fields, as converted fairseq models set them (talk_hf/convert_fairseq.py):
     `position_offset` shifts the positions of both stacks; the encoder's token embedding has `encoder_vocab_size`
@@ -671,7 +680,8 @@ class RecurrentSeq2SeqModel(RecurrentPreTrainedModel):
         self.decoder = DecoderStack(
             token_embedding(config), [self.decoder_layer(config, i) for i in range(config.decoder_layers)],
             config.d_model, config.scale_embedding, config.dropout, config.decoder_normalize_before,
-            sep_token_id=self.separator_id(config), position_offset=config.position_offset,
+            separator_config=config if self.gates_at_separators(config) else None,
+            position_offset=config.position_offset,
         )
         self.post_init()
 
@@ -690,9 +700,9 @@ class RecurrentSeq2SeqModel(RecurrentPreTrainedModel):
     def decoder_layer(self, config, i):
         raise NotImplementedError(f"{type(self).__name__} must build its decoder layers (decoder_layer)")
 
-    def separator_id(self, config):
-        """The token id whose positions the decoder marks as sentence separators; None: the decoder has no gate."""
-        return None
+    def gates_at_separators(self, config):
+        """Whether the decoder marks the positions of `config.sep_token_id` as sentence separators (a gate)."""
+        return False
 
     def get_input_embeddings(self):
         """The target vocabulary's embedding in use: the decoder's (its weight is `shared`'s when tied)."""

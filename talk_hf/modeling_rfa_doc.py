@@ -229,8 +229,8 @@ class RfaDocModel(RecurrentSeq2SeqModel):
     def decoder_layer(self, config, i):
         return _decoder_layer(config)
 
-    def separator_id(self, config):
-        return config.sep_token_id if config.sentential_gate != "none" else None
+    def gates_at_separators(self, config):
+        return config.sentential_gate != "none"
 
 
 class RfaDocForConditionalGeneration(RecurrentSeq2SeqLM):

@@ -26,6 +26,7 @@ from .. import (
     TalkForConditionalGeneration,
     TalkLMConfig,
 )
+from ..tokenization import document_separator, token_id
 
 # kind -> (config class, model class, fixed config values)
 TALK_HF_MODELS = {
@@ -84,7 +85,21 @@ def build_model(kind, tokenizer, preset=None, config_file=None, overrides=None):
     or the tokenizer sets (vocab_size, the special token ids, conv_type) given another value, and a preset the kind
     does not have (`check_preset`).
     """
-    return build_model_for_ids(kind, token_ids(tokenizer), preset, config_file, overrides)
+    ids = token_ids(tokenizer)
+    if kind != "rfa_doc":
+        return build_model_for_ids(kind, ids, preset, config_file, overrides)
+    separator = token_id(tokenizer, document_separator(tokenizer))
+    if separator is not None:  # the token that joins a window's sentences (prepare.py, document_translation.py)
+        ids["sep_token_id"] = separator
+    model = build_model_for_ids(kind, ids, preset, config_file, overrides)
+    if separator is None and model.config.sentential_gate != "none":
+        default = model.config.sep_token_id
+        raise ValueError(
+            f"the tokenizer has no sentence separator ({document_separator(tokenizer)!r}) for RFA-doc's sentential "
+            f"gate, which would fire at id {default} ({tokenizer.convert_ids_to_tokens(default)!r}): add one "
+            "(tokenizer.add_special_tokens({'sep_token': '<sep>'})) or set sentential_gate=\"none\""
+        )
+    return model
 
 
 def build_model_for_ids(kind, ids, preset=None, config_file=None, overrides=None):

@@ -629,3 +629,14 @@ def test_a_blank_sentence_is_translated_as_empty_and_left_out_of_the_windows(tok
                                              placed(alone), ["", ""]]
     streamed = translate_document_streaming(model, tokenizer, without, window=2, max_new_tokens=4)
     assert translate_document_streaming(model, tokenizer, with_blanks, window=2, max_new_tokens=4) == placed(streamed)
+
+
+def test_a_gated_model_whose_separator_is_not_the_tokenizers_is_refused(tokenizer):
+    """RFA-doc's gate fires at config.sep_token_id; windows joined with another token would never reach it."""
+    model = model_for("rfa_doc", tokenizer)
+    model.config.sep_token_id = 9
+    with pytest.raises(ValueError, match=r"gates at sep_token_id=9.*'<sep>' \(id 4\)"):
+        translate_document(model, tokenizer, SENTENCES[:3], window=2, **GREEDY)
+    with pytest.raises(ValueError, match=r"gates at sep_token_id=9.*'<sep>' \(id 4\)"):
+        translate_document_streaming(model, tokenizer, SENTENCES[:3], window=2, **GREEDY)
+    assert translate_document(model, tokenizer, SENTENCES[:3], window=1, **GREEDY)  # no window separator

@@ -27,6 +27,23 @@ def test_rfa_gate_acts_only_after_a_separator():
     assert (with_gate[:, sep + 1 :] - no_decay[:, sep + 1 :]).abs().max() > 1e-3
 
 
+def test_rfa_gate_reads_the_separator_its_config_names_as_it_saves_it(tmp_path):
+    """The gate fires at the id `config.sep_token_id` holds when the model runs: a model whose config is given
+    another separator computes what the saved and reloaded model computes."""
+    from talk_hf import RfaDocForConditionalGeneration
+
+    model = make("rfa_doc")
+    src, mask = source_batch()
+    dec = torch.tensor([[2, 7, 8, 9, 10, 11, 12]] * 3)
+    before = model(input_ids=src, attention_mask=mask, decoder_input_ids=dec).logits
+    model.config.sep_token_id = 9
+    after = model(input_ids=src, attention_mask=mask, decoder_input_ids=dec).logits
+    assert (after - before).abs().max() > 1e-3
+    model.save_pretrained(tmp_path)
+    reloaded = RfaDocForConditionalGeneration.from_pretrained(tmp_path).eval()
+    torch.testing.assert_close(reloaded(input_ids=src, attention_mask=mask, decoder_input_ids=dec).logits, after)
+
+
 def test_rfa_gate_with_embeddings_takes_the_separators_or_refuses():
     """With decoder_inputs_embeds the gate cannot see the separators: given as decoder_separators the outputs equal
     the token ids' (the gate acts); without them the model refuses instead of running ungated."""

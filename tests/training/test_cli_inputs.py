@@ -107,6 +107,35 @@ def test_build_model_refuses_fields_the_kind_and_tokenizer_set(kind, overrides):
     assert build_model_for_ids(kind, IDS, overrides=dict(same, d_model=16, encoder_layers=1, decoder_layers=1))
 
 
+def tokenizer_with_a_late_separator(with_separator=True):
+    """A word-level tokenizer whose "<sep>", if any, comes after its words (id 9), not at the joint BPE's id 4."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["<s>", "<pad>", "</s>", "<unk>", "w4", "w5", "w6", "w7", "w8"]
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", pad_token="<pad>",
+                                        eos_token="</s>", unk_token="<unk>")
+    if with_separator:
+        tokenizer.add_special_tokens({"sep_token": "<sep>"})
+    return tokenizer
+
+
+def test_an_rfa_doc_model_gates_at_its_tokenizers_separator():
+    """build_model gives RFA-doc the id of the tokenizer's window separator, refuses another one by name, and refuses
+    a gate for a tokenizer without a separator (its default id would be a word's)."""
+    tokenizer = tokenizer_with_a_late_separator()
+    size = dict(d_model=16, encoder_layers=1, decoder_layers=1)
+    assert build_model("rfa_doc", tokenizer, overrides=size).config.sep_token_id == 9
+    with pytest.raises(ValueError, match="sep_token_id=4 clash"):
+        build_model("rfa_doc", tokenizer, overrides=dict(size, sep_token_id=4))
+    plain = tokenizer_with_a_late_separator(with_separator=False)
+    with pytest.raises(ValueError, match="no sentence separator"):
+        build_model("rfa_doc", plain, overrides=size)
+    assert build_model("rfa_doc", plain, overrides=dict(size, sentential_gate="none"))
+
+
 def test_runner_and_demo_overrides_are_all_taken():
     rows = [*script("results_multi30k").ROWS.items(), *script("results_lm").ROWS.items(),
             *script("results_doc_zh_en").MODELS.values(), ("talk", script("demo").MODEL)]
