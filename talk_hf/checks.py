@@ -2,6 +2,7 @@
 accumulation dtype."""
 
 import functools
+import operator
 
 import torch
 
@@ -38,6 +39,18 @@ def check_int(name, value, minimum=None):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
     if minimum is not None and value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
+
+
+def check_size(name, value, minimum):
+    """A size argument as torch takes one: an int, a numpy integer, a SymInt or a 0-d integer tensor, >= minimum."""
+    try:
+        index = None if isinstance(value, bool) else operator.index(value)
+    except TypeError:
+        index = None
+    if index is None:
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if index < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {index}")
 
 
 def check_heads(channels_name, channels, heads_name, heads):

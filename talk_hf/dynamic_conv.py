@@ -28,6 +28,7 @@ from .checks import (
     check_int,
     check_like,
     check_same_device,
+    check_size,
     exact_products,
 )
 
@@ -198,9 +199,9 @@ def light_conv(x, weight, padding_left, softmax=False, weight_dropout=0.0, seed=
 
 def dynamic_conv_init_state(batch, channels, kernel_size, device=None, dtype=torch.float32):
     """An empty decoding state: the last K - 1 inputs, (B, K - 1, C) zeros."""
-    check_int("batch", batch, minimum=0)
-    check_int("channels", channels, minimum=0)
-    check_int("kernel_size", kernel_size, minimum=1)
+    check_size("batch", batch, 0)
+    check_size("channels", channels, 0)
+    check_size("kernel_size", kernel_size, 1)
     return torch.zeros(batch, kernel_size - 1, channels, device=device, dtype=dtype)
 
 

@@ -21,7 +21,15 @@ The causal form is max_right=0, offset_right=None: the right end is t itself.
 import torch
 
 from .backend import _kernels, forward_mode, needs_grad, use_kernels
-from .checks import accumulation_dtype, check_float_tensor, check_heads, check_int, check_like, check_same_device
+from .checks import (
+    accumulation_dtype,
+    check_float_tensor,
+    check_heads,
+    check_int,
+    check_like,
+    check_same_device,
+    check_size,
+)
 
 
 def _check_talk_args(x, offset_left, offset_right, max_left, max_right):
@@ -115,9 +123,9 @@ def talk_conv_state_size(max_left):
 
 def talk_conv_init_state(batch, channels, max_left, device=None, dtype=torch.float32):
     """An empty decoding state: (B, max_left + 2, C) zeros (S_j = 0 for j < 0)."""
-    check_int("batch", batch, minimum=0)
-    check_int("channels", channels, minimum=0)
-    check_int("max_left", max_left, minimum=0)
+    check_size("batch", batch, 0)
+    check_size("channels", channels, 0)
+    check_size("max_left", max_left, 0)
     return torch.zeros(batch, talk_conv_state_size(max_left), channels, device=device, dtype=dtype)
 
 

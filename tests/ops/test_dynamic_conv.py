@@ -4,6 +4,7 @@ logits the op normalises itself (softmax=True)."""
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -242,6 +243,7 @@ def test_step_and_init_state_name_a_missing_state_or_a_bad_size():
         ops.dynamic_conv_init_state(2, 6, 0)
     with pytest.raises(ValueError, match="channels must be >= 0, got -6"):
         ops.dynamic_conv_init_state(2, -6, 3)
+    assert ops.dynamic_conv_init_state(np.int64(2), torch.tensor(6), np.int32(3)).shape == (2, 2, 6)  # sizes as torch takes them
 
 
 def test_step_kernel_checks_its_inputs():

@@ -3,6 +3,7 @@ decoding steps and argument checks."""
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -331,6 +332,7 @@ def test_step_and_init_state_name_a_missing_state_or_a_bad_size():
         ops.talk_conv_init_state(-1, 6, 3)
     with pytest.raises(TypeError, match="channels must be an int"):
         ops.talk_conv_init_state(2, 6.0, 3)
+    assert ops.talk_conv_init_state(np.int64(2), torch.tensor(6), np.int32(3)).shape == (2, 5, 6)  # sizes as torch takes them
 
 
 def test_opcheck():
