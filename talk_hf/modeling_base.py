@@ -413,8 +413,9 @@ class DecoderStack(nn.Module):
         position_offset=0,
     ):
         """separator_config: the model's config, whose `sep_token_id` marks the sentence separators, for a decoder
-        with a sentential gate (None: none). The id is read at every forward, so the model gates at the id its
-        config holds, the one `save_pretrained` writes."""
+        with a sentential gate (None: none). The id is read at every forward, so the model gates at the id the config
+        object it was built with holds, the one `save_pretrained` writes (a config object put in its place later is
+        not read)."""
         super().__init__()
         self.embed = TokenEmbedding(embed_tokens, d_model, scale_embedding, dropout, position_offset)
         self.layers = nn.ModuleList(layers)
@@ -424,7 +425,12 @@ class DecoderStack(nn.Module):
     @property
     def sep_token_id(self):
         """The sentence separator's id (None: this decoder has no sentential gate)."""
-        return None if self.separator_config is None else self.separator_config.sep_token_id
+        if self.separator_config is None:
+            return None
+        if self.separator_config.sep_token_id is None:
+            raise ValueError("this decoder's sentential gate fires at config.sep_token_id, which is None: set it to "
+                             "the sentence separator's id")
+        return self.separator_config.sep_token_id
 
     @property
     def embed_tokens(self):

@@ -42,6 +42,9 @@ def test_rfa_gate_reads_the_separator_its_config_names_as_it_saves_it(tmp_path):
     model.save_pretrained(tmp_path)
     reloaded = RfaDocForConditionalGeneration.from_pretrained(tmp_path).eval()
     torch.testing.assert_close(reloaded(input_ids=src, attention_mask=mask, decoder_input_ids=dec).logits, after)
+    model.config.sep_token_id = None  # the gate is on: it needs a separator
+    with pytest.raises(ValueError, match="sentential gate fires at config.sep_token_id, which is None"):
+        model(input_ids=src, attention_mask=mask, decoder_input_ids=dec)
 
 
 def test_rfa_gate_with_embeddings_takes_the_separators_or_refuses():
