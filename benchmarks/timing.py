@@ -52,7 +52,7 @@ def require_at_least(parser, args, minimum, *names):
     dests) whose value, or a value of its list (nargs), is below `minimum`; an option left at None passes."""
     for name in names:
         for value in option_values(args, name):
-            if value < minimum:
+            if not value >= minimum:  # NaN too
                 parser.error(f"--{name} must be >= {minimum}, got {value}")
 
 
@@ -60,7 +60,7 @@ def require_positive(parser, args, *names):
     """The same for options that must be > 0 (a scale, a time budget)."""
     for name in names:
         for value in option_values(args, name):
-            if value <= 0:
+            if not value > 0:  # NaN too
                 parser.error(f"--{name} must be > 0, got {value}")
 
 

@@ -288,6 +288,8 @@ BAD_OPTIONS = [
     ("benchmark_generation", ["--windows", "0"], "--windows"),
     ("benchmark_generation", ["--paper_beams", "0"], "--paper_beams"),
     ("benchmark_generation", ["--batch_scale", "0"], "--batch_scale"),
+    ("benchmark_generation", ["--batch_scale", "nan"], "--batch_scale"),
+    ("benchmark_ops", ["--budget", "nan"], "--budget"),
     ("benchmark_training", ["--iters", "0"], "--iters"),
     ("benchmark_training", ["--warmup", "-1"], "--warmup"),
     ("benchmark_training", ["--d_model", "0"], "--d_model"),
