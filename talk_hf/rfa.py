@@ -127,6 +127,8 @@ def _rfa_feature_map_heads(x, projection, tau):
     """`rfa_feature_map_ref`'s function for training: a (B, T, H, 2D) view of (B, H, T, 2D) memory, so that the
     per-head matrix products of the attention read it without a transposing copy (docs/kernels.md)."""
     u = torch.einsum("bthd,hfd->bhtf", *_feature_inputs(x, projection, tau)).contiguous()  # (B, H, T, D)
+    if torch.compiler.is_compiling():  # dynamo does not trace a Function with a jvp; the compiler plans the memory
+        return (FEATURE_SCALE * torch.stack([torch.sin(u), torch.cos(u)], dim=-1)).flatten(-2).transpose(1, 2)
     return _ScaledSinCos.apply(u).flatten(-2).transpose(1, 2)
 
 

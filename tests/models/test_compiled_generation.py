@@ -168,3 +168,26 @@ def test_cuda_graph_decoding_equals_eager(name):
     runs = [model.generate(**inputs, cache_implementation="static", compile_config=config, **kwargs) for _ in range(2)]
     assert counters["inductor"]["cudagraph_skips"] == 0
     assert all(torch.equal(r, eager) for r in runs)
+
+
+@pytest.mark.parametrize("name", ["talk", "dynamic_conv", "rfa_doc", "talk_lm"])
+def test_a_training_step_compiles_in_one_graph_with_the_eager_gradients(name):
+    """transformers' test_torch_compile_for_training on the CPU (aot_eager): a training step of the model in train
+    mode compiles with fullgraph=True and gives eager's loss and gradients (dropouts 0; RFA-doc's resampled
+    projections drawn from the same seed)."""
+    inputs = dict(inputs_for(name), labels=inputs_for(name)["decoder_input_ids" if name in SEQ2SEQ else "input_ids"])
+    model = make(name).train()
+
+    def step(forward):
+        model.zero_grad(set_to_none=True)
+        torch.manual_seed(0)
+        loss = forward(**inputs).loss
+        loss.backward()
+        return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    loss, grads = step(model)
+    compiled_loss, compiled_grads = step(torch.compile(model, backend="aot_eager", fullgraph=True))
+    torch.testing.assert_close(compiled_loss, loss)
+    assert compiled_grads.keys() == grads.keys()
+    for n in grads:
+        torch.testing.assert_close(compiled_grads[n], grads[n], rtol=1e-4, atol=1e-5)
