@@ -105,6 +105,16 @@ class TalkConfig(TalkHfConfigMixin, PreTrainedConfig):
     is_encoder_decoder: bool = True
     tie_word_embeddings: bool = True
 
+    @classmethod
+    def from_dict(cls, config_dict, **kwargs):
+        """The mixin's from_dict; an override of encoder_max_offsets (`from_pretrained(path, encoder_max_offsets=...)`)
+        moves a saved encoder_max_right_offsets that equals the saved left reach with it, as a new config derives
+        the right reach from the left one."""
+        follows = config_dict.get("encoder_max_right_offsets") == config_dict.get("encoder_max_offsets")
+        if "encoder_max_offsets" in kwargs and "encoder_max_right_offsets" not in kwargs and follows:
+            kwargs["encoder_max_right_offsets"] = None
+        return super().from_dict(config_dict, **kwargs)
+
     def __post_init__(self, **kwargs):
         super().__post_init__(**kwargs)
         self.conv_dim = self.d_model if self.conv_dim is None else self.conv_dim

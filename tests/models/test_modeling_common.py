@@ -475,6 +475,19 @@ def test_a_none_override_on_load_takes_the_default_a_new_config_gets(name, overr
     head_class(config)
 
 
+def test_an_override_of_the_left_reach_on_load_moves_a_right_reach_that_followed_it(tmp_path):
+    """A TaLK config's right reach defaults to its left one; a saved config holds both, and an override of the left
+    reach on load moves the right one with it where it was the same (as a new config derives it), not otherwise."""
+    config_class = ALL["talk"][0]
+    make("talk", encoder_max_offsets=[1, 3], encoder_max_right_offsets=None).config.save_pretrained(tmp_path)
+    loaded = config_class.from_pretrained(tmp_path, encoder_max_offsets=[6, 6])
+    assert loaded.encoder_max_right_offsets == [6, 6]
+    grown = config_class.from_pretrained(tmp_path, encoder_layers=3, encoder_max_offsets=None)
+    assert grown.encoder_max_offsets == grown.encoder_max_right_offsets == [1, 3, 7]
+    make("talk", encoder_max_offsets=[1, 3], encoder_max_right_offsets=[2, 0]).config.save_pretrained(tmp_path)
+    assert config_class.from_pretrained(tmp_path, encoder_max_offsets=[6, 6]).encoder_max_right_offsets == [2, 0]
+
+
 @pytest.mark.parametrize("name", ["talk", "rfa_doc", "dynamic_conv_lm"])
 def test_layer_types_given_as_the_config_derives_them_load_and_others_are_refused(name, tmp_path):
     """transformers' configs may carry `layer_types` (a config.json written by hand or by other tools): the list
