@@ -143,11 +143,16 @@ def _scopes(metrics: Mapping) -> tuple[dict[str, dict], set]:
     scopes, keys = {}, set()
     for key, raw in metrics.items():
         head, _, tail = str(key).lower().partition("_")
-        count = _number(raw) if tail == "limit" else None
-        value = raw if tail == "split" and isinstance(raw, str) else None if count is None else int(count)
-        if head in _SPLITS and value is not None:
-            scopes.setdefault(head, {"split": head, "limit": 0})[tail] = value
-            keys.add(key)
+        if head not in _SPLITS:
+            continue
+        if tail == "split" and isinstance(raw, str):
+            value = raw
+        elif tail == "limit" and _number(raw) is not None:
+            value = int(_number(raw))
+        else:
+            continue
+        scopes.setdefault(head, {"split": head, "limit": 0})[tail] = value
+        keys.add(key)
     return scopes, keys
 
 
