@@ -48,9 +48,10 @@ def test_readme_results_are_the_shipped_runs():
     with gzip.open(ROOT / "data/multi30k/test_2016_flickr.en.gz", "rt", encoding="utf-8") as f:
         references = f.read().splitlines()
     grid = json.loads((ROOT / "benchmarks/results/cpu_multi30k_grid_2026-11-25/grid.json").read_text())
-    finals = json.loads((ROOT / "benchmarks/results/cpu_multi30k_final_2026-11-26/results.json").read_text())
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    for name, model in [("TaLK (`talk`)", "talk"), ("Transformer (`MarianMTModel`)", "marian")]:
+    for name, model, folder in [("TaLK (`talk`)", "talk", "cpu_multi30k_final_talk_fairseq_init_2026-11-28"),
+                                ("Transformer (`MarianMTModel`)", "marian", "cpu_multi30k_final_2026-11-26")]:
+        finals = json.loads((ROOT / "benchmarks/results" / folder / "results.json").read_text())
         final = next(r for r in finals if r["model"] == model)
         short = min((r for r in grid if r["model"] == model), key=lambda r: r["valid_loss"])
         assert (short["learning_rate"], short["warmup_steps"]) == (final["learning_rate"], final["warmup_steps"])
@@ -59,6 +60,6 @@ def test_readme_results_are_the_shipped_runs():
                f"{short['test_bleu']:.2f} | {final['steps']:,} ({'patience' if final['stopped_early'] else 'cap'}) | "
                f"{final['valid_loss']:.3f} | {final['test_bleu']:.2f} | {final['test_chrf']:.2f} |")
         assert row in readme, row
-        hypotheses = (ROOT / f"benchmarks/results/cpu_multi30k_final_2026-11-26/{model}.test_hypotheses.txt")
+        hypotheses = ROOT / "benchmarks/results" / folder / f"{model}.test_hypotheses.txt"
         assert sacrebleu.corpus_bleu(hypotheses.read_text().splitlines(), [references]).score == \
             pytest.approx(final["test_bleu"], abs=1e-9)  # the shipped outputs are the scored ones
