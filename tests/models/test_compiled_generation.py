@@ -175,7 +175,8 @@ def test_a_training_step_compiles_in_one_graph_with_the_eager_gradients(name):
     """transformers' test_torch_compile_for_training on the CPU (aot_eager): a training step of the model in train
     mode compiles with fullgraph=True and gives eager's loss and gradients (dropouts 0; RFA-doc's resampled
     projections drawn from the same seed)."""
-    inputs = dict(inputs_for(name), labels=inputs_for(name)["decoder_input_ids" if name in SEQ2SEQ else "input_ids"])
+    inputs = inputs_for(name)
+    inputs["labels"] = inputs["decoder_input_ids" if name in SEQ2SEQ else "input_ids"]
     model = make(name).train()
 
     def step(forward):
