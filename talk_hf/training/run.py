@@ -205,7 +205,7 @@ def train_run(data_dir, kind, train_config, preset=None, config_file=None, overr
     """Build, train, evaluate and save a model; returns the results dict (also written to eval_results.json).
 
     `test_split`: translated and scored (BLEU, chrF) for an encoder-decoder, its perplexity measured for a causal LM.
-    The results record the split scored (`test_split`) and, for an encoder-decoder, `test_limit` (scored_split).
+    The results record the split scored (`test_split`) and `test_limit` (scored_split).
     `card`: keyword arguments for talk_hf.training.model_card.write_model_card (languages, license, datasets ...),
     recorded in the results under CARD_KEY; None writes no card. `test_limit`: score only the first N test examples
     (0: all). `init_from`: a saved model folder whose weights start training (initialise_from), the card's base model
@@ -265,9 +265,11 @@ def train_run(data_dir, kind, train_config, preset=None, config_file=None, overr
     elif not is_seq2seq:
         results["valid_ppl"] = final["valid_ppl"]
         if test_split:
-            loss, tokens = validation_loss(model, test, trainer.collator, train_config.max_tokens, trainer.accelerator)
+            scored = test.select(range(test_limit)) if 0 < test_limit < len(test) else test
+            loss, tokens = validation_loss(model, scored, trainer.collator, train_config.max_tokens,
+                                           trainer.accelerator)
             results.update({"test_loss": loss, "test_ppl": perplexity(loss), "test_tokens": tokens,
-                            "test_split": test_split})
+                            **scored_split(test_split, test_limit, len(test))})
     folder = trainer.save_model()
     if trainer.accelerator.is_main_process:
         (output_dir / "eval_results.json").write_text(json.dumps(results, indent=2) + "\n")

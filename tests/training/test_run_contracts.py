@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 from talk_hf.training.loop import TrainConfig, Trainer, checkpoints
 from talk_hf.training.models import build_model
-from talk_hf.training.run import train_run
+from talk_hf.training.run import load_prepared, train_run
 
 from .test_cli_inputs import prepared_folder
 from .test_loop import TINY, data, run, scripted_validation  # noqa: F401  (data: a pytest fixture)
@@ -337,3 +337,28 @@ def test_init_from_a_model_of_another_size_warns_before_training(prepared, tmp_p
             larger = dict(TINY, encoder_layers=2, decoder_layers=2, encoder_max_offsets=[2, 2],
                           decoder_max_offsets=[3, 3])
             train_run(prepared, "talk", config, overrides=larger, init_from=tmp_path / "small")
+
+
+def test_a_language_models_test_limit_scores_the_first_rows(tmp_path):
+    """`test_limit` N of a causal LM: the test perplexity is that of the split's first N rows, equal to the perplexity
+    of a split holding only them, and the results record the split and the limit as they do for translation."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(line.replace("\t", " ") + "\n" for line in FIXTURE.read_text(encoding="utf-8")
+                              .splitlines()), encoding="utf-8")
+    script("preprocess").main(["--lm_text", f"train={corpus}", "--lm_holdout", "0.2", "--block_size", "16",
+                               "--vocab_size", "200", "--output_dir", str(tmp_path / "data")])
+    valid = load_prepared(tmp_path / "data", "valid")
+    assert len(valid) > 3
+    valid.select(range(3)).save_to_disk(str(tmp_path / "data" / "first3"))
+    tiny = dict(d_model=16, decoder_layers=1, decoder_ffn_dim=32, decoder_heads=2, decoder_max_offsets=[2])
+
+    def results(output, **kwargs):
+        config = TrainConfig(output_dir=str(tmp_path / output), max_tokens=256, max_steps=1, warmup_steps=1)
+        return train_run(tmp_path / "data", "talk_lm", config, overrides=tiny, **kwargs)
+
+    limited, first3 = results("limited", test_split="valid", test_limit=3), results("first3", test_split="first3")
+    assert (limited["test_split"], limited["test_limit"]) == ("valid", 3)
+    assert limited["test_tokens"] == first3["test_tokens"]
+    assert limited["test_loss"] == pytest.approx(first3["test_loss"], rel=1e-6)
+    whole = results("whole", test_split="valid", test_limit=0)
+    assert whole["test_limit"] == 0 and whole["test_tokens"] > limited["test_tokens"]
