@@ -106,43 +106,48 @@ def linear_default_bias_(linear):
     init.uniform_(linear.bias, -bound, bound)
 
 
-class TorchDefaultLinear(nn.Linear):
-    """A Linear initialised as nn.Linear initialises itself (kaiming-uniform with a = 5**0.5, i.e.
+def torch_default_linear_(linear, config=None):
+    """Initialise `linear` as nn.Linear initialises itself (kaiming-uniform with a = 5**0.5, i.e.
     U(-in_features**-0.5, in_features**-0.5), and the same for its bias), which the reference code keeps for some
-    layers; `_init_weights` gives every other Linear xavier-uniform with a zero bias."""
+    layers."""
+    from transformers import initialization as init
 
-    def init_parameters(self, config):
-        from transformers import initialization as init
-
-        bound = self.in_features**-0.5
-        init.uniform_(self.weight, -bound, bound)
-        linear_default_bias_(self)
+    bound = linear.in_features**-0.5
+    init.uniform_(linear.weight, -bound, bound)
+    linear_default_bias_(linear)
 
 
-class AttentionInputProjection(nn.Linear):
-    """A q/k/v projection of softmax attention, as fairseq's MultiheadAttention initialises it: xavier-uniform with
+def attention_input_linear_(linear, config=None):
+    """Initialise a q/k/v projection of softmax attention as fairseq's MultiheadAttention does: xavier-uniform with
     gain 2**-0.5, nn.Linear's own bias."""
+    from transformers import initialization as init
 
-    def init_parameters(self, config):
-        from transformers import initialization as init
+    init.xavier_uniform_(linear.weight, gain=2**-0.5)
+    linear_default_bias_(linear)
 
-        init.xavier_uniform_(self.weight, gain=2**-0.5)
-        linear_default_bias_(self)
+
+def initialised_linear(in_features, out_features, initialise):
+    """nn.Linear(in_features, out_features) that `_init_weights` initialises with `initialise(linear, config)`
+    instead of xavier-uniform with a zero bias. It stays a plain nn.Linear (`initialise` is an attribute), so that
+    tools matching modules by their exact type, such as torch's `quantize_dynamic`, reach it."""
+    linear = nn.Linear(in_features, out_features)
+    linear.initialise = initialise
+    return linear
 
 
 class SoftmaxAttention(nn.Module):
     """Multi-head softmax attention over a memory (scaled_dot_product_attention), initialised as fairseq's
     MultiheadAttention (the reference models' encoder-decoder and RFA-doc encoder attention): q/k/v projections
-    `AttentionInputProjection`, the output projection xavier-uniform with a zero bias."""
+    as `attention_input_linear_`, the output projection xavier-uniform with a zero bias."""
 
     def __init__(self, d_model, heads, dropout):
         super().__init__()
         if d_model % heads:
             raise ValueError(f"d_model={d_model} must be divisible by the attention heads ({heads})")
         self.heads, self.dropout = heads, dropout
-        self.q_proj = AttentionInputProjection(d_model, d_model)
-        self.k_proj = AttentionInputProjection(d_model, d_model)
-        self.v_proj = AttentionInputProjection(d_model, d_model)
+        self.q_proj = initialised_linear(d_model, d_model, attention_input_linear_)
+        self.k_proj = initialised_linear(d_model, d_model, attention_input_linear_)
+        self.v_proj = initialised_linear(d_model, d_model, attention_input_linear_)
         self.out_proj = nn.Linear(d_model, d_model)
 
     def _split(self, x):  # (B, T, C) -> (B, H, T, C/H)
@@ -613,8 +618,9 @@ class RecurrentPreTrainedModel(PreTrainedModel):
 
     def _init_weights(self, module):
         """fairseq initialisation: N(0, d^-1/2) embeddings with a zero pad row, xavier-uniform linears, zero biases;
-        a module of one family that is initialised otherwise does it in its own `init_parameters(config)` (with
-        transformers' `initialization` functions, which leave loaded weights alone)."""
+        a module of one family that is initialised otherwise does it in its own `init_parameters(config)`, a Linear
+        layer in its `initialise(linear, config)` (`initialised_linear`); all with transformers' `initialization`
+        functions, which leave loaded weights alone."""
         from transformers import initialization as init
 
         if hasattr(module, "init_parameters"):
@@ -623,6 +629,8 @@ class RecurrentPreTrainedModel(PreTrainedModel):
             init.normal_(module.weight, mean=0.0, std=module.embedding_dim**-0.5)
             if module.padding_idx is not None:
                 init.zeros_(module.weight[module.padding_idx])
+        elif isinstance(module, nn.Linear) and hasattr(module, "initialise"):
+            module.initialise(module, self.config)
         elif isinstance(module, nn.Linear):
             init.xavier_uniform_(module.weight)
             if module.bias is not None:

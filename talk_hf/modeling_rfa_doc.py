@@ -29,8 +29,9 @@ from .modeling_base import (
     RecurrentSeq2SeqLM,
     RecurrentSeq2SeqModel,
     SoftmaxSelfAttention,
-    TorchDefaultLinear,
+    initialised_linear,
     linear_default_bias_,
+    torch_default_linear_,
 )
 from .rfa import (
     rfa_causal,
@@ -43,35 +44,31 @@ from .rfa import (
 )
 
 
-class RfaProjection(nn.Linear):
-    """A projection of RFA attention (the causal attention's q/k/v/output, the cross-attention's k/v): xavier-uniform
-    with gain rfa_init_scale**-0.5, nn.Linear's own bias."""
+def rfa_projection_(linear, config):
+    """Initialise a projection of RFA attention (the causal attention's q/k/v/output, the cross-attention's k/v):
+    xavier-uniform with gain rfa_init_scale**-0.5, nn.Linear's own bias."""
+    from transformers import initialization as init
 
-    def init_parameters(self, config):
-        from transformers import initialization as init
-
-        init.xavier_uniform_(self.weight, gain=config.rfa_init_scale**-0.5)
-        linear_default_bias_(self)
+    init.xavier_uniform_(linear.weight, gain=config.rfa_init_scale**-0.5)
+    linear_default_bias_(linear)
 
 
-class RfaCrossQueryProjection(nn.Linear):
-    """The cross-attention's query and output projections: normal with std 0.02 rfa_init_scale**-0.5, zero bias."""
+def rfa_cross_query_(linear, config):
+    """Initialise the cross-attention's query or output projection: normal with std 0.02 rfa_init_scale**-0.5, zero
+    bias."""
+    from transformers import initialization as init
 
-    def init_parameters(self, config):
-        from transformers import initialization as init
-
-        init.normal_(self.weight, mean=0.0, std=0.02 * config.rfa_init_scale**-0.5)
-        init.zeros_(self.bias)
+    init.normal_(linear.weight, mean=0.0, std=0.02 * config.rfa_init_scale**-0.5)
+    init.zeros_(linear.bias)
 
 
-class RfaGateProjection(nn.Linear):
-    """The sentential gate's projection (bias initialised to gate_bias_init)."""
+def rfa_gate_(linear, config):
+    """Initialise the sentential gate's projection: xavier-uniform with gain rfa_init_scale**-0.5, its bias
+    gate_bias_init."""
+    from transformers import initialization as init
 
-    def init_parameters(self, config):
-        from transformers import initialization as init
-
-        init.xavier_uniform_(self.weight, gain=config.rfa_init_scale**-0.5)
-        init.constant_(self.bias, config.gate_bias_init)
+    init.xavier_uniform_(linear.weight, gain=config.rfa_init_scale**-0.5)
+    init.constant_(linear.bias, config.gate_bias_init)
 
 
 class RandomFeatures(nn.Module):
@@ -115,10 +112,12 @@ class RfaCausalAttention(nn.Module):
     def __init__(self, config):
         super().__init__()
         d, self.heads, self.eps = config.d_model, config.decoder_attention_heads, config.rfa_eps
-        self.q_proj, self.k_proj, self.v_proj, self.out_proj = (RfaProjection(d, d) for _ in range(4))
+        self.q_proj, self.k_proj, self.v_proj, self.out_proj = (
+            initialised_linear(d, d, rfa_projection_) for _ in range(4)
+        )
         self.features = RandomFeatures(self.heads, config.causal_num_frequencies, d // self.heads,
                                        config.resample_random_features, config.random_feature_seed)
-        self.gate = RfaGateProjection(d, self.heads) if config.sentential_gate == "decay" else None
+        self.gate = initialised_linear(d, self.heads, rfa_gate_) if config.sentential_gate == "decay" else None
 
     def decay(self, x, separators):
         """(B, T, H) state decay: the gate at separator positions, 1 elsewhere; None without a gate."""
@@ -152,8 +151,8 @@ class RfaCrossAttention(nn.Module):
         super().__init__()
         d, self.heads, self.eps = config.d_model, config.decoder_attention_heads, config.rfa_eps
         self.norm_rescale = config.norm_rescale
-        self.q_proj, self.out_proj = RfaCrossQueryProjection(d, d), RfaCrossQueryProjection(d, d)
-        self.k_proj, self.v_proj = RfaProjection(d, d), RfaProjection(d, d)
+        self.q_proj, self.out_proj = (initialised_linear(d, d, rfa_cross_query_) for _ in range(2))
+        self.k_proj, self.v_proj = (initialised_linear(d, d, rfa_projection_) for _ in range(2))
         self.features = RandomFeatures(self.heads, config.cross_num_frequencies, d // self.heads,
                                        config.resample_random_features, config.random_feature_seed)
 
@@ -199,7 +198,7 @@ class TransformerFeedForward(FeedForward):
 
     def __init__(self, d_model, ffn_dim, activation, activation_dropout):
         super().__init__(d_model, ffn_dim, activation, activation_dropout)
-        self.fc1, self.fc2 = TorchDefaultLinear(d_model, ffn_dim), TorchDefaultLinear(ffn_dim, d_model)
+        self.fc1.initialise = self.fc2.initialise = torch_default_linear_
 
 
 def _encoder_layer(config):

@@ -24,14 +24,11 @@ from .modeling_base import (
     RecurrentSeq2SeqLM,
     RecurrentSeq2SeqModel,
     SoftmaxCrossAttention,
-    TorchDefaultLinear,
+    initialised_linear,
+    torch_default_linear_,
     zero_padding,
 )
 from .talk_conv import talk_conv, talk_conv_state_from_prefix, talk_conv_step
-
-
-class TalkOffsetProjection(TorchDefaultLinear):
-    """Predicts the relative window offsets; initialised like a plain nn.Linear (docs/spec.md §A.5)."""
 
 
 class TalkConvMixer(nn.Module):
@@ -45,7 +42,8 @@ class TalkConvMixer(nn.Module):
         self.heads, self.max_left, self.max_right, self.causal, self.glu = heads, max_left, max_right, causal, glu
         self.input_dropout, self.offset_dropout = input_dropout, offset_dropout
         self.linear1 = nn.Linear(d_model, 2 * conv_dim if glu else conv_dim)
-        self.offsets = TalkOffsetProjection(conv_dim, heads if causal else 2 * heads)
+        # the relative window offsets, initialised as nn.Linear initialises itself (docs/spec.md §A.5)
+        self.offsets = initialised_linear(conv_dim, heads if causal else 2 * heads, torch_default_linear_)
         self.linear2 = nn.Linear(conv_dim, d_model)
 
     def forward(self, x, attention_mask=None, cache=None, separators=None):

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from talk_hf import ops
-from talk_hf.modeling_talk import TalkOffsetProjection
+from talk_hf.modeling_talk import TalkConvMixer
 from tests.models.tiny import SEP, VOCAB, cache_of, make, source_batch
 
 
@@ -176,10 +176,12 @@ def test_rfa_random_features_fixed_in_eval_and_resampled_in_training():
 
 def test_talk_offsets_keep_pytorch_default_init():
     model = make("talk")
-    for module in model.modules():
-        if isinstance(module, TalkOffsetProjection):
-            bound = module.in_features**-0.5
-            assert module.weight.abs().max() <= bound and module.weight.abs().max() > 0.5 * bound
+    mixers = [module for module in model.modules() if isinstance(module, TalkConvMixer)]
+    assert len(mixers) == 4
+    for offsets in (mixer.offsets for mixer in mixers):
+        bound = offsets.in_features**-0.5
+        for tensor in (offsets.weight, offsets.bias):
+            assert tensor.abs().max() <= bound and tensor.abs().max() > 0.5 * bound
     linear1 = model.model.encoder.layers[0].mixer.linear1
     assert torch.equal(linear1.bias, torch.zeros_like(linear1.bias))  # xavier + zero bias elsewhere
 
@@ -312,3 +314,20 @@ def test_an_encoder_decoder_without_decoder_inputs_names_them():
         model(input_ids=ids, attention_mask=mask)
     with pytest.raises(ValueError, match="pass exactly one of input_ids and inputs_embeds"):
         make("talk_lm", head=False)(input_ids=None)
+
+
+@pytest.mark.parametrize("name", ["talk", "dynamic_conv", "rfa_doc", "talk_lm"])
+def test_dynamic_int8_quantization_reaches_every_linear(name):
+    """torch's dynamic int8 quantization (`quantize_dynamic`, which replaces modules of the exact type nn.Linear)
+    converts every projection of the model, the ones with the reference code's own initialisations included, and
+    the quantized model generates."""
+    from torch.ao.quantization import quantize_dynamic
+
+    model = make(name)
+    linears = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
+    quantized = quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+    left = [n for n, m in quantized.named_modules() if isinstance(m, torch.nn.Linear)]
+    converted = [m for m in quantized.modules() if isinstance(m, torch.ao.nn.quantized.dynamic.Linear)]
+    assert left == [] and len(converted) == linears
+    inputs = dict(input_ids=source_batch()[0][:1]) if name != "talk_lm" else dict(input_ids=torch.tensor([[5, 6, 7]]))
+    assert quantized.generate(**inputs, max_new_tokens=3, do_sample=False).shape[-1] >= 3
