@@ -136,11 +136,36 @@ def _refuse_second_order(name, public, reference):
     torch.library.register_autograd(f"talk_hf::{name}", backward)
 
 
+# The inference-only ops (kernels without a backward) and the public functions that run a differentiable form
+# in their place when gradients are needed.
+_INFERENCE_ONLY = {
+    "rfa_feature_map": "talk_hf.ops.rfa_feature_map",
+    "talk_conv_step": "talk_hf.ops.talk_conv_step",
+    "dynamic_conv_step": "talk_hf.ops.dynamic_conv_step",
+}
+
+
+def _refuse_backward(name, public):
+    """Give the inference-only op `name` a derivative that raises. The public functions call it only when no gradient
+    is needed; called directly on inputs that require grad (as a graph exported or traced under torch.no_grad calls
+    it), an op without a derivative would pass no gradient to them, with only a deprecation warning."""
+
+    def backward(ctx, *grads):
+        raise RuntimeError(
+            f"talk_hf::{name} is an inference-only kernel without a backward: call {public} (which picks the "
+            "differentiable form when gradients are needed), or export/trace the model with gradients enabled"
+        )
+
+    torch.library.register_autograd(f"talk_hf::{name}", backward)
+
+
 def _register():
     ops = torch.ops.talk_hf
     _register_fakes()
     for name, (public, reference) in _BACKWARDS.items():
         _refuse_second_order(name, public, reference)
+    for name, public in _INFERENCE_ONLY.items():
+        _refuse_backward(name, public)
 
     def talk_setup(ctx, inputs, output):
         x, offset_left, offset_right, ctx.max_left, ctx.max_right = inputs
@@ -188,8 +213,8 @@ def talk_conv(x, offset_left, offset_right, max_left, max_right):
 
 
 def talk_conv_step(x, offset_left, state, max_left):
-    """Compiled causal TaLK decoding step(s) (no autograd); state already (B, max_left + 2, C) in the accumulation
-    dtype. -> (out, new state)."""
+    """Compiled causal TaLK decoding step(s) (inference only: its backward raises); state already
+    (B, max_left + 2, C) in the accumulation dtype. -> (out, new state)."""
     return torch.ops.talk_hf.talk_conv_step(x, offset_left, state, max_left)
 
 
@@ -207,14 +232,14 @@ def rfa_causal(q, k, v, decay, initial_state, eps, chunk, tf32=False):
 
 
 def rfa_feature_map(x, projection, tau):
-    """Compiled random feature map (no autograd); x, projection and tau (or None) already in the accumulation dtype
-    (fp32 or fp64). -> (B, T, H, 2D) features."""
+    """Compiled random feature map (inference only: its backward raises); x, projection and tau (or None) already
+    in the accumulation dtype (fp32 or fp64). -> (B, T, H, 2D) features."""
     return torch.ops.talk_hf.rfa_feature_map(x, projection, tau)
 
 
 def dynamic_conv_step(x, weight, state, softmax):
-    """Compiled causal dynamic-convolution decoding step(s) (no autograd); weight (B, T, H, K) (logits when
-    softmax), state (B, K - 1, C) in x's dtype. -> (out, new state)."""
+    """Compiled causal dynamic-convolution decoding step(s) (inference only: its backward raises); weight
+    (B, T, H, K) (logits when softmax), state (B, K - 1, C) in x's dtype. -> (out, new state)."""
     return torch.ops.talk_hf.dynamic_conv_step(x, weight, state, softmax)
 
 

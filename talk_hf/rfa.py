@@ -21,6 +21,7 @@ features (the caller zeroes them). The training form is chunked: per chunk of `c
 import math
 
 import torch
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from .backend import _kernels, backend, backend_reason, forward_mode, needs_grad, use_kernels
 from .checks import accumulation_dtype, check_float_tensor, check_int, exact_products
@@ -403,8 +404,7 @@ def rfa_step_(q, k, v, state, decay=None, eps=DEFAULT_EPS):
     if state.dtype != acc or not state.is_contiguous():
         raise ValueError(f"rfa_step_ updates state in place: it must be a contiguous {acc} tensor, got "
                          f"{state.dtype}{'' if state.is_contiguous() else ', not contiguous'}")
-    if needs_grad(q, k, v, decay, state):
-        raise ValueError("rfa_step_ has no autograd (it overwrites its state); use rfa_step when gradients are needed")
+    _refuse_autograd_of_the_in_place_step(q, k, v, decay, state)
     if _inference_outside_inference_mode(state):  # refused before anything is written
         raise RuntimeError("rfa_step_: Inplace update to inference tensor outside InferenceMode is not allowed (state "
                            "was created under torch.inference_mode); clone it outside inference mode, or decode under "
@@ -414,6 +414,16 @@ def rfa_step_(q, k, v, state, decay=None, eps=DEFAULT_EPS):
     out, new_state = _rfa_causal_recurrence(q, k, v, decay, state, eps)
     state.copy_(new_state)
     return out
+
+
+def _refuse_autograd_of_the_in_place_step(*tensors):
+    """ValueError when `rfa_step_` cannot run on these tensors (None entries ignored): inside a torch.func transform
+    (vmap, grad, jvp: whether or not a gradient is asked for), or where autograd would record it (`needs_grad`)."""
+    if torch._C._are_functorch_transforms_active():
+        raise ValueError("rfa_step_ overwrites its state and does not run inside torch.func transforms (vmap, grad, "
+                         "jvp); use rfa_step, which does")
+    if needs_grad(*tensors):
+        raise ValueError("rfa_step_ has no autograd (it overwrites its state); use rfa_step when gradients are needed")
 
 
 def _inference_outside_inference_mode(t):
@@ -429,7 +439,8 @@ def rfa_cross_source(k, v, attention_mask=None, key_scale=None):
     both and computes the same function): the state of `rfa_cross_state`, F (d + 1) numbers per (batch, head), or
     for sources shorter than F (d + 1) / (F + d + 1) tokens (57 at F = 512, d = 64) the key features and values
     themselves, S (F + d + 1) numbers: a pair (keys (B, H, S, F), zero at padded tokens; values (B, H, S, d + 1),
-    with a column of ones last), both contiguous and written in one pass each.
+    with a column of ones last), both contiguous and written in one pass each. A source length known only
+    symbolically (torch.export, torch.compile with dynamic shapes) gets the state unless its bounds keep it short.
 
     k: (B, S, H, F) key features; v: (B, S, H, d); attention_mask: (B, S), 1 for real tokens; key_scale: (B, S, H, 1)
     factors multiplying the key features (the norm rescaling of `rfa_key_norm_rescale`), or None.
@@ -437,7 +448,7 @@ def rfa_cross_source(k, v, attention_mask=None, key_scale=None):
     _check_source_args(k, v, attention_mask, key_scale)
     S, F, E = k.shape[1], k.shape[-1], v.shape[-1] + 1
     acc = _acc_dtype(k, v)
-    if S * (F + E) >= F * E:
+    if not _keys_are_smaller(S, F, E):
         return _cross_state(k, v, attention_mask, key_scale)
     weights = _key_weights(k, attention_mask, key_scale, acc)
     if needs_grad(k, key_scale):  # differentiable ops (out= has no autograd)
@@ -449,6 +460,14 @@ def rfa_cross_source(k, v, attention_mask=None, key_scale=None):
         else:
             torch.mul(k.transpose(1, 2), weights.transpose(1, 2), out=keys)
     return keys, _with_ones(v, acc).transpose(1, 2).contiguous()
+
+
+def _keys_are_smaller(S, F, E):
+    """True when the keys and values of a source of S tokens, S (F + E) numbers, are fewer than its state's F E. A
+    symbolic S (torch.export, or torch.compile with dynamic shapes) counts as shorter only where its bounds prove it,
+    so that the choice puts no guard on the source length: a guard would fail an export whose range of source
+    lengths spans F E / (F + E)."""
+    return statically_known_true(S * (F + E) < F * E)
 
 
 def _key_weights(k, attention_mask, key_scale, acc):

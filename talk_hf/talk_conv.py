@@ -32,6 +32,11 @@ from .checks import (
 )
 
 
+# The longest window, max_left + max_right + 1, that the ops take. The kernels hold the window size in int64 and add
+# a tile of steps to it (the CUDA forward's rows of prefix sums): 2**62 leaves that sum far from 2**63 - 1.
+LONGEST_WINDOW = 2**62
+
+
 def _check_talk_args(x, offset_left, offset_right, max_left, max_right):
     check_float_tensor("x", x, 3)
     check_float_tensor("offset_left", offset_left, 3)
@@ -39,12 +44,23 @@ def _check_talk_args(x, offset_left, offset_right, max_left, max_right):
     check_heads("channels (x.shape[-1])", x.shape[-1], "heads (offset_left.shape[-1])", offset_left.shape[-1])
     check_int("max_left", max_left, minimum=0)
     check_int("max_right", max_right, minimum=0)
+    _check_window(max_left, max_right)
     if offset_right is None:
         if max_right != 0:
             raise ValueError(f"offset_right is None (causal form) but max_right={max_right}; pass offset_right")
     else:
         check_float_tensor("offset_right", offset_right, 3)
         check_like("offset_right", offset_right, "offset_left", offset_left, dims=[(0, 0), (1, 1), (2, 2)])
+
+
+def _check_window(max_left, max_right):
+    """The window size max_left + max_right + 1 (the normaliser of every output) must be at most LONGEST_WINDOW."""
+    window = max_left + max_right + 1
+    if window > LONGEST_WINDOW:
+        raise ValueError(
+            f"max_left + max_right + 1 = {window} is more than 2**62, the longest window the kernels hold without "
+            f"overflowing int64 (max_left={max_left}, max_right={max_right}); pass smaller reaches"
+        )
 
 
 def _window_end(rel, seqlen):

@@ -1,8 +1,8 @@
 """Contracts the ops keep with PyTorch around them: the in-place RFA step as an in-place op (version counter,
-inference tensors, under torch.compile), fp32 products under autocast, DropConnect seeds under torch.compile,
-torch.func over the ops (the feature map's derivatives, forward mode through every op), and the checks of
-chunk_size and key_scale. The "compiled" cases need the CPU kernels, which `make test` builds
-(tests/test_cuda_sources.py checks that they are the ones in use)."""
+inference tensors, under torch.compile and torch.func), fp32 products under autocast, DropConnect seeds under
+torch.compile, torch.func over the ops (the feature map's derivatives, forward mode through every op), the
+refused backward of the inference-only kernels, and the checks of chunk_size and key_scale. The "compiled" cases
+need the CPU kernels, which `make test` builds (tests/test_cuda_sources.py checks that they are the ones in use)."""
 
 import pytest
 import torch
@@ -82,6 +82,27 @@ def test_compiled_in_place_step_keeps_the_version_contract(backend):
         step(q, k, v, inference_state, decay)
     with pytest.raises(RuntimeError, match="Inplace update to inference tensor outside InferenceMode"):
         step(q, k, v, inference_state, decay)
+
+
+@pytest.mark.parametrize("grad_enabled", [True, False], ids=["grad-enabled", "no-grad"])
+@pytest.mark.parametrize("transform", ["vmap", "grad", "jvp"])
+def test_in_place_step_refuses_torch_func_transforms_by_name(transform, grad_enabled):
+    """Inside a torch.func transform rfa_step_ refuses to run whether or not a gradient is asked for, and says so
+    (not that a gradient was asked for); outside one, inputs that require grad get the autograd message."""
+    q, k, v, decay, state = step_inputs(15)
+    step = lambda q: ops.rfa_step_(q, k, v, state.clone(), decay).sum()  # noqa: E731
+    batched = lambda q: ops.rfa_step_(q[None], k[:1], v[:1], state[:1].clone(), decay[:1])  # noqa: E731
+    calls = {
+        "vmap": lambda: torch.func.vmap(batched)(q),
+        "grad": lambda: torch.func.grad(step)(q),
+        "jvp": lambda: torch.func.jvp(step, (q,), (torch.ones_like(q),)),
+    }
+    match = (r"rfa_step_ overwrites its state and does not run inside torch.func transforms \(vmap, grad, jvp\); "
+             "use rfa_step")
+    with torch.set_grad_enabled(grad_enabled), pytest.raises(ValueError, match=match):
+        calls[transform]()
+    with pytest.raises(ValueError, match="rfa_step_ has no autograd .* use rfa_step when gradients are needed"):
+        ops.rfa_step_(q, k, v.requires_grad_(), state, decay)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -313,6 +334,67 @@ def test_rfa_causal_compiled_refuses_forward_mode():
     q, k, v, _, _ = step_inputs(14, T=3)
     with pytest.raises(RuntimeError, match="reverse-mode derivatives only"):
         torch.func.jvp(lambda v: ops.rfa_causal_compiled(q, k, v)[0], (v,), (torch.ones_like(v),))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Inference-only kernels: their ops refuse a backward instead of giving no gradient
+
+
+def inference_only_calls():
+    """{op name: (the public function that picks the differentiable form, the op's arguments)} for the kernels with
+    no backward, the first argument requiring grad."""
+    g = torch.Generator().manual_seed(16)
+    r = lambda *shape: torch.randn(*shape, generator=g)  # noqa: E731
+    x = lambda *shape: r(*shape).requires_grad_()  # noqa: E731
+    return {
+        "rfa_feature_map": ("rfa_feature_map", (x(2, 3, 2, 4), r(2, 5, 4), torch.rand(2, generator=g) + 0.5)),
+        "talk_conv_step": ("talk_conv_step", (x(2, 1, 4), torch.rand(2, 1, 2, generator=g), r(2, 5, 4), 3)),
+        "dynamic_conv_step": ("dynamic_conv_step", (x(2, 2, 4), r(2, 2, 2, 3), r(2, 2, 4), True)),
+    }
+
+
+@pytest.mark.parametrize("name", list(inference_only_calls()))
+def test_a_backward_through_an_inference_only_kernel_raises(name):
+    """Called directly on inputs that require grad (as a graph exported under torch.no_grad calls them), the ops
+    run forward and refuse the backward, naming the public function to call instead."""
+    public, args = inference_only_calls()[name]
+    out = getattr(torch.ops.talk_hf, name)(*args)
+    first = out[0] if isinstance(out, tuple) else out
+    assert first.requires_grad
+    match = (rf"talk_hf::{name} is an inference-only kernel without a backward: call talk_hf.ops.{public} "
+             r"\(which picks the differentiable form when gradients are needed\)")
+    with pytest.raises(RuntimeError, match=match):
+        torch.autograd.grad(first.sum(), args[0])
+
+
+@pytest.mark.parametrize("name", list(inference_only_calls()))
+def test_opcheck_of_an_inference_only_kernel_on_inputs_that_require_grad(name):
+    """Schema, autograd registration and fake kernel hold on inputs that require grad too (opcheck's
+    test_aot_dispatch_dynamic runs a backward, which these ops refuse)."""
+    _, args = inference_only_calls()[name]
+    torch.library.opcheck(getattr(torch.ops.talk_hf, name).default, args,
+                          test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+
+
+def test_a_model_exported_under_no_grad_refuses_a_backward_through_the_feature_map_kernel():
+    """torch.export under torch.no_grad records the inference kernel; training the exported module raises instead
+    of leaving its parameters without gradients."""
+
+    class Features(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(4, 4)
+            self.register_buffer("projection", torch.randn(2, 5, 4))
+
+        def forward(self, x):
+            return ops.rfa_feature_map(self.linear(x), self.projection).sum()
+
+    x = torch.randn(2, 3, 2, 4)
+    with torch.no_grad():
+        exported = torch.export.export(Features(), (x,)).module()
+    loss = exported(x)
+    with pytest.raises(RuntimeError, match="rfa_feature_map is an inference-only kernel"):
+        torch.autograd.grad(loss, list(exported.parameters()))
 
 
 # ---------------------------------------------------------------------------------------------------------------

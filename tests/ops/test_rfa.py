@@ -552,6 +552,35 @@ def test_cross_source_takes_the_smaller_form(S, form, T):
     assert torch.autograd.gradcheck(check, inputs)
 
 
+class _SourceLogits(torch.nn.Module):
+    """A seq2seq model's forward without a cache -> its logits alone (for torch.export)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask, decoder_input_ids):
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
+                          use_cache=False).logits
+
+
+def test_an_rfa_doc_model_exports_with_a_source_length_on_both_sides_of_the_smaller_form():
+    """In the tiny RFA-doc model (F = 16, d + 1 = 9) the keys and values of a source are smaller than its state below
+    144 / 25 tokens: exported with a source length free across that bound, the program takes no guard on it and
+    gives the eager logits for sources on both sides."""
+    from tests.models.tiny import make, source_batch, target_batch
+
+    model, decoder_ids = make("rfa_doc"), target_batch()
+    length = torch.export.Dim("source_length", min=2, max=32)
+    with torch.no_grad():
+        exported = torch.export.export(_SourceLogits(model), (*source_batch(length=9), decoder_ids),
+                                       dynamic_shapes=({1: length}, {1: length}, None), strict=False).module()
+        for S in (4, 9):
+            ids, mask = source_batch(length=S, seed=S)
+            want = model(input_ids=ids, attention_mask=mask, decoder_input_ids=decoder_ids, use_cache=False).logits
+            torch.testing.assert_close(exported(ids, mask, decoder_ids), want)
+
+
 def test_cross_attention_matches_quadratic_form_and_ignores_padding():
     g = torch.Generator().manual_seed(8)
     B, T, S, H, F, d = 2, 5, 9, 2, 8, 4

@@ -428,6 +428,29 @@ def test_empty_batch_or_sequence(B, T, backend, monkeypatch):
         assert torch.equal(new_state, state)
 
 
+@pytest.mark.parametrize("max_left,max_right", [(2**62, 0), (2**61, 2**61), (2**62, 2**62), (2**63 - 1, 0)])
+def test_reaches_past_the_kernels_int64_window_sizes_are_refused(max_left, max_right):
+    """The kernels compute the window size max_left + max_right + 1 in int64, and add tiles of steps to it: sizes
+    above 2**62 are refused by name in every op."""
+    x, ol = torch.randn(1, 4, 2, dtype=torch.float64), offsets(1, 4, 1)
+    orr = ol if max_right else None
+    match = (rf"max_left \+ max_right \+ 1 = {max_left + max_right + 1} is more than 2\*\*62.*max_left={max_left}, "
+             rf"max_right={max_right}")
+    for op in (ops.talk_conv, ops.talk_conv_ref):
+        with pytest.raises(ValueError, match=match):
+            op(x, ol, orr, max_left, max_right)
+    if not max_right:
+        with pytest.raises(ValueError, match=match):
+            ops.talk_conv_step(x, ol, torch.zeros(1, 0, 2, dtype=torch.float64), max_left)
+
+
+@pytest.mark.parametrize("max_left,max_right", [(2**61, 2**61 - 1), (2**62 - 1, 0)])
+def test_windows_of_2_to_the_62_steps_match_the_reference(max_left, max_right):
+    x, ol = torch.randn(1, 4, 2, dtype=torch.float64), offsets(1, 4, 1)
+    orr = ol if max_right else None
+    assert_close(ops.talk_conv(x, ol, orr, max_left, max_right), ops.talk_conv_ref(x, ol, orr, max_left, max_right))
+
+
 BAD_INPUTS = [
     (lambda x, o: ops.talk_conv(x[0], o, o, 2, 2), ValueError, "x must have 3 dimensions"),
     (lambda x, o: ops.talk_conv(x, torch.rand(2, 5, 4), torch.rand(2, 5, 4), 2, 2), ValueError, "divisible"),
