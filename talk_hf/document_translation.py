@@ -90,10 +90,12 @@ def translate_documents(model, tokenizer, documents, window=4, batch_size=32, se
     a blank sentence's is "", and the windows leave it out (the others are translated as if it were absent).
 
     model: any encoder-decoder generation model trained on windows joined by `sep_token` (default: the tokenizer's,
-    `talk_hf.tokenization.document_separator`; window=1 needs no separator: sentence-level translation); window: sentences per window (L), the current one included.
+    `talk_hf.tokenization.document_separator`; window=1 needs no separator: sentence-level translation); window:
+    sentences per window (L), the current one included.
     batch_size: windows per `generate()` call. Windows are batched across documents; those whose forced prefixes
     have the same length go together, so the decoder inputs are never padded and a document's translation does not
-    depend on the others in the batch, for any model.
+    depend on the others in the batch, for any model. Sampling (do_sample=True) is the exception: the documents
+    of a batch draw from one random number stream, so what is drawn for a document depends on the others.
     generate_kwargs: passed to `model.generate` (num_beams, length_penalty, do_sample, ...); max_new_tokens limits
     each new sentence (the forced prefix is not counted). A window that would pass a model's positions is shortened
     (module docstring).
@@ -226,8 +228,9 @@ def _per_sentence(model, generate_kwargs, start_length, **settings):
     max_new_tokens (given, else from the generation config passed or the model's:
     max_new_tokens, else max_length less the decoder start of `start_length` ids, else generate()'s default of 20)
     and min_new_tokens if any (the same way from min_new_tokens and min_length; generate() gives it precedence over
-    min_length), max_length None (a configured total would count the forced prefix), and `settings`; set on a copy
-    of the generation config when one is passed (generate() takes a config or generation arguments, not both)."""
+    min_length), max_length None (a configured total would count the forced prefix), and `settings`, over the
+    arguments given (a differing value given is refused: `_refuse_conflicts`); all set on a copy of the generation
+    config when one is passed (generate() takes a config or generation arguments, not both)."""
     passed = generate_kwargs.get("generation_config")
     configs = [c for c in (passed, model.generation_config) if c is not None]
     new_tokens = _sentence_limit(generate_kwargs, configs, "max_new_tokens", "max_length", start_length)
@@ -239,11 +242,23 @@ def _per_sentence(model, generate_kwargs, start_length, **settings):
     settings = {"num_return_sequences": 1, "return_dict_in_generate": False, "max_new_tokens": new_tokens,
                 "max_length": None,
                 **({} if min_tokens is None else {"min_new_tokens": max(min_tokens, 0)}), **settings}
+    _refuse_conflicts(generate_kwargs, settings)
+    arguments = {**{k: v for k, v in generate_kwargs.items() if k != "generation_config"}, **settings}
     if passed is None:
-        return {**generate_kwargs, **settings}, new_tokens
+        return arguments, new_tokens
     config = copy.deepcopy(passed)  # the generation arguments go into it too: generate() takes one or the other
-    others = config.update(**{k: v for k, v in generate_kwargs.items() if k != "generation_config"}, **settings)
-    return {**others, "generation_config": config}, new_tokens
+    return {**config.update(**arguments), "generation_config": config}, new_tokens
+
+
+def _refuse_conflicts(generate_kwargs, settings):
+    """A ValueError naming a generation argument given (not None) that differs from the value the decoding sets
+    for it (`_per_sentence`'s settings). The limits max_new_tokens and min_new_tokens are made from the arguments
+    given, so they are not compared; the callers refuse the other values by name before (`_check_generation`,
+    streaming's num_beams and use_cache), and this covers any setting they leave out."""
+    for name, value in settings.items():
+        given = generate_kwargs.get(name)
+        if name not in ("max_new_tokens", "min_new_tokens") and given is not None and given != value:
+            raise ValueError(f"{name}={given!r}: document translation decodes each sentence with {name}={value!r}")
 
 
 def _sentence_limit(generate_kwargs, configs, name, total, start_length):
@@ -382,10 +397,14 @@ def _forced_eos_ids(model, generate_kwargs):
     return set(forced if isinstance(forced, (list, tuple)) else [forced])
 
 
-def _separator_id(model, tokenizer, sep_token):
-    """The id of `sep_token`, which joins a window's sentences; a model with a sentential gate (RFA-doc's) must gate
-    at it (its config's sep_token_id), or the gate would never fire between the sentences."""
+def _separator_id(model, tokenizer, sep_token, streaming=False):
+    """The id of `sep_token`, which joins a window's sentences (and, streaming, ends each sentence of the decoder's
+    history, whatever the window); a model with a sentential gate (RFA-doc's) must gate at it (its config's
+    sep_token_id), or the gate would never fire between the sentences."""
     separator = token_id(tokenizer, sep_token)
+    if separator is None and streaming:
+        raise ValueError(f"the tokenizer has no {sep_token!r} token, which streaming puts after every sentence of "
+                         "the decoder's history, whatever the window: use a tokenizer (and model) trained with it")
     if separator is None:
         raise ValueError(f"the tokenizer has no {sep_token!r} token, which joins the sentences of a window; "
                          "use window=1 or a tokenizer (and model) trained with it")
@@ -412,7 +431,8 @@ def _forced_prefix(context, separator):
 
 
 def _kept(new_ids, stops):
-    """The generated ids of one sentence: those before the first stop id (pad ids after it included)."""
+    """The generated ids of one sentence: those before the first stop id, a <pad> generated before it included (as
+    generate() keeps it); the ids after it (a batch's padding) are not."""
     kept = []
     for token in new_ids:
         if token in stops:
@@ -422,16 +442,22 @@ def _kept(new_ids, stops):
 
 
 class _SentenceMinimumFilter(logging.Filter):
-    """Drops generate()'s "Both `min_new_tokens` and `min_length` seem to have been set" message (see `_generate`)."""
+    """Drops generate()'s "Both `min_new_tokens` and `min_length` seem to have been set" message, and its message
+    about a generation config passed with cache_implementation beside it (see `_generate`)."""
+
+    QUIET = ("Both `min_new_tokens`",
+             "Passing `generation_config` together with generation-related arguments=({'cache_implementation'})")
 
     def filter(self, record):
-        return not record.getMessage().startswith("Both `min_new_tokens`")
+        return not record.getMessage().startswith(self.QUIET)
 
 
 def _generate(model, **kwargs):
     """model.generate(**kwargs) without its "Both `min_new_tokens` and `min_length`" message: generate() logs it on
     every call when the model's generation config sets min_length, which `_per_sentence` passes on as each
-    sentence's min_new_tokens, so it would come once per window and report nothing the caller did."""
+    sentence's min_new_tokens, so it would come once per window and report nothing the caller did. Nor its
+    message about generation arguments beside a generation config when the argument is cache_implementation=None,
+    which streaming passes beside one (`translate_document_streaming`)."""
     logger, quiet = logging.getLogger("transformers.generation.utils"), _SentenceMinimumFilter()
     logger.addFilter(quiet)
     try:
@@ -445,8 +471,6 @@ def _generate_windows(model, tokenizer, sources, start, prefixes, stops, batch_s
     """Translate windows (source text, forced prefix ids) -> for each window's new sentence, in order, (its kept
     ids, whether the positions its prefix leaves cut it short: `_WindowFit.cut_short`); start: the decoder start
     ids before each prefix; each group's max_new_tokens cut to the decoder positions its prefix leaves (`fit`)."""
-    pad = model.generation_config.pad_token_id
-    ends = stops | ({pad} if pad is not None else set())
     groups = {}
     for row, prefix in enumerate(prefixes):
         groups.setdefault(len(prefix), []).append(row)
@@ -459,7 +483,7 @@ def _generate_windows(model, tokenizer, sources, start, prefixes, stops, batch_s
             decoder_input_ids = torch.tensor([[*start, *prefixes[r]] for r in chunk], device=model.device)
             out = _generate(model, **inputs, decoder_input_ids=decoder_input_ids, **group_kwargs)
             for r, ids in zip(chunk, out[:, len(start) + length :].tolist()):
-                sentence = _kept(ids, ends)
+                sentence = _kept(ids, stops)  # a row that ended before the others: its padding follows a stop id
                 generated[r] = (sentence, fit.cut_short(length, ids, sentence))
     return generated
 
@@ -472,6 +496,8 @@ def translate_document_streaming(model, tokenizer, document, window=4, sep_token
     source; the decoder continues from its state after every earlier sentence and the separator after it, and
     generates until a separator or end of sequence (greedy or sampling: one state is carried, so num_beams must be
     1, whatever the model's generation config says; the state is generate()'s cache, so use_cache may not be False).
+    A cache_implementation (an argument, or in the generation config passed or the model's: "static" for compiled
+    decoding) makes the first sentence's cache, which the later sentences continue.
     Each generated token costs the same however long the document. A blank sentence's translation is "", and it is
     left out of the windows and the state (as in `translate_documents`). The model must be a talk_hf encoder-decoder
     (its decoder state has a fixed size); generate_kwargs as in `translate_documents`.
@@ -492,11 +518,16 @@ def translate_document_streaming(model, tokenizer, document, window=4, sep_token
     every, = checked_documents([document], tokenizer, sep_token)
     present = _non_blank(every)
     sentences = [every[k] for k in present]
-    separator = _separator_id(model, tokenizer, sep_token)
+    separator = _separator_id(model, tokenizer, sep_token, streaming=True)
     stops = _stop_ids(model, separator)
     tokens = _decoder_start(model, generate_kwargs)
+    implementation = _setting(generate_kwargs, "cache_implementation", passed, model.generation_config)
     generate_kwargs, _ = _per_sentence(model, generate_kwargs, len(tokens), num_beams=1, use_cache=True,
                                        eos_token_id=sorted(stops), return_dict_in_generate=True)
+    # generate() takes a cache or a cache implementation, not both: the sentences after the first continue the
+    # cache it made, with the implementation cleared (as an argument: a generation config passed would take the
+    # model's again)
+    continuing = generate_kwargs if implementation is None else {**generate_kwargs, "cache_implementation": None}
     cache, translations = None, []
     for i in range(len(sentences)):
         inputs = tokenizer([join_sentences(sentences[_window_start(i, window) : i + 1], sep_token)],
@@ -506,7 +537,7 @@ def translate_document_streaming(model, tokenizer, document, window=4, sep_token
         decoder_input_ids = torch.tensor([tokens], device=model.device)
         out = _generate(model, **inputs, decoder_input_ids=decoder_input_ids,
                         decoder_attention_mask=torch.ones_like(decoder_input_ids), **{CACHE_NAME: cache},
-                        **generate_kwargs)
+                        **(generate_kwargs if cache is None else continuing))
         cache = getattr(out, CACHE_NAME)
         new = out.sequences[0, len(tokens) :].tolist()
         kept = _kept(new, stops)

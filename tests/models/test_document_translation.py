@@ -44,10 +44,10 @@ def by_hand(model, tokenizer, sentences, window, positions=None, shortened=None,
     """The sliding-window definition, one window at a time: source window joined by <sep>; decoder forced with
     the decoder start (the start token, given or the model's, and a forced_bos_token_id given or configured) and
     the ids kept for the previous window sentences, each followed by <sep>; generate until </s> or <sep>; keep what
-    comes before the first </s>, <sep> or pad. With `positions`, a window drops its oldest sentences until its
+    comes before the first </s> or <sep>. With `positions`, a window drops its oldest sentences until its
     source and its decoder start, prefix and max_new_tokens each fit (counted in the list `shortened`)."""
     start = decoder_start(model, generate_kwargs)
-    stops = {SEP_ID, tokenizer.eos_token_id, tokenizer.pad_token_id}
+    stops = {SEP_ID, tokenizer.eos_token_id}
     kept = []
     for i in range(len(sentences)):
         for first in range(max(0, i - window + 1), i + 1):
@@ -486,7 +486,7 @@ def by_hand_configured(model, tokenizer, sentences, window, positions, limit, sh
     `forced_eos`, the model's generation config forcing </s> in the last position, a </s> there counts as none)
     is translated again with the window's oldest context sentence dropped (counted in the list `shortened`)."""
     start, eos = decoder_start(model, generate_kwargs), tokenizer.eos_token_id
-    stops = {SEP_ID, eos, tokenizer.pad_token_id}
+    stops = {SEP_ID, eos}
     kept = []
     for i in range(len(sentences)):
         for first in range(max(0, i - window + 1), i + 1):
@@ -640,3 +640,111 @@ def test_a_gated_model_whose_separator_is_not_the_tokenizers_is_refused(tokenize
     with pytest.raises(ValueError, match=r"gates at sep_token_id=9.*'<sep>' \(id 4\)"):
         translate_document_streaming(model, tokenizer, SENTENCES[:3], window=2, **GREEDY)
     assert translate_document(model, tokenizer, SENTENCES[:3], window=1, **GREEDY)  # no window separator
+
+
+def test_generation_arguments_beside_a_generation_config_are_honoured_as_without_it(tokenizer):
+    """Keyword arguments given beside a generation_config go into its copy, those that document translation sets
+    for each sentence itself included (max_new_tokens and min_new_tokens, each new sentence's limits; the
+    num_return_sequences=1, and for streaming num_beams=1 and use_cache=True, that the decoding requires): the
+    translations are those of the same arguments without a config, in every decoding and the pipeline."""
+    from transformers import GenerationConfig, pipeline
+
+    model = model_for("talk", tokenizer)
+    beams = dict(window=2, num_beams=2, max_new_tokens=4)
+    plain = translate_documents(model, tokenizer, DOCUMENTS, **beams)
+    assert plain != translate_documents(model, tokenizer, DOCUMENTS, window=2, num_beams=2)  # the limit matters
+    config = GenerationConfig(num_beams=2)
+    assert translate_documents(model, tokenizer, DOCUMENTS, window=2, generation_config=config,
+                               max_new_tokens=4) == plain
+    assert translate_document(model, tokenizer, DOCUMENTS[0], window=2, generation_config=config, max_new_tokens=4,
+                              num_return_sequences=1) == plain[0]
+    assert translate_document(model, tokenizer, DOCUMENTS[0], window=2, generation_config=config, max_new_tokens=4,
+                              min_new_tokens=3) == translate_document(model, tokenizer, DOCUMENTS[0], min_new_tokens=3,
+                                                                      **beams)
+    assert config.max_new_tokens is None  # the caller's config is left as it was
+    streamed = translate_document_streaming(model, tokenizer, SENTENCES, window=2, max_new_tokens=4)
+    greedy = GenerationConfig(do_sample=False)
+    assert translate_document_streaming(model, tokenizer, SENTENCES, window=2, generation_config=greedy,
+                                        max_new_tokens=4) == streamed
+    assert translate_document_streaming(model, tokenizer, SENTENCES, window=2, generation_config=greedy,
+                                        max_new_tokens=4, num_beams=1, use_cache=True) == streamed
+    translator = pipeline("document-translation", model=model, tokenizer=tokenizer)
+    expected = [{"translations": t} for t in plain]
+    assert translator(DOCUMENTS, window=2, generation_config=config, max_new_tokens=4) == expected
+    assert translator(DOCUMENTS, window=2, batch_size=2, generation_config=config, max_new_tokens=4) == expected
+    assert translator(SENTENCES, window=2, streaming=True, generation_config=greedy, max_new_tokens=4) == {
+        "translations": streamed}
+    # a value the decoding cannot take is refused by name, beside a config as without one
+    with pytest.raises(ValueError, match="num_return_sequences must be 1"):
+        translate_document(model, tokenizer, SENTENCES, window=2, generation_config=config, num_return_sequences=2)
+    with pytest.raises(ValueError, match="num_beams must be 1"):
+        translate_document_streaming(model, tokenizer, SENTENCES, window=2, generation_config=greedy, num_beams=2)
+
+
+@pytest.mark.parametrize("kind", ["talk", "dynamic_conv", "rfa_doc"])
+def test_streaming_with_a_static_cache_asked_for(kind, tokenizer, caplog):
+    """cache_implementation="static" (an argument, in a generation config passed, or in the model's) makes the
+    first sentence's cache, which the later sentences continue: the translations are those of the default cache,
+    and generate() is not told both of a cache and of a cache implementation."""
+    from transformers import GenerationConfig
+
+    model = model_for(kind, tokenizer)
+    sentences = SENTENCES[:3]
+    expected = translate_document_streaming(model, tokenizer, sentences, window=2, **GREEDY)
+    with caplog.at_level("WARNING"):
+        assert translate_document_streaming(model, tokenizer, sentences, window=2, cache_implementation="static",
+                                            **GREEDY) == expected
+        assert translate_document_streaming(model, tokenizer, sentences, window=2, generation_config=GenerationConfig(
+            cache_implementation="static", **GREEDY)) == expected
+        model.generation_config.cache_implementation = "static"
+        assert translate_document_streaming(model, tokenizer, sentences, window=2, **GREEDY) == expected
+        assert translate_document_streaming(model, tokenizer, sentences, window=2,
+                                            generation_config=GenerationConfig(**GREEDY)) == expected
+    assert "together with generation-related arguments" not in caplog.text
+
+
+class ForcesPad(LogitsProcessor):
+    """Forces <pad> as the next token where the decoder input has `length` tokens (a model that emits <pad> inside a
+    sentence)."""
+
+    def __init__(self, length, pad):
+        self.length, self.pad = length, pad
+
+    def __call__(self, input_ids, scores):
+        if input_ids.shape[1] == self.length:
+            scores[:] = torch.where(torch.arange(scores.shape[1]) == self.pad, 0.0, -float("inf"))
+        return scores
+
+
+@pytest.mark.parametrize("kind", ["talk", "dynamic_conv", "rfa_doc", "marian"])
+def test_a_pad_generated_inside_a_sentence_does_not_end_it(kind, tokenizer):
+    """Only the end of sequence and the separator end a sentence, as for generate(): a <pad> the model generates
+    is kept with the words after it, so window=1 is sentence-level translation (and a one-sentence document
+    streams as generate() translates it)."""
+    model = model_for(kind, tokenizer)
+    pad = tokenizer.pad_token_id
+    forced = dict(max_new_tokens=6, num_beams=1, logits_processor=LogitsProcessorList([ForcesPad(3, pad)]))
+    sentence_level = []
+    for sentence in SENTENCES[:2]:
+        ids = model.generate(**tokenizer([sentence], return_tensors="pt"), **forced)[0].tolist()
+        assert ids[3] == pad and len(ids) == 7 and tokenizer.eos_token_id not in ids[1:]  # words after the pad
+        sentence_level.append(tokenizer.decode(ids, skip_special_tokens=True).strip())
+    assert translate_document(model, tokenizer, SENTENCES[:2], window=1, **forced) == sentence_level
+    assert translate_documents(model, tokenizer, [SENTENCES[:2], SENTENCES[1:2]], window=1, batch_size=2,
+                               **forced) == [sentence_level, sentence_level[1:]]
+    if kind != "marian":
+        assert translate_document_streaming(model, tokenizer, SENTENCES[:1], window=1, **forced) == \
+            sentence_level[:1]
+        assert translate_document(model, tokenizer, SENTENCES[:3], window=2, **forced) == \
+            by_hand(model, tokenizer, SENTENCES[:3], 2, **forced)
+
+
+def test_streaming_names_its_own_need_for_the_separator(tokenizer):
+    """Streaming builds the decoder's history with the separator after every sentence, whatever the window: a
+    tokenizer without it is refused with that reason (not "use window=1", which sliding windows take)."""
+    model = model_for("talk", tokenizer)
+    with pytest.raises(ValueError, match="no '<para>' token") as caught:
+        translate_document_streaming(model, tokenizer, SENTENCES[:2], window=1, sep_token="<para>", **GREEDY)
+    assert "streaming" in str(caught.value) and "window=1" not in str(caught.value)
+    with pytest.raises(ValueError, match="no '<para>' token.*use window=1"):
+        translate_document(model, tokenizer, SENTENCES[:2], window=2, sep_token="<para>", **GREEDY)
