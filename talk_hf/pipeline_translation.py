@@ -71,9 +71,16 @@ class Text2TextPipeline(Pipeline):
     clean_up_tokenization_spaces (for decoding; default: the tokenizer's); generate_kwargs (a dict); any other keyword
     goes to `model.generate` (num_beams, max_new_tokens, num_return_sequences, ...). With return_dict_in_generate
     (passed or in the model's generation config), each record also holds its sequence's own outputs: under beam
-    search sequences_scores and beam_indices (the per-step scores and logits belong to the beams of each step, not to
-    a returned sequence: `model.compute_transition_scores` maps them), otherwise the per-step scores and logits
-    stacked over the steps; the encoder's and per-layer outputs are left out."""
+    search sequences_scores, beam_indices (counted among its input's beams, 0 .. num_beams - 1; -1 past the
+    sequence's end) and, when generate() gives them, the per-step scores and logits of its input's beams,
+    (num_beams, steps, vocabulary): they belong to the beams of each step, not to a returned sequence, and
+    `model.compute_transition_scores(ids, scores.unbind(1), beam_indices)` maps them to the sequences, with the
+    token ids (return_tensors) and beam_indices of all the input's records stacked as ids and beam_indices;
+    otherwise the per-step scores and logits of its sequence, (steps, vocabulary). The encoder's and per-layer
+    outputs are left out. A record's outputs do not depend on the batch it was generated in (sampling aside;
+    scores up to rounding): its token ids, beam indices, scores and logits cover the steps of its input's
+    sequences, to the end of the longest (as generate() gives the token ids of that input alone), and leave out the
+    padding and any later step of its batch's generation."""
 
     _load_processor = False
     _load_image_processor = False
@@ -132,16 +139,32 @@ class Text2TextPipeline(Pipeline):
         return inputs
 
     def _forward(self, model_inputs, **generate_kwargs):
-        """-> {"output_ids": (inputs, sequences per input, T)} and, from a dict output of generate(), its
-        per-sequence outputs laid out alike: the pipeline's batches split along the first axis, so each input keeps
-        its own num_return_sequences rows."""
+        """-> {"output_ids": one (sequences, T) tensor per input} and, from a dict output of generate(), its
+        per-sequence outputs, one tensor per input alike (`sequence_outputs`), each cut to the steps its input's
+        sequences take (`own_outputs`): lists, which the pipeline's batches split into their inputs."""
         model_inputs = {key: unbatched(value) for key, value in model_inputs.items()}
-        output = self.model.generate(**model_inputs, **self._with_task_settings(generate_kwargs))
+        generate_kwargs = self._with_task_settings(generate_kwargs)
+        output = self.model.generate(**model_inputs, **generate_kwargs)
         inputs = model_inputs["input_ids"].shape[0]
-        if not isinstance(output, ModelOutput):
-            return {"output_ids": per_input(output, inputs)}
-        outputs = {key: per_input(value, inputs) for key, value in sequence_outputs(output).items()}
-        return {"output_ids": per_input(output.sequences, inputs), **outputs}  # top-level tensors: batches split
+        num_beams = self._generation_setting("num_beams", generate_kwargs) or 1
+        ends = self._generation_setting("eos_token_id", generate_kwargs)
+        return own_outputs(output, inputs, self._prompt_length(model_inputs, generate_kwargs), num_beams, ends)
+
+    def _generation_setting(self, name, generate_kwargs):
+        """A generation setting as generate() reads it: the argument, else the generation config passed, else the
+        model's (which fills what the one passed leaves unset)."""
+        if name in generate_kwargs:
+            return generate_kwargs[name]
+        configs = (generate_kwargs.get("generation_config"), self.model.generation_config)
+        return next((getattr(c, name) for c in configs if c is not None and getattr(c, name, None) is not None), None)
+
+    def _prompt_length(self, model_inputs, generate_kwargs):
+        """The ids a generated sequence begins with, not generated: the decoder input (the start token, or the
+        decoder_input_ids passed) of an encoder-decoder, the input of a decoder-only model."""
+        if not self.model.config.is_encoder_decoder:
+            return model_inputs["input_ids"].shape[-1]
+        given = generate_kwargs.get("decoder_input_ids")
+        return 1 if given is None else given.shape[-1]
 
     def _with_task_settings(self, generate_kwargs):
         """The generation arguments over the task's settings (see the class docstring)."""
@@ -180,18 +203,71 @@ class Text2TextPipeline(Pipeline):
 
 
 def per_input(tensor, inputs):
-    """(inputs * sequences per input, ...) -> (inputs, sequences per input, ...): the pipeline's batches are split
-    along the first axis, so each input keeps its own rows."""
+    """(inputs * rows per input, ...) -> (inputs, rows per input, ...): the rows of each input (its returned
+    sequences, or under beam search its beams) together."""
     return tensor.reshape(inputs, tensor.shape[0] // inputs, *tensor.shape[1:])
 
 
-def sequence_outputs(output):
-    """generate()'s dict output -> the outputs it holds one row of per returned sequence: under beam search
-    sequences_scores and beam_indices; otherwise scores and logits, each a tuple of per-step (sequences, vocabulary)
-    tensors, stacked to (sequences, steps, vocabulary)."""
-    if isinstance(output, (GenerateBeamEncoderDecoderOutput, GenerateBeamDecoderOnlyOutput)):
-        return {key: output[key] for key in ("sequences_scores", "beam_indices") if output.get(key) is not None}
-    return {key: torch.stack(output[key], dim=1) for key in ("scores", "logits") if output.get(key) is not None}
+def own_outputs(output, inputs, prompt, num_beams, ends):
+    """generate()'s output (its sequences, and from a dict output `sequence_outputs`) -> {"output_ids": [...],
+    key: [...]}, one tensor per input, the same whatever the batch: each cut to the steps that its input's
+    sequences take (to the end of the longest, as generate() gives that input's token ids alone), not those of the
+    longer sequences of its batch. A sequence's steps: under beam search its beam indices that are not -1
+    (generate()'s mark of a step past its end), otherwise up to its first end-of-sequence id of `ends` (an id or a
+    list), the padding after it left out. prompt: the ids a sequence begins with, not generated."""
+    if not isinstance(output, ModelOutput):  # the sequences alone
+        ids = per_input(output, inputs)
+        steps = generated_lengths(ids[..., prompt:], ends).amax(-1).tolist()
+        return {"output_ids": [ids[i, :, : prompt + n] for i, n in enumerate(steps)]}
+    ids = per_input(output.sequences, inputs)
+    beam_indices = output.get("beam_indices")
+    if beam_indices is not None:
+        steps = (per_input(beam_indices, inputs) >= 0).sum(-1)
+    else:
+        steps = generated_lengths(ids[..., prompt:], ends)
+    steps = steps.amax(-1).tolist()
+    own = {"output_ids": [ids[i, :, : prompt + n] for i, n in enumerate(steps)]}
+    for key, (value, axis) in sequence_outputs(output, inputs, num_beams).items():
+        own[key] = [value[i] if axis is None else value[i].narrow(axis, 0, n) for i, n in enumerate(steps)]
+    return own
+
+
+def generated_lengths(new_ids, ends):
+    """(..., steps) generated ids -> (...) how many of them each sequence generated: up to and with its first id of
+    `ends` (an id, a list of them, or None), all of them where it has none."""
+    if ends is None:
+        return torch.full(new_ids.shape[:-1], new_ids.shape[-1])
+    ends = torch.as_tensor(ends if isinstance(ends, (list, tuple)) else [ends], device=new_ids.device).flatten()
+    ended = torch.isin(new_ids, ends)
+    return torch.where(ended.any(-1), ended.int().argmax(-1) + 1, new_ids.shape[-1])
+
+
+def sequence_outputs(output, inputs, num_beams):
+    """generate()'s dict output -> {key: ((inputs, sequences per input, ...) tensor, its step axis after the
+    input's, or None)} for the outputs it holds per returned sequence: sequences_scores and beam_indices under beam
+    search, each beam index counted among its own input's beams (generate() numbers a batch's beams together:
+    input * num_beams + beam); per-step scores and logits, each a tuple of per-step (rows, vocabulary) tensors,
+    stacked over the steps: otherwise one row per sequence, (steps, vocabulary), and under beam search one per beam
+    of the step, all the input's beams with each of its sequences, (num_beams, steps, vocabulary), which
+    `model.compute_transition_scores` takes with the sequences' token ids and beam indices."""
+    beam = isinstance(output, (GenerateBeamEncoderDecoderOutput, GenerateBeamDecoderOnlyOutput))
+    sequences = output.sequences.shape[0] // inputs
+    outputs = {}
+    if beam and output.get("sequences_scores") is not None:
+        outputs["sequences_scores"] = (per_input(output.sequences_scores, inputs), None)
+    if beam and output.get("beam_indices") is not None:
+        indices = per_input(output.beam_indices, inputs)
+        first = (torch.arange(inputs, device=indices.device) * num_beams).view(-1, 1, 1)
+        outputs["beam_indices"] = (torch.where(indices >= 0, indices - first, indices), 1)
+    for key in ("scores", "logits"):
+        if output.get(key) is None:
+            continue
+        stacked = per_input(torch.stack(output[key], dim=1), inputs)
+        if beam:  # (inputs, num_beams, steps, vocabulary): the input's beams, with each of its sequences
+            outputs[key] = (stacked.unsqueeze(1).expand(-1, sequences, *stacked.shape[1:]), 2)
+        else:
+            outputs[key] = (stacked, 1)
+    return outputs
 
 
 def unbatched(value):
@@ -280,8 +356,12 @@ class DocumentTranslationPipeline(Pipeline):
     def postprocess(self, model_outputs):
         return {"translations": model_outputs["translations"]}
 
-    def __call__(self, documents, batch_size=None, **kwargs):
-        """One document (a str, or a list of str) -> {"translations": [...]}; a list of documents -> a list."""
+    def __call__(self, documents, batch_size=None, num_workers=None, **kwargs):
+        """One document (a str, or a list of str) -> {"translations": [...]}; a list of documents -> a list.
+
+        num_workers: the pipeline's own (the workers of the DataLoader that feeds it one document at a time), never
+        a generate() argument; with batch_size the documents go to `translate_documents` in this process, which
+        has no DataLoader, so it is taken and has no effect."""
         single = isinstance(documents, str) or (
             isinstance(documents, (list, tuple)) and all(isinstance(s, str) for s in documents)
             and not any(LINE_BREAK.search(s.rstrip("\r\n")) for s in documents)
@@ -289,7 +369,7 @@ class DocumentTranslationPipeline(Pipeline):
         documents = [documents] if single else list(documents)
         batch_size = self._batch_size if batch_size is None else batch_size
         if batch_size is None:
-            results = super().__call__(documents, **kwargs)
+            results = super().__call__(documents, num_workers=num_workers, **kwargs)
         else:  # the settings given when the pipeline was built, then this call's
             results = self._translate_batched(documents, batch_size,
                                               **{**self._forward_params, **self._sanitize_parameters(**kwargs)[1]})

@@ -7,7 +7,7 @@ import warnings
 
 import pytest
 import torch
-from transformers import pipeline
+from transformers import LogitsProcessor, LogitsProcessorList, pipeline
 
 from talk_hf import SummarizationPipeline, TranslationPipeline
 from talk_hf.tokenization import train_joint_bpe
@@ -275,8 +275,9 @@ def test_a_source_past_the_models_positions_is_cut_to_them_with_a_warning(tokeni
 
 def test_generate_outputs_as_a_dict_give_the_same_translations_and_their_scores(tokenizer):
     """return_dict_in_generate=True (passed, or in the model's generation config): the translations are the
-    sequences', and each record carries its own sequence's outputs: under beam search sequences_scores and
-    beam_indices, otherwise the per-step scores; the encoder's outputs are left out."""
+    sequences', and each record carries its own sequence's outputs: under beam search sequences_scores,
+    beam_indices and the per-step scores of its input's beams, otherwise its per-step scores; the encoder's outputs
+    are left out."""
     model = tiny(tokenizer)
     translator = pipeline("translation", model=model, tokenizer=tokenizer)
     beams = dict(num_beams=3, num_return_sequences=2, **SHORT)
@@ -287,9 +288,11 @@ def test_generate_outputs_as_a_dict_give_the_same_translations_and_their_scores(
     out = model.generate(**tokenizer(SENTENCES[:1], return_tensors="pt"), return_dict_in_generate=True,
                          output_scores=True, **beams)
     for i, record in enumerate(scored[0]):
-        assert set(record) == {"translation_text", "sequences_scores", "beam_indices"}
+        assert set(record) == {"translation_text", "sequences_scores", "beam_indices", "scores"}
         assert torch.allclose(record["sequences_scores"], out.sequences_scores[i])
         assert torch.equal(record["beam_indices"], out.beam_indices[i])
+        steps = out.beam_indices.shape[1]  # the steps of the input's sequences (the search may run past them)
+        assert torch.allclose(record["scores"], torch.stack(out.scores, dim=1)[:, :steps])
     [greedy] = translator(SENTENCES[0], return_dict_in_generate=True, output_scores=True, output_hidden_states=True,
                           **SHORT)
     out = model.generate(**tokenizer(SENTENCES[:1], return_tensors="pt"), return_dict_in_generate=True,
@@ -314,3 +317,79 @@ def test_truncation_takes_the_tokenizers_strategies(tokenizer):
         translator(long, truncation=truncation, **SHORT)
     length = len(tokenizer(long)["input_ids"])
     assert [ids.shape[-1] for ids, _ in calls] == [length] * 3 + [8] * 2
+
+
+class EndsByFirstToken(LogitsProcessor):
+    """Forces the end of sequence once a sequence has (its first generated token mod 4) + 1 tokens after the start
+    token: sequences of a batch that end at different steps."""
+
+    def __init__(self, eos):
+        self.eos = eos
+
+    def __call__(self, input_ids, scores):
+        for row, ids in enumerate(input_ids.tolist()):
+            if len(ids) > 1 and len(ids) - 1 >= ids[1] % 4 + 1:
+                scores[row] = torch.where(torch.arange(scores.shape[1]) == self.eos, 0.0, -float("inf"))
+        return scores
+
+
+def assert_records_equal(got, expected):
+    assert len(got) == len(expected)
+    for a, b in zip(got, expected):
+        if isinstance(b, list):
+            assert_records_equal(a, b)
+            continue
+        assert set(a) == set(b)
+        for key, value in b.items():
+            if isinstance(value, torch.Tensor) and value.is_floating_point():
+                assert a[key].shape == value.shape and torch.allclose(a[key], value, atol=1e-5), key
+            elif isinstance(value, torch.Tensor):
+                assert torch.equal(a[key], value), key
+            else:
+                assert a[key] == value, key
+
+
+def test_a_records_outputs_are_those_of_a_batch_of_one(tokenizer):
+    """Each record holds its own sequence's outputs whatever the batch it was generated in: token ids up to the end
+    of sequence of its input's longest sequence, per-step scores and logits of those steps (not the padding and
+    the steps of the longer sequences of its batch), and under beam search beam indices among its own input's
+    beams, with the scores of those beams, from which `model.compute_transition_scores` gives the sequence's."""
+    model = tiny(tokenizer, seed=2)
+    translator = pipeline("translation", model=model, tokenizer=tokenizer)
+    sources = SENTENCES + ["a dog", "."]
+    ending = dict(max_new_tokens=8, sequence_bias={(tokenizer.eos_token_id,): -3.0},
+                  logits_processor=LogitsProcessorList([EndsByFirstToken(tokenizer.eos_token_id)]))
+    outputs = dict(return_tensors=True, return_dict_in_generate=True, output_scores=True, output_logits=True)
+    plain = translator(sources, batch_size=1, return_tensors=True, **ending)
+    assert len({len(r["translation_token_ids"]) for r in plain}) > 1  # the sequences end at different steps
+    assert_records_equal(translator(sources, batch_size=4, return_tensors=True, **ending), plain)
+    greedy = translator(sources, batch_size=1, **outputs, **ending)
+    for record in greedy:
+        steps = len(record["translation_token_ids"]) - 1
+        assert record["scores"].shape[0] == record["logits"].shape[0] == steps
+    for batch_size in (4, len(sources)):
+        assert_records_equal(translator(sources, batch_size=batch_size, **outputs, **ending), greedy)
+    beams = dict(num_beams=3, num_return_sequences=2, **ending)
+    one = translator(sources, batch_size=1, **outputs, **beams)
+    assert_records_equal(translator(sources, batch_size=4, **outputs, **beams), one)
+    for records in one:
+        ids = torch.stack([r["translation_token_ids"] for r in records])
+        beam_indices = torch.stack([r["beam_indices"] for r in records])
+        assert beam_indices.max() < 3 and records[0]["scores"].shape[:2] == (3, beam_indices.shape[1])
+        transition = model.compute_transition_scores(ids, records[0]["scores"].unbind(1), beam_indices)
+        lengths = (beam_indices >= 0).sum(-1)
+        scores = torch.stack([r["sequences_scores"] for r in records])
+        assert torch.allclose(transition.sum(-1) / lengths, scores, atol=1e-5)
+
+
+def test_the_document_translation_pipeline_takes_num_workers_with_or_without_batch_size(tokenizer):
+    """num_workers is the pipeline's own argument (its DataLoader's workers), never a generate() one: taken with
+    batch_size as without it."""
+    model = tiny(tokenizer).eval()
+    documents = [SENTENCES[:2], SENTENCES[2:4]]
+    translator = pipeline("document-translation", model=model, tokenizer=tokenizer)
+    expected = translator(documents, window=2, **SHORT)
+    assert translator(documents, window=2, num_workers=0, **SHORT) == expected
+    assert translator(documents, window=2, batch_size=2, num_workers=0, **SHORT) == expected
+    built = pipeline("document-translation", model=model, tokenizer=tokenizer, num_workers=0, **SHORT)
+    assert built(documents, window=2) == expected and built(documents, window=2, batch_size=2) == expected
