@@ -430,14 +430,17 @@ def _forced_prefix(context, separator):
     return [token for ids in context for token in (*ids, separator)]
 
 
-def _kept(new_ids, stops):
+def _kept(new_ids, stops, pad=None):
     """The generated ids of one sentence: those before the first stop id, a <pad> generated before it included (as
-    generate() keeps it); the ids after it (a batch's padding) are not."""
+    generate() keeps it); the ids after it (a batch's padding) are not. A row of a batch without a stop id, ended by
+    a stopping criterion before the others, is followed by the batch's padding: its trailing `pad` ids are dropped."""
     kept = []
     for token in new_ids:
         if token in stops:
-            break
+            return kept
         kept.append(token)
+    while pad is not None and kept and kept[-1] == pad:
+        kept.pop()
     return kept
 
 
@@ -471,7 +474,7 @@ def _generate_windows(model, tokenizer, sources, start, prefixes, stops, batch_s
     """Translate windows (source text, forced prefix ids) -> for each window's new sentence, in order, (its kept
     ids, whether the positions its prefix leaves cut it short: `_WindowFit.cut_short`); start: the decoder start
     ids before each prefix; each group's max_new_tokens cut to the decoder positions its prefix leaves (`fit`)."""
-    groups = {}
+    pad, groups = model.generation_config.pad_token_id, {}
     for row, prefix in enumerate(prefixes):
         groups.setdefault(len(prefix), []).append(row)
     generated = [None] * len(sources)
@@ -483,7 +486,7 @@ def _generate_windows(model, tokenizer, sources, start, prefixes, stops, batch_s
             decoder_input_ids = torch.tensor([[*start, *prefixes[r]] for r in chunk], device=model.device)
             out = _generate(model, **inputs, decoder_input_ids=decoder_input_ids, **group_kwargs)
             for r, ids in zip(chunk, out[:, len(start) + length :].tolist()):
-                sentence = _kept(ids, stops)  # a row that ended before the others: its padding follows a stop id
+                sentence = _kept(ids, stops, pad)  # without the padding of a row that ended before the others
                 generated[r] = (sentence, fit.cut_short(length, ids, sentence))
     return generated
 

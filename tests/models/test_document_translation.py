@@ -6,7 +6,7 @@ import warnings
 
 import pytest
 import torch
-from transformers import LogitsProcessor, LogitsProcessorList
+from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
 from talk_hf import ContextShortenedWarning, translate_document, translate_document_streaming, translate_documents
 from talk_hf.document_translation import translate_documents_counted
@@ -737,6 +737,29 @@ def test_a_pad_generated_inside_a_sentence_does_not_end_it(kind, tokenizer):
             sentence_level[:1]
         assert translate_document(model, tokenizer, SENTENCES[:3], window=2, **forced) == \
             by_hand(model, tokenizer, SENTENCES[:3], 2, **forced)
+
+
+class StopsAtToken(StoppingCriteria):
+    """Ends a row of a batch when its last token is `token`, the others going on (generate() pads it)."""
+
+    def __init__(self, token):
+        self.token = token
+
+    def __call__(self, input_ids, scores, **kwargs):
+        return input_ids[:, -1] == self.token
+
+
+def test_a_row_stopped_before_the_others_keeps_none_of_the_batchs_padding(tokenizer):
+    """A stopping criterion ends some windows of a batch before the others, which generate() pads: the padding is
+    not part of those sentences (nor of the prefixes forced after them), so batched documents translate as one at
+    a time."""
+    model = model_for("talk", tokenizer, seed=3)
+    documents = [SENTENCES[:3], SENTENCES[3:], SENTENCES[1:4]]
+    stopping = dict(max_new_tokens=6, num_beams=1, do_sample=False,
+                    stopping_criteria=StoppingCriteriaList([StopsAtToken(35)]))
+    alone = [translate_documents_counted(model, tokenizer, [d], window=2, batch_size=1, **stopping) for d in documents]
+    together = translate_documents_counted(model, tokenizer, documents, window=2, batch_size=3, **stopping)
+    assert together == ([t for (t,), _ in alone], sum(shortened for _, shortened in alone))
 
 
 def test_streaming_names_its_own_need_for_the_separator(tokenizer):
