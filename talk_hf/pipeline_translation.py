@@ -148,7 +148,8 @@ class Text2TextPipeline(Pipeline):
         inputs = model_inputs["input_ids"].shape[0]
         num_beams = self._generation_setting("num_beams", generate_kwargs) or 1
         ends = self._generation_setting("eos_token_id", generate_kwargs)
-        return own_outputs(output, inputs, self._prompt_length(model_inputs, generate_kwargs), num_beams, ends)
+        pad = self._generation_setting("pad_token_id", generate_kwargs)
+        return own_outputs(output, inputs, self._prompt_length(model_inputs, generate_kwargs), num_beams, ends, pad)
 
     def _generation_setting(self, name, generate_kwargs):
         """A generation setting as generate() reads it: the argument, else the generation config passed, else the
@@ -208,23 +209,24 @@ def per_input(tensor, inputs):
     return tensor.reshape(inputs, tensor.shape[0] // inputs, *tensor.shape[1:])
 
 
-def own_outputs(output, inputs, prompt, num_beams, ends):
+def own_outputs(output, inputs, prompt, num_beams, ends, pad=None):
     """generate()'s output (its sequences, and from a dict output `sequence_outputs`) -> {"output_ids": [...],
     key: [...]}, one tensor per input, the same whatever the batch: each cut to the steps that its input's
     sequences take (to the end of the longest, as generate() gives that input's token ids alone), not those of the
     longer sequences of its batch. A sequence's steps: under beam search its beam indices that are not -1
-    (generate()'s mark of a step past its end), otherwise up to its first end-of-sequence id of `ends` (an id or a
-    list), the padding after it left out. prompt: the ids a sequence begins with, not generated."""
+    (generate()'s mark of a step past its end), otherwise `generated_lengths` (up to its first end-of-sequence id
+    of `ends`, an id or a list, the padding after it left out; `pad`: the padding id). prompt: the ids a sequence
+    begins with, not generated."""
     if not isinstance(output, ModelOutput):  # the sequences alone
         ids = per_input(output, inputs)
-        steps = generated_lengths(ids[..., prompt:], ends).amax(-1).tolist()
+        steps = generated_lengths(ids[..., prompt:], ends, pad).amax(-1).tolist()
         return {"output_ids": [ids[i, :, : prompt + n] for i, n in enumerate(steps)]}
     ids = per_input(output.sequences, inputs)
     beam_indices = output.get("beam_indices")
     if beam_indices is not None:
         steps = (per_input(beam_indices, inputs) >= 0).sum(-1)
     else:
-        steps = generated_lengths(ids[..., prompt:], ends)
+        steps = generated_lengths(ids[..., prompt:], ends, pad)
     steps = steps.amax(-1).tolist()
     own = {"output_ids": [ids[i, :, : prompt + n] for i, n in enumerate(steps)]}
     for key, (value, axis) in sequence_outputs(output, inputs, num_beams).items():
@@ -232,14 +234,19 @@ def own_outputs(output, inputs, prompt, num_beams, ends):
     return own
 
 
-def generated_lengths(new_ids, ends):
+def generated_lengths(new_ids, ends, pad=None):
     """(..., steps) generated ids -> (...) how many of them each sequence generated: up to and with its first id of
-    `ends` (an id, a list of them, or None), all of them where it has none."""
+    `ends` (an id, a list of them, or None); where it has none, all of them but a trailing run of `pad` ids (the
+    padding after a sequence that a stopping criterion ended before the others of its batch)."""
+    steps = new_ids.shape[-1]
+    unended = torch.full(new_ids.shape[:-1], steps, device=new_ids.device)
+    if pad is not None and steps:
+        unended = ((new_ids != pad) * torch.arange(1, steps + 1, device=new_ids.device)).amax(-1)
     if ends is None:
-        return torch.full(new_ids.shape[:-1], new_ids.shape[-1])
+        return unended
     ends = torch.as_tensor(ends if isinstance(ends, (list, tuple)) else [ends], device=new_ids.device).flatten()
     ended = torch.isin(new_ids, ends)
-    return torch.where(ended.any(-1), ended.int().argmax(-1) + 1, new_ids.shape[-1])
+    return torch.where(ended.any(-1), ended.int().argmax(-1) + 1, unended)
 
 
 def sequence_outputs(output, inputs, num_beams):

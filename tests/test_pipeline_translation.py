@@ -7,7 +7,7 @@ import warnings
 
 import pytest
 import torch
-from transformers import LogitsProcessor, LogitsProcessorList, pipeline
+from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList, pipeline
 
 from talk_hf import SummarizationPipeline, TranslationPipeline
 from talk_hf.tokenization import train_joint_bpe
@@ -380,6 +380,28 @@ def test_a_records_outputs_are_those_of_a_batch_of_one(tokenizer):
         lengths = (beam_indices >= 0).sum(-1)
         scores = torch.stack([r["sequences_scores"] for r in records])
         assert torch.allclose(transition.sum(-1) / lengths, scores, atol=1e-5)
+
+
+class StopsAtToken(StoppingCriteria):
+    """Ends a row of a batch when its last token is `token`, the others going on (generate() pads it)."""
+
+    def __init__(self, token):
+        self.token = token
+
+    def __call__(self, input_ids, scores, **kwargs):
+        return input_ids[:, -1] == self.token
+
+
+def test_a_record_stopped_before_its_batch_leaves_out_the_padding(tokenizer):
+    """A stopping criterion ends some sequences of a batch without an end of sequence, and generate() pads them to
+    the batch's longest: the records leave that padding (and the scores of its steps) out, as a batch of one."""
+    translator = pipeline("translation", model=tiny(tokenizer, seed=2), tokenizer=tokenizer)
+    sources = SENTENCES + ["a dog", "."]
+    stopping = dict(max_new_tokens=8, stopping_criteria=StoppingCriteriaList([StopsAtToken(37)]))
+    outputs = dict(return_tensors=True, return_dict_in_generate=True, output_scores=True)
+    alone = translator(sources, batch_size=1, **outputs, **stopping)
+    assert len({len(r["translation_token_ids"]) for r in alone}) > 1  # some sequences stopped early
+    assert_records_equal(translator(sources, batch_size=len(sources), **outputs, **stopping), alone)
 
 
 def test_the_document_translation_pipeline_takes_num_workers_with_or_without_batch_size(tokenizer):
