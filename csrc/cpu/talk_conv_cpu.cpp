@@ -6,7 +6,8 @@
 // buffer that stays in L2, and read every window from it. x is read about once, row by row, and the output written
 // once, row by row (whole rows stream from and to memory: 1.3x faster at 32 MB tensors than a head at a time, whose
 // 256-byte pieces of strided rows the buffer kept in L1); sums accumulate in the accumulation type (fp64 for fp64,
-// fp32 otherwise) and start at the buffer's first row, so they stay short.
+// fp32 otherwise) and start at each head's own first row read in the tile, so they stay short and round the same
+// whichever heads share the task (the grouping depends on the thread count and the batch size).
 //
 // Backward, also one pass per (batch, time tile, head) after one pass that computes every window end: offset
 // gradients from the one element of x inside each interpolated window end, grad x from a local scatter of the outputs whose windows straddle the tile
@@ -72,49 +73,72 @@ void window_ends(const scalar_t* offset_left, const scalar_t* offset_right, cons
   }
 }
 
-// The table rows [base, top] read by n window-end pairs (any offsets: a negative one can put a left end past its
-// right end, so all four rows count).
+// The table rows [base, top] read by the window ends of `steps` steps of nh heads (laid out as by window_ends), and
+// first[j], the first row that head j reads (any offsets: a negative one can put a left end past its right end, so
+// all four rows count). base is the least first[j].
 struct Rows {
   int64_t base, top;
 };
 
 template <typename acc_t>
-Rows rows_read(const WindowEnd<acc_t>* ends, int64_t n, int64_t seqlen) {
+Rows rows_read(const WindowEnd<acc_t>* ends, int64_t steps, int64_t nh, int64_t seqlen, int64_t* first) {
   Rows rows{seqlen, 0};
-  for (int64_t i = 0; i < 2 * n; ++i) {
-    rows.base = std::min(rows.base, ends[i].lo);
-    rows.top = std::max(rows.top, ends[i].hi);
+  std::fill(first, first + nh, seqlen);
+  for (int64_t i = 0; i < steps; ++i) {
+    for (int64_t j = 0; j < nh; ++j, ends += 2) {
+      first[j] = std::min({first[j], ends[0].lo, ends[1].lo});
+      rows.top = std::max({rows.top, ends[0].hi, ends[1].hi});
+    }
   }
+  rows.base = *std::min_element(first, first + nh);
   return rows;
 }
 
-// Local prefix sums of the channels [c0, c0 + width) over the rows read: buf[i * width + c] = sat[base + i] -
-// sat[base]. Differences of table rows, all a window needs, are the same as from the whole table.
+// Local prefix sums of nh heads of nc channels side by side (the channels [c0, c0 + nh nc)) over the rows read, each
+// head's from its own first row: buf[i * width + j * nc + c] = sat[base + i] - sat[first[j]] for base + i >= first[j]
+// (0 before). Differences of table rows, all a window needs, are the same as from the whole table, and a head's values
+// depend only on its own rows.
 template <typename scalar_t, typename acc_t>
 TALK_HF_VECTOR_CLONES void local_prefix_sums(const scalar_t* __restrict__ x, const Dims& d, int64_t b, Rows rows,
-                                             int64_t c0, int64_t width, std::vector<acc_t>& buf) {
+                                             const int64_t* first, int64_t c0, int64_t nh, int64_t nc,
+                                             std::vector<acc_t>& buf) {
+  const int64_t width = nh * nc;
   buf.resize((rows.top - rows.base + 1) * width);
   acc_t* __restrict__ p = buf.data();
   for (int64_t c = 0; c < width; ++c) p[c] = acc_t(0);
+  const int64_t last_first = *std::max_element(first, first + nh);  // every head accumulates in the rows after it
   for (int64_t i = 1; i <= rows.top - rows.base; ++i) {
     const scalar_t* __restrict__ xi = x + (b * d.T + rows.base + i - 1) * d.C + c0;
     const acc_t* __restrict__ prev = p + (i - 1) * width;
     acc_t* __restrict__ cur = p + i * width;
+    if (rows.base + i <= last_first) {  // a head whose first row is at or past this row stays 0 here
+      for (int64_t j = 0; j < nh; ++j) {
+        const int64_t k0 = j * nc, k1 = k0 + nc;
+        if (rows.base + i <= first[j]) {
+          std::fill(cur + k0, cur + k1, acc_t(0));
+          continue;
+        }
+#pragma omp simd
+        for (int64_t c = k0; c < k1; ++c) cur[c] = prev[c] + static_cast<acc_t>(xi[c]);
+      }
+      continue;
+    }
 #pragma omp simd
     for (int64_t c = 0; c < width; ++c) cur[c] = prev[c] + static_cast<acc_t>(xi[c]);
   }
 }
 
-// Forward of one task: time steps [t0, t1) of the span's channels; `ends` and `buf` are scratch.
+// Forward of one task: time steps [t0, t1) of the span's channels; `ends`, `first` and `buf` are scratch.
 template <typename scalar_t, typename acc_t>
 TALK_HF_VECTOR_CLONES void forward_tile(const scalar_t* __restrict__ x, const scalar_t* offset_left,
                                         const scalar_t* offset_right, scalar_t* __restrict__ out, const Dims& d,
                                         int64_t b, int64_t t0, int64_t t1, Span s,
-                                        std::vector<WindowEnd<acc_t>>& ends, std::vector<acc_t>& buf) {
+                                        std::vector<WindowEnd<acc_t>>& ends, std::vector<int64_t>& first,
+                                        std::vector<acc_t>& buf) {
   window_ends<scalar_t, acc_t>(offset_left, offset_right, d, b, s.h0, s.nh, t0, t1, ends.data());
-  const Rows rows = rows_read(ends.data(), (t1 - t0) * s.nh, d.T);
+  const Rows rows = rows_read(ends.data(), t1 - t0, s.nh, d.T, first.data());
   const int64_t base = rows.base, width = s.nh * s.nc, c0 = s.h0 * d.R + s.c0;
-  local_prefix_sums<scalar_t, acc_t>(x, d, b, rows, c0, width, buf);
+  local_prefix_sums<scalar_t, acc_t>(x, d, b, rows, first.data(), c0, s.nh, s.nc, buf);
   const acc_t* p = buf.data();
   const acc_t inv_norm = acc_t(1) / static_cast<acc_t>(d.max_left + d.max_right + 1);
   const WindowEnd<acc_t>* e = ends.data();
@@ -163,13 +187,14 @@ void forward_kernel(const at::Tensor& x, const at::Tensor& ol, const at::Tensor&
   const Groups groups = head_groups(d, tiles);
   at::parallel_for(0, d.B * tiles * groups.count * groups.blocks, 1, [&](int64_t begin, int64_t end) {
     std::vector<WindowEnd<acc_t>> ends(2 * kTile * groups.heads);
+    std::vector<int64_t> first(groups.heads);
     std::vector<acc_t> buf;
     for (int64_t task = begin; task < end; ++task) {
       const int64_t block = task % groups.blocks, h0 = task / groups.blocks % groups.count * groups.heads;
       const int64_t tile = task / (groups.blocks * groups.count) % tiles;
       const int64_t b = task / (groups.blocks * groups.count * tiles), t0 = tile * kTile, c0 = block * groups.block;
       const Span s{h0, std::min(groups.heads, d.H - h0), c0, std::min(groups.block, d.R - c0)};
-      forward_tile<scalar_t, acc_t>(xp, olp, orp, outp, d, b, t0, std::min(d.T, t0 + kTile), s, ends, buf);
+      forward_tile<scalar_t, acc_t>(xp, olp, orp, outp, d, b, t0, std::min(d.T, t0 + kTile), s, ends, first, buf);
     }
   });
 }

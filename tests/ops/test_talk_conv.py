@@ -220,6 +220,41 @@ def test_batch_equals_rows_one_at_a_time():
         assert torch.equal(batched[b : b + 1], ops.talk_conv(x[b : b + 1], ol[b : b + 1], orr[b : b + 1], 5, 5))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("causal", [False, True], ids=["encoder", "causal"])
+@pytest.mark.parametrize(
+    "H,R",
+    [
+        pytest.param(8, 4, id="H8-R4"),  # 8, 4 or 2 heads per task (batch of 3 or 1 sample, 1 or 2 threads)
+        pytest.param(3, 200, id="H3-R200"),  # 2 + 1 heads per task, or 1 (1 sample under 2 threads)
+    ],
+)
+def test_cpu_forward_is_bitwise_independent_of_threads_and_batch(H, R, causal, dtype):
+    """The CPU forward groups heads into tasks by the thread count and the batch size (talk_conv_cpu.cpp,
+    head_groups); each head's sums start at its own first row read in a time tile, so the outputs are bitwise the same
+    under 1 and 2 threads and for a sample alone or in a batch. Heads of very different reach (offsets below 0 and
+    past 1) over two time tiles (T=301)."""
+    g = torch.Generator().manual_seed(H * R)
+    B, T, max_left, max_right = 3, 301, 9, (0 if causal else 5)
+    x = torch.randn(B, T, H * R, dtype=dtype, generator=g)
+    reach = torch.linspace(0.05, 1.6, H, dtype=dtype)
+    ol = torch.rand(B, T, H, dtype=dtype, generator=g) * reach - 0.1
+    orr = None if causal else torch.rand(B, T, H, dtype=dtype, generator=g) * reach.flip(0) - 0.1
+    forward = lambda x, ol, orr: torch.ops.talk_hf.talk_conv_fwd(x, ol, orr, max_left, max_right)  # noqa: E731
+    batched = {}
+    previous = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            batched[threads] = forward(x, ol, orr)
+            for b in range(B):
+                alone = forward(x[b : b + 1], ol[b : b + 1], None if causal else orr[b : b + 1])
+                assert torch.equal(alone, batched[threads][b : b + 1]), f"sample {b} alone, {threads} thread(s)"
+    finally:
+        torch.set_num_threads(previous)
+    assert torch.equal(batched[1], batched[2]), "1 vs 2 threads"
+
+
 @pytest.mark.parametrize("max_left,split", [(0, 6), (1, 6), (7, 6), (4, 5), (4, 6), (4, 7)])
 def test_steps_equal_causal_op(max_left, split):
     """Prefix via the full op, then single steps and a chunk from the fixed-size state, equal the full causal op
