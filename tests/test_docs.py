@@ -49,9 +49,11 @@ def test_readme_results_are_the_shipped_runs():
         references = f.read().splitlines()
     grid = json.loads((ROOT / "benchmarks/results/cpu_multi30k_grid_2026-11-25/grid.json").read_text())
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    for name, model, folder in [("TaLK (`talk`)", "talk", "cpu_multi30k_final_talk_fairseq_init_2026-11-28"),
-                                ("Transformer (`MarianMTModel`)", "marian", "cpu_multi30k_final_2026-11-26")]:
-        finals = json.loads((ROOT / "benchmarks/results" / folder / "results.json").read_text())
+    folder = "cpu_multi30k_final_2026-11-28"
+    finals = json.loads((ROOT / "benchmarks/results" / folder / "results.json").read_text())
+    assert [r["model"] for r in finals] == ["talk", "dynamic_conv", "lightconv", "marian"]
+    for name, model in [("TaLK (`talk`)", "talk"), ("DynamicConv", "dynamic_conv"), ("LightConv", "lightconv"),
+                        ("Transformer (`MarianMTModel`)", "marian")]:
         final = next(r for r in finals if r["model"] == model)
         short = min((r for r in grid if r["model"] == model), key=lambda r: r["valid_loss"])
         assert (short["learning_rate"], short["warmup_steps"]) == (final["learning_rate"], final["warmup_steps"])
