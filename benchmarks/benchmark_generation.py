@@ -17,8 +17,9 @@ number of tokens, `min_new_tokens = max_new_tokens`):
                batch size for L (1024, 512, 512, 256, 256, 128, 96) times `--batch_scale` (the paper's machine was
                a server; 1/8 suits 2 CPU cores); greedy and beam 4. `--speedup_plot` draws the speed-up against L
                (the paper's Figure 4). Windows 30 and 60 go past the paper's (batch 48 and 24: the tokens per batch
-               of L = 15). `--ctranslate2 FOLDER` also times the same Marian converted to CTranslate2, the CPU engine
-               for fast transformer decoding (fp32 and int8, the same sources and token counts).
+               of L = 15). `--int8` also times both models with their Linear layers int8 (`int8_copy`).
+               `--ctranslate2 FOLDER` also times the same Marian converted to CTranslate2, the CPU engine for fast
+               transformer decoding (fp32 and int8, the same sources and token counts).
   streaming    document translation of one document of `--stream_sentences` sentences (20 source and 23 new
                tokens each) with the paper's model size, batch 1, greedy: RFA-doc streaming (its decoder state
                carried across the document, `translate_document_streaming`) against sliding windows of
@@ -312,29 +313,42 @@ def ctranslate2_sources(inputs):
     return sources
 
 
+def int8_copy(model):
+    """A copy of `model` whose nn.Linear layers are int8 (torch's `quantize_dynamic`: int8 weights, activations
+    quantized per call; CPU only); the model itself is left as it is."""
+    return torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+
+
 def paper_rows(args, device, generator, variants):
     """The RFA paper's setting at each window of `--paper_windows`, with each beam size of `--paper_beams` (greedy
-    also compiled with --compile)."""
+    also compiled with --compile); with --int8, each decoding also with both models' Linear layers int8."""
     talk, base = (m.to(device) for m in models("paper"))
     translators = {c: ctranslate2_translator(base, args.ctranslate2, c) for c in ("float32", "int8")} if \
         args.ctranslate2 else {}
+    pairs = [(False, talk, base)] + ([(True, int8_copy(talk), int8_copy(base))] if args.int8 else [])
     rows = []
     for w in args.paper_windows:
         batch = max(1, round({**PAPER_BATCH, **LONGER_BATCH}[w] * args.batch_scale))
         window = [source(batch, PAPER_SOURCE * w, device, generator)]
         greedy = [(1, c) for c in variants] if 1 in args.paper_beams else []
         for beams, compiled in greedy + [(b, False) for b in args.paper_beams if b != 1]:
-            row = compare(f"paper window {w}, batch {batch}, beam {beams} (RFA-doc vs Marian)", "paper", window,
-                          PAPER_TARGET * w, args.repeats, talk, base, compiled, num_beams=beams)
-            row.update(window=w, batch=batch, num_beams=beams)
-            for compute_type, translator in translators.items() if not compiled else ():
-                tps = ctranslate2_tokens_per_s(translator, window[0], PAPER_TARGET * w, args.repeats, beams)
-                row[f"ctranslate2_{compute_type}_tokens_per_s"] = tps
-                print(f"  CTranslate2 {compute_type}: {tps:.0f} tokens/s "
-                      f"(RFA-doc {row['talk_hf_tokens_per_s'] / tps:.2f}x)",
-                      flush=True)
-            rows.append(row)
+            for int8, talk_model, base_model in pairs if not compiled else pairs[:1]:
+                rows.append(paper_row(args, w, batch, window, beams, compiled, int8, talk_model, base_model,
+                                      {} if int8 else translators))
     return rows
+
+
+def paper_row(args, w, batch, window, beams, compiled, int8, talk, base, translators):
+    """One paper row: RFA-doc vs Marian (both int8 with `int8`) at window `w`, and CTranslate2's `translators`."""
+    row = compare(f"paper window {w}, batch {batch}, beam {beams}{', int8' if int8 else ''} (RFA-doc vs Marian)",
+                  "paper", window, PAPER_TARGET * w, args.repeats, talk, base, compiled, num_beams=beams)
+    row.update(window=w, batch=batch, num_beams=beams, int8=int8)
+    for compute_type, translator in translators.items() if not compiled else ():
+        tps = ctranslate2_tokens_per_s(translator, window[0], PAPER_TARGET * w, args.repeats, beams)
+        row[f"ctranslate2_{compute_type}_tokens_per_s"] = tps
+        print(f"  CTranslate2 {compute_type}: {tps:.0f} tokens/s (RFA-doc {row['talk_hf_tokens_per_s'] / tps:.2f}x)",
+              flush=True)
+    return row
 
 
 def word_tokenizer(pad_last=False):
@@ -411,8 +425,11 @@ def speedup_plot(rows, path):
     """RFA-doc's speed-up over Marian against the window L, one line per decoding (the RFA paper's Figure 4)."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
-    for (beams, compiled), label in [((1, False), "greedy"), ((1, True), "greedy, compiled"), ((4, False), "beam 4")]:
-        line = [r for r in rows if r["kind"] == "paper" and r["num_beams"] == beams and r["compiled"] == compiled]
+    lines = [((1, False, False), "greedy"), ((1, True, False), "greedy, compiled"), ((4, False, False), "beam 4"),
+             ((1, False, True), "greedy, int8"), ((4, False, True), "beam 4, int8")]
+    for (beams, compiled, int8), label in lines:
+        line = [r for r in rows if r["kind"] == "paper" and r["num_beams"] == beams and r["compiled"] == compiled
+                and r.get("int8", False) == int8]
         if line:
             ax.plot([r["window"] for r in line], [r["speedup"] for r in line], marker="o", label=label)
     ax.axhline(1.0, color="gray", linewidth=0.8)
@@ -487,6 +504,9 @@ def check_options(parser, args):
     require_at_least(parser, args, 1, "lm_tokens", "lm_batch", "windows", "sentences", "paper_beams",
                      "stream_sentences", "stream_window", "repeats")
     require_positive(parser, args, "batch_scale")
+    if args.int8 and torch.device(args.device).type != "cpu":
+        parser.error(f"--int8 quantizes with torch's quantize_dynamic, which runs on the CPU only (--device "
+                     f"{args.device})")
 
 
 def main(argv=None):
@@ -507,6 +527,8 @@ def main(argv=None):
     parser.add_argument("--ctranslate2", default=None, metavar="FOLDER",
                         help="also time the paper rows' Marian converted to CTranslate2 (fp32 and int8; `pip install "
                              "ctranslate2`), converted into FOLDER")
+    parser.add_argument("--int8", action="store_true",
+                        help="also run the paper rows (not compiled) with both models' Linear layers int8 (CPU)")
     parser.add_argument("--speedup_plot", default=None, help="PNG path for the paper rows' speed-up against L")
     parser.add_argument("--stream_sentences", type=int, default=200, help="sentences of the streaming row's document")
     parser.add_argument("--stream_window", type=int, default=4, help="the sliding windows' length in the streaming row")

@@ -168,6 +168,18 @@ def test_generation_sources_end_with_eos_for_every_model():
         module.ctranslate2_sources({"input_ids": prompt})
 
 
+def test_generation_int8_copies_quantize_every_linear_of_both_models_and_leave_them_fp32():
+    """--int8 rows time copies of RFA-doc and Marian whose every nn.Linear is torch's dynamic int8 Linear; the
+    models of the fp32 rows keep their float layers."""
+    module = script("benchmark_generation")
+    for model in module.models("document"):
+        linears = sum(type(m) is torch.nn.Linear for m in model.modules())
+        int8 = module.int8_copy(model)
+        assert not any(type(m) is torch.nn.Linear for m in int8.modules())
+        assert sum(isinstance(m, torch.ao.nn.quantized.dynamic.Linear) for m in int8.modules()) == linears > 0
+        assert sum(type(m) is torch.nn.Linear for m in model.modules()) == linears
+
+
 def test_ctranslate2_conversion_of_other_weights_is_not_reused(tmp_path):
     module = script("benchmark_generation")
     values = dict(module.SEQ2SEQ, d_model=16, encoder_layers=1, decoder_layers=1, encoder_ffn_dim=32,
@@ -310,6 +322,7 @@ BAD_OPTIONS = [
     ("profile_decoding", ["--batch", "0"], "--batch"),
     ("profile_decoding", ["--num_beams", "0"], "--num_beams"),
     ("profile_decoding", ["--top", "0"], "--top"),
+    ("benchmark_generation", ["--int8", "--device", "cuda"], "--int8"),
     ("decoding_bound", ["--batch_scale", "0"], "--batch_scale"),
     ("decoding_bound", ["--threads", "0"], "--threads"),
     ("decoding_bound", ["--bandwidth_mb", "0"], "--bandwidth_mb"),
