@@ -84,12 +84,13 @@ def zero_padding(x, attention_mask):
 
 
 class FeedForward(nn.Module):
-    """Position-wise feed-forward: fc2(dropout(act(fc1(x))))."""
+    """Position-wise feed-forward: fc2(dropout(act(fc1(x)))). initialise: how `_init_weights` initialises fc1 and
+    fc2 (`initialised_linear`; None: as every Linear)."""
 
-    def __init__(self, d_model, ffn_dim, activation, activation_dropout):
+    def __init__(self, d_model, ffn_dim, activation, activation_dropout, initialise=None):
         super().__init__()
-        self.fc1 = nn.Linear(d_model, ffn_dim)
-        self.fc2 = nn.Linear(ffn_dim, d_model)
+        self.fc1 = initialised_linear(d_model, ffn_dim, initialise)
+        self.fc2 = initialised_linear(ffn_dim, d_model, initialise)
         self.act = ACT2FN[activation]
         self.activation_dropout = activation_dropout
 
@@ -128,10 +129,11 @@ def attention_input_linear_(linear, config=None):
 
 def initialised_linear(in_features, out_features, initialise):
     """nn.Linear(in_features, out_features) that `_init_weights` initialises with `initialise(linear, config)`
-    instead of xavier-uniform with a zero bias. It stays a plain nn.Linear (`initialise` is an attribute), so that
-    tools matching modules by their exact type, such as torch's `quantize_dynamic`, reach it."""
+    instead of xavier-uniform with a zero bias (None: that default). It stays a plain nn.Linear (`initialise` is an
+    attribute), so that tools matching modules by their exact type, such as torch's `quantize_dynamic`, reach it."""
     linear = nn.Linear(in_features, out_features)
-    linear.initialise = initialise
+    if initialise is not None:
+        linear.initialise = initialise
     return linear
 
 

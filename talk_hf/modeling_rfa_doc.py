@@ -193,24 +193,16 @@ def _cache_source(cache, source):
         cache.write_recurrent_state(source, handed_over=True)  # computed for the cache alone
 
 
-class TransformerFeedForward(FeedForward):
-    """The feed-forward layer of fairseq's transformer layers, which keep nn.Linear's own initialisation."""
-
-    def __init__(self, d_model, ffn_dim, activation, activation_dropout):
-        super().__init__(d_model, ffn_dim, activation, activation_dropout)
-        self.fc1.initialise = self.fc2.initialise = torch_default_linear_
-
-
 def _encoder_layer(config):
     mixer = SoftmaxSelfAttention(config.d_model, config.encoder_attention_heads, config.attention_dropout)
-    ffn = TransformerFeedForward(config.d_model, config.encoder_ffn_dim, config.activation_function,
-                                 config.activation_dropout)
+    ffn = FeedForward(config.d_model, config.encoder_ffn_dim, config.activation_function, config.activation_dropout,
+                      initialise=torch_default_linear_)  # fairseq's transformer layers keep nn.Linear's initialisation
     return EncoderLayer(config.d_model, mixer, ffn, config.encoder_normalize_before, config.dropout)
 
 
 def _decoder_layer(config):
-    ffn = TransformerFeedForward(config.d_model, config.decoder_ffn_dim, config.activation_function,
-                                 config.activation_dropout)
+    ffn = FeedForward(config.d_model, config.decoder_ffn_dim, config.activation_function, config.activation_dropout,
+                      initialise=torch_default_linear_)
     return DecoderLayer(
         config.d_model, RfaCausalAttention(config), RfaCrossAttention(config), ffn,
         config.decoder_normalize_before, config.dropout,
