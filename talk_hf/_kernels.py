@@ -122,20 +122,6 @@ _BACKWARDS = {
 }
 
 
-def _refuse_second_order(name, public, reference):
-    """Give the backward op `name` a derivative that raises: the kernels compute first-order gradients only, and an
-    op without a derivative would otherwise contribute silent zeros to a second-order gradient (create_graph=True)."""
-
-    def backward(ctx, *grads):
-        raise RuntimeError(
-            f"talk_hf::{name}: the compiled kernels of {public} have no second-order gradients (double backward "
-            f"through their backward); use {reference}, or set TALK_HF_FORCE_REFERENCE=1, for higher-order "
-            "gradients"
-        )
-
-    torch.library.register_autograd(f"talk_hf::{name}", backward)
-
-
 # The inference-only ops (kernels without a backward) and the public functions that run a differentiable form
 # in their place when gradients are needed.
 _INFERENCE_ONLY = {
@@ -145,16 +131,13 @@ _INFERENCE_ONLY = {
 }
 
 
-def _refuse_backward(name, public):
-    """Give the inference-only op `name` a derivative that raises. The public functions call it only when no gradient
-    is needed; called directly on inputs that require grad (as a graph exported or traced under torch.no_grad calls
-    it), an op without a derivative would pass no gradient to them, with only a deprecation warning."""
+def _refuse_derivative(name, message):
+    """Give the op `name` a derivative that raises `message`: an op without one would pass no gradient through it,
+    silently (a backward op's to a second-order gradient, create_graph=True; an inference-only op's to the inputs of
+    a graph exported or traced under torch.no_grad, which calls it directly)."""
 
     def backward(ctx, *grads):
-        raise RuntimeError(
-            f"talk_hf::{name} is an inference-only kernel without a backward: call {public} (which picks the "
-            "differentiable form when gradients are needed), or export/trace the model with gradients enabled"
-        )
+        raise RuntimeError(message)
 
     torch.library.register_autograd(f"talk_hf::{name}", backward)
 
@@ -163,9 +146,13 @@ def _register():
     ops = torch.ops.talk_hf
     _register_fakes()
     for name, (public, reference) in _BACKWARDS.items():
-        _refuse_second_order(name, public, reference)
+        _refuse_derivative(name, f"talk_hf::{name}: the compiled kernels of {public} have no second-order gradients "
+                                 f"(double backward through their backward); use {reference}, or set "
+                                 "TALK_HF_FORCE_REFERENCE=1, for higher-order gradients")
     for name, public in _INFERENCE_ONLY.items():
-        _refuse_backward(name, public)
+        _refuse_derivative(name, f"talk_hf::{name} is an inference-only kernel without a backward: call {public} "
+                                 "(which picks the differentiable form when gradients are needed), or export/trace "
+                                 "the model with gradients enabled")
 
     def talk_setup(ctx, inputs, output):
         x, offset_left, offset_right, ctx.max_left, ctx.max_right = inputs
