@@ -40,6 +40,15 @@ def load_prepared(data_dir, split):
     return load_from_disk(str(path))
 
 
+def first_rows(dataset, limit):
+    """The first `limit` rows of a Dataset or a dict of columns; all of it for 0."""
+    if not limit:
+        return dataset
+    if hasattr(dataset, "select"):
+        return dataset.select(range(min(limit, len(dataset))))
+    return {k: v[:limit] for k, v in dataset.items()}
+
+
 def evaluate_translation(model, tokenizer, dataset, num_beams=4, length_penalty=1.0, max_new_tokens=128,
                          document_level=False, limit=0, document_decoding="sliding"):
     """sacreBLEU and chrF of the model on a prepared split -> dict(bleu, signature, chrf, chrf_signature, sentences,
@@ -54,9 +63,7 @@ def evaluate_translation(model, tokenizer, dataset, num_beams=4, length_penalty=
     whole documents (metrics/document_bleu); a blank sentence's translation is "" (`translate_documents`). The
     model is put in eval mode (no dropout; RFA-doc's fixed random features)."""
     model.eval()
-    if limit:
-        dataset = dataset.select(range(min(limit, len(dataset)))) if hasattr(dataset, "select") else {
-            k: v[:limit] for k, v in dataset.items()}
+    dataset = first_rows(dataset, limit)
     generation = dict(num_beams=num_beams, length_penalty=length_penalty, max_new_tokens=max_new_tokens)
     if document_level:
         return _evaluate_documents(model, tokenizer, dataset, document_decoding, generation)
@@ -265,9 +272,8 @@ def train_run(data_dir, kind, train_config, preset=None, config_file=None, overr
     elif not is_seq2seq:
         results["valid_ppl"] = final["valid_ppl"]
         if test_split:
-            scored = test.select(range(test_limit)) if 0 < test_limit < len(test) else test
-            loss, tokens = validation_loss(model, scored, trainer.collator, train_config.max_tokens,
-                                           trainer.accelerator)
+            loss, tokens = validation_loss(model, first_rows(test, test_limit), trainer.collator,
+                                           train_config.max_tokens, trainer.accelerator)
             results.update({"test_loss": loss, "test_ppl": perplexity(loss), "test_tokens": tokens,
                             **scored_split(test_split, test_limit, len(test))})
     folder = trainer.save_model()
