@@ -128,7 +128,8 @@ def _translate_sliding(model, tokenizer, documents, present, window, batch_size,
     separator = _separator_id(model, tokenizer, sep_token) if window > 1 else None
     stops = _stop_ids(model, separator)
     start = _decoder_start(model, generate_kwargs)
-    given = _setting(generate_kwargs, "max_new_tokens", generate_kwargs.get("generation_config"))  # None: configured
+    # None: the configured limit
+    given = generation_setting(generate_kwargs, "max_new_tokens", generate_kwargs.get("generation_config"))
     forced_eos = _forced_eos_ids(model, generate_kwargs)
     generate_kwargs, new_tokens = _per_sentence(model, generate_kwargs, len(start), eos_token_id=sorted(stops))
     # a limit taken from the generation config (Marian's max_length is its 512 positions) is cut to the positions a
@@ -368,8 +369,9 @@ def _decoder_start(model, generate_kwargs):
     force it at the first step only, which a window's decoder input has passed). Each is taken as given (an
     argument), else from the generation config passed, else from the model's (the start token: else its config)."""
     passed = generate_kwargs.get("generation_config")
-    start = _setting(generate_kwargs, "decoder_start_token_id", passed, model.generation_config, model.config)
-    bos = _setting(generate_kwargs, "forced_bos_token_id", passed, model.generation_config)
+    start = generation_setting(generate_kwargs, "decoder_start_token_id", passed, model.generation_config,
+                               model.config)
+    bos = generation_setting(generate_kwargs, "forced_bos_token_id", passed, model.generation_config)
     for name, token in (("decoder_start_token_id", start), ("forced_bos_token_id", bos)):
         if token is not None and (isinstance(token, bool) or not isinstance(token, int)):
             raise ValueError(f"{name} must be one token id (an int), got {token!r}")
@@ -378,7 +380,7 @@ def _decoder_start(model, generate_kwargs):
     return [start] + ([bos] if bos is not None else [])
 
 
-def _setting(generate_kwargs, name, *configs):
+def generation_setting(generate_kwargs, name, *configs):
     """A generation setting as generate() takes it: given as an argument (None included), else from the first of
     `configs` (None ones skipped) that sets it (not None), else None."""
     if name in generate_kwargs:
@@ -390,8 +392,8 @@ def _forced_eos_ids(model, generate_kwargs):
     """The ids generate() forces in a sentence's last allowed position (`forced_eos_token_id`: given, else in the
     generation config passed, else in the model's; Hub Marian and BART configs set their end of sequence) -> a set,
     empty when none is forced."""
-    forced = _setting(generate_kwargs, "forced_eos_token_id", generate_kwargs.get("generation_config"),
-                      model.generation_config)
+    forced = generation_setting(generate_kwargs, "forced_eos_token_id", generate_kwargs.get("generation_config"),
+                                model.generation_config)
     if forced is None:
         return set()
     return set(forced if isinstance(forced, (list, tuple)) else [forced])
@@ -402,12 +404,11 @@ def _separator_id(model, tokenizer, sep_token, streaming=False):
     history, whatever the window); a model with a sentential gate (RFA-doc's) must gate at it (its config's
     sep_token_id), or the gate would never fire between the sentences."""
     separator = token_id(tokenizer, sep_token)
-    if separator is None and streaming:
-        raise ValueError(f"the tokenizer has no {sep_token!r} token, which streaming puts after every sentence of "
-                         "the decoder's history, whatever the window: use a tokenizer (and model) trained with it")
     if separator is None:
-        raise ValueError(f"the tokenizer has no {sep_token!r} token, which joins the sentences of a window; "
-                         "use window=1 or a tokenizer (and model) trained with it")
+        use = ("streaming puts after every sentence of the decoder's history, whatever the window: use" if streaming
+               else "joins the sentences of a window; use window=1 or")
+        raise ValueError(f"the tokenizer has no {sep_token!r} token, which {use} a tokenizer (and model) trained "
+                         "with it")
     config = model.config
     if getattr(config, "sentential_gate", "none") != "none" and config.sep_token_id != separator:
         raise ValueError(f"the model's sentential gate gates at sep_token_id={config.sep_token_id}, but the windows "
@@ -444,7 +445,7 @@ def _kept(new_ids, stops, pad=None):
     return kept
 
 
-class _SentenceMinimumFilter(logging.Filter):
+class _QuietRepeatedMessages(logging.Filter):
     """Drops generate()'s "Both `min_new_tokens` and `min_length` seem to have been set" message, and its message
     about a generation config passed with cache_implementation beside it (see `_generate`)."""
 
@@ -461,7 +462,7 @@ def _generate(model, **kwargs):
     sentence's min_new_tokens, so it would come once per window and report nothing the caller did. Nor its
     message about generation arguments beside a generation config when the argument is cache_implementation=None,
     which streaming passes beside one (`translate_document_streaming`)."""
-    logger, quiet = logging.getLogger("transformers.generation.utils"), _SentenceMinimumFilter()
+    logger, quiet = logging.getLogger("transformers.generation.utils"), _QuietRepeatedMessages()
     logger.addFilter(quiet)
     try:
         return model.generate(**kwargs)
@@ -508,9 +509,9 @@ def translate_document_streaming(model, tokenizer, document, window=4, sep_token
     _check_generation(window, 1, generate_kwargs)
     _warn_if_training(model)
     passed = generate_kwargs.get("generation_config")
-    if (_setting(generate_kwargs, "num_beams", passed) or 1) != 1:
+    if (generation_setting(generate_kwargs, "num_beams", passed) or 1) != 1:
         raise ValueError("streaming carries one decoder state from sentence to sentence: num_beams must be 1")
-    use_cache = _setting(generate_kwargs, "use_cache", passed)
+    use_cache = generation_setting(generate_kwargs, "use_cache", passed)
     if use_cache is not None and not use_cache:
         raise ValueError("streaming carries the decoder state from sentence to sentence in generate()'s cache: "
                          f"use_cache must be True, got {use_cache!r}")
@@ -524,7 +525,7 @@ def translate_document_streaming(model, tokenizer, document, window=4, sep_token
     separator = _separator_id(model, tokenizer, sep_token, streaming=True)
     stops = _stop_ids(model, separator)
     tokens = _decoder_start(model, generate_kwargs)
-    implementation = _setting(generate_kwargs, "cache_implementation", passed, model.generation_config)
+    implementation = generation_setting(generate_kwargs, "cache_implementation", passed, model.generation_config)
     generate_kwargs, _ = _per_sentence(model, generate_kwargs, len(tokens), num_beams=1, use_cache=True,
                                        eos_token_id=sorted(stops), return_dict_in_generate=True)
     # generate() takes a cache or a cache implementation, not both: the sentences after the first continue the

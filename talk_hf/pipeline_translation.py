@@ -24,6 +24,7 @@ from transformers.utils import ModelOutput
 
 from .document_translation import (
     document_sentences,
+    generation_setting,
     position_limits,
     translate_document,
     translate_document_streaming,
@@ -146,18 +147,11 @@ class Text2TextPipeline(Pipeline):
         generate_kwargs = self._with_task_settings(generate_kwargs)
         output = self.model.generate(**model_inputs, **generate_kwargs)
         inputs = model_inputs["input_ids"].shape[0]
-        num_beams = self._generation_setting("num_beams", generate_kwargs) or 1
-        ends = self._generation_setting("eos_token_id", generate_kwargs)
-        pad = self._generation_setting("pad_token_id", generate_kwargs)
-        return own_outputs(output, inputs, self._prompt_length(model_inputs, generate_kwargs), num_beams, ends, pad)
-
-    def _generation_setting(self, name, generate_kwargs):
-        """A generation setting as generate() reads it: the argument, else the generation config passed, else the
-        model's (which fills what the one passed leaves unset)."""
-        if name in generate_kwargs:
-            return generate_kwargs[name]
         configs = (generate_kwargs.get("generation_config"), self.model.generation_config)
-        return next((getattr(c, name) for c in configs if c is not None and getattr(c, name, None) is not None), None)
+        num_beams, ends, pad = (generation_setting(generate_kwargs, name, *configs)
+                                for name in ("num_beams", "eos_token_id", "pad_token_id"))
+        prompt = self._prompt_length(model_inputs, generate_kwargs)
+        return own_outputs(output, inputs, prompt, num_beams or 1, ends, pad)
 
     def _prompt_length(self, model_inputs, generate_kwargs):
         """The ids a generated sequence begins with, not generated: the decoder input (the start token, or the
@@ -217,19 +211,16 @@ def own_outputs(output, inputs, prompt, num_beams, ends, pad=None):
     (generate()'s mark of a step past its end), otherwise `generated_lengths` (up to its first end-of-sequence id
     of `ends`, an id or a list, the padding after it left out; `pad`: the padding id). prompt: the ids a sequence
     begins with, not generated."""
-    if not isinstance(output, ModelOutput):  # the sequences alone
-        ids = per_input(output, inputs)
-        steps = generated_lengths(ids[..., prompt:], ends, pad).amax(-1).tolist()
-        return {"output_ids": [ids[i, :, : prompt + n] for i, n in enumerate(steps)]}
-    ids = per_input(output.sequences, inputs)
-    beam_indices = output.get("beam_indices")
+    dict_output = isinstance(output, ModelOutput)  # else the sequences alone
+    ids = per_input(output.sequences if dict_output else output, inputs)
+    beam_indices = output.get("beam_indices") if dict_output else None
     if beam_indices is not None:
         steps = (per_input(beam_indices, inputs) >= 0).sum(-1)
     else:
         steps = generated_lengths(ids[..., prompt:], ends, pad)
     steps = steps.amax(-1).tolist()
     own = {"output_ids": [ids[i, :, : prompt + n] for i, n in enumerate(steps)]}
-    for key, (value, axis) in sequence_outputs(output, inputs, num_beams).items():
+    for key, (value, axis) in (sequence_outputs(output, inputs, num_beams) if dict_output else {}).items():
         own[key] = [value[i] if axis is None else value[i].narrow(axis, 0, n) for i, n in enumerate(steps)]
     return own
 
