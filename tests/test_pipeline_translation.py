@@ -7,11 +7,12 @@ import warnings
 
 import pytest
 import torch
-from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList, pipeline
+from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteriaList, pipeline
 
 from talk_hf import SummarizationPipeline, TranslationPipeline
 from talk_hf.tokenization import train_joint_bpe
 from tests.models.tiny import make
+from tests.utils import StopsAtToken
 
 SENTENCES = ["a dog runs in the park .", "it barks at a cat .", "the cat runs away .", "a man sees the dog .",
              "translate English to German : summarize : he calls it home ."]
@@ -380,16 +381,6 @@ def test_a_records_outputs_are_those_of_a_batch_of_one(tokenizer):
         lengths = (beam_indices >= 0).sum(-1)
         scores = torch.stack([r["sequences_scores"] for r in records])
         assert torch.allclose(transition.sum(-1) / lengths, scores, atol=1e-5)
-
-
-class StopsAtToken(StoppingCriteria):
-    """Ends a row of a batch when its last token is `token`, the others going on (generate() pads it)."""
-
-    def __init__(self, token):
-        self.token = token
-
-    def __call__(self, input_ids, scores, **kwargs):
-        return input_ids[:, -1] == self.token
 
 
 def test_a_record_stopped_before_its_batch_leaves_out_the_padding(tokenizer):

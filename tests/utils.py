@@ -1,6 +1,8 @@
-"""Shared test helpers: one tolerance table, a relative-error metric, and random inputs."""
+"""Shared test helpers: one tolerance table, a relative-error metric, random inputs, and a stopping criterion that
+ends the rows of a batch at different steps."""
 
 import torch
+from transformers import StoppingCriteria
 
 # Relative error ||a - b|| / ||b|| allowed between a kernel (or fast path) in `dtype` and a float64 reference run
 # on the same (rounded) inputs.
@@ -63,3 +65,13 @@ def assert_compiled_matches(fn, *inputs):
     torch.testing.assert_close(got, want)
     for a, b in zip(got_grads, want_grads):
         torch.testing.assert_close(a, b)
+
+
+class StopsAtToken(StoppingCriteria):
+    """Ends a row of a batch when its last token is `token`, the others going on (generate() pads it)."""
+
+    def __init__(self, token):
+        self.token = token
+
+    def __call__(self, input_ids, scores, **kwargs):
+        return input_ids[:, -1] == self.token

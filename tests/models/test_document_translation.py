@@ -6,13 +6,14 @@ import warnings
 
 import pytest
 import torch
-from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
+from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteriaList
 
 from talk_hf import ContextShortenedWarning, translate_document, translate_document_streaming, translate_documents
 from talk_hf.document_translation import translate_documents_counted
 from talk_hf.tokenization import SEP_ID, SEP_TOKEN, document_separator, join_sentences, train_joint_bpe
 from talk_hf.training.models import build_model
 from tests.models.tiny import cache_of
+from tests.utils import StopsAtToken
 
 SENTENCES = ["a dog runs in the park .", "it barks at a cat .", "the cat runs away .", "a man sees the dog .",
              "he calls it home .", "the dog comes back ."]
@@ -737,16 +738,6 @@ def test_a_pad_generated_inside_a_sentence_does_not_end_it(kind, tokenizer):
             sentence_level[:1]
         assert translate_document(model, tokenizer, SENTENCES[:3], window=2, **forced) == \
             by_hand(model, tokenizer, SENTENCES[:3], 2, **forced)
-
-
-class StopsAtToken(StoppingCriteria):
-    """Ends a row of a batch when its last token is `token`, the others going on (generate() pads it)."""
-
-    def __init__(self, token):
-        self.token = token
-
-    def __call__(self, input_ids, scores, **kwargs):
-        return input_ids[:, -1] == self.token
 
 
 def test_a_row_stopped_before_the_others_keeps_none_of_the_batchs_padding(tokenizer):
