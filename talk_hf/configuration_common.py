@@ -117,6 +117,10 @@ class TalkHfConfigMixin:
         raises the ValueError as it is; the strict `__init__` then runs this validator again (a few comparisons)."""
         self.check_fields()
 
+    def check_padding_token_id(self):
+        """pad_token_id, which names the embeddings' padding row, lies inside the vocabulary (ValueError naming it)."""
+        check_token_ids(self, "pad_token_id")
+
     def check_layer_lists(self):
         """Each per-layer list (LAYER_LISTS) holds one non-negative int per layer; __post_init__ builds them, but a
         layer count set afterwards (`from_pretrained(path, encoder_layers=3)`, `config.encoder_layers = 3`) needs its

@@ -112,7 +112,8 @@ class DynamicConvConfig(TalkHfConfigMixin, PreTrainedConfig):
         self.decoder_kernel_sizes = per_layer(self.decoder_kernel_sizes, self.decoder_layers, KERNEL_SIZES)
         self.check_fields()
 
-    def check_fields(self):
+    def check_fields(self, token_ids=True):
+        """Each field's value (ValueError naming it); token_ids=False leaves out the special token ids' range."""
         check_positive(self, "vocab_size", "d_model", "conv_dim", "encoder_layers", "decoder_layers", "encoder_ffn_dim",
                        "decoder_ffn_dim", "encoder_conv_heads", "decoder_conv_heads", "decoder_attention_heads")
         check_source_embeddings(self)
@@ -125,7 +126,8 @@ class DynamicConvConfig(TalkHfConfigMixin, PreTrainedConfig):
         check_divisible("d_model", self.d_model, "decoder_attention_heads", self.decoder_attention_heads)
         check_probability(self, "dropout", "attention_dropout", "activation_dropout", "input_dropout", "weight_dropout")
         check_activation(self)
-        check_token_ids(self, "pad_token_id", "bos_token_id", "decoder_start_token_id")
+        if token_ids:
+            check_token_ids(self, "pad_token_id", "bos_token_id", "decoder_start_token_id")
 
 
 @strict(accept_kwargs=True)
@@ -173,7 +175,8 @@ class DynamicConvLMConfig(TalkHfConfigMixin, PreTrainedConfig):
         self.decoder_kernel_sizes = per_layer(self.decoder_kernel_sizes, self.decoder_layers, KERNEL_SIZES)
         self.check_fields()
 
-    def check_fields(self):
+    def check_fields(self, token_ids=True):
+        """Each field's value (ValueError naming it); token_ids=False leaves out the special token ids' range."""
         check_positive(self, "vocab_size", "d_model", "conv_dim", "decoder_layers", "decoder_ffn_dim",
                        "decoder_conv_heads")
         self.check_layer_lists()
@@ -183,7 +186,8 @@ class DynamicConvLMConfig(TalkHfConfigMixin, PreTrainedConfig):
         check_divisible("conv_dim", self.conv_dim, "decoder_conv_heads", self.decoder_conv_heads)
         check_probability(self, "dropout", "activation_dropout", "input_dropout", "weight_dropout", "label_smoothing")
         check_activation(self)
-        check_token_ids(self, "pad_token_id", "bos_token_id")
+        if token_ids:
+            check_token_ids(self, "pad_token_id", "bos_token_id")
 
 
 name_causal_lm(DynamicConvLMConfig.model_type, "DynamicConvForCausalLM")

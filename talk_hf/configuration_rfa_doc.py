@@ -95,7 +95,8 @@ class RfaDocConfig(TalkHfConfigMixin, PreTrainedConfig):
         super().__post_init__(**kwargs)
         self.check_fields()
 
-    def check_fields(self):
+    def check_fields(self, token_ids=True):
+        """Each field's value (ValueError naming it); token_ids=False leaves out the special token ids' range."""
         check_positive(self, "vocab_size", "d_model", "encoder_layers", "decoder_layers", "encoder_ffn_dim",
                        "decoder_ffn_dim", "encoder_attention_heads", "decoder_attention_heads",
                        "causal_num_frequencies", "cross_num_frequencies")
@@ -113,5 +114,6 @@ class RfaDocConfig(TalkHfConfigMixin, PreTrainedConfig):
             raise ValueError(f"random_feature_seed must be an int in [0, 2**63) (a torch.Generator seed), got {seed!r}")
         check_probability(self, "dropout", "attention_dropout", "activation_dropout")
         check_activation(self)
-        check_token_ids(self, "pad_token_id", "bos_token_id", "decoder_start_token_id", "sep_token_id")
+        if token_ids:
+            check_token_ids(self, "pad_token_id", "bos_token_id", "decoder_start_token_id", "sep_token_id")
         check_source_embeddings(self)

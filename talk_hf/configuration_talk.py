@@ -124,7 +124,8 @@ class TalkConfig(TalkHfConfigMixin, PreTrainedConfig):
         self.decoder_max_offsets = per_layer(self.decoder_max_offsets, self.decoder_layers, ENCODER_OFFSETS)
         self.check_fields()
 
-    def check_fields(self):
+    def check_fields(self, token_ids=True):
+        """Each field's value (ValueError naming it); token_ids=False leaves out the special token ids' range."""
         check_positive(self, "vocab_size", "d_model", "conv_dim", "encoder_layers", "decoder_layers", "encoder_ffn_dim",
                        "decoder_ffn_dim", "encoder_heads", "decoder_heads", "decoder_attention_heads")
         self.check_layer_lists()
@@ -133,7 +134,8 @@ class TalkConfig(TalkHfConfigMixin, PreTrainedConfig):
         check_divisible("d_model", self.d_model, "decoder_attention_heads", self.decoder_attention_heads)
         check_probability(self, "dropout", "attention_dropout", "activation_dropout", "input_dropout", "offset_dropout")
         check_activation(self)
-        check_token_ids(self, "pad_token_id", "bos_token_id", "decoder_start_token_id")
+        if token_ids:
+            check_token_ids(self, "pad_token_id", "bos_token_id", "decoder_start_token_id")
         check_source_embeddings(self)
 
 
@@ -190,13 +192,15 @@ class TalkLMConfig(TalkHfConfigMixin, PreTrainedConfig):
         self.decoder_max_offsets = per_layer(self.decoder_max_offsets, self.decoder_layers, ENCODER_OFFSETS)
         self.check_fields()
 
-    def check_fields(self):
+    def check_fields(self, token_ids=True):
+        """Each field's value (ValueError naming it); token_ids=False leaves out the special token ids' range."""
         check_positive(self, "vocab_size", "d_model", "conv_dim", "decoder_layers", "decoder_ffn_dim", "decoder_heads")
         self.check_layer_lists()
         check_divisible("conv_dim", self.conv_dim, "decoder_heads", self.decoder_heads)
         check_probability(self, "dropout", "activation_dropout", "input_dropout", "offset_dropout", "label_smoothing")
         check_activation(self)
-        check_token_ids(self, "pad_token_id", "bos_token_id")
+        if token_ids:
+            check_token_ids(self, "pad_token_id", "bos_token_id")
 
 
 name_causal_lm(TalkLMConfig.model_type, "TalkForCausalLM")

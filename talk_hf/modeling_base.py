@@ -565,7 +565,12 @@ class RecurrentPreTrainedModel(PreTrainedModel):
     accepts_loss_kwargs = True  # the losses take Trainer's num_items_in_batch: accumulation sums over all tokens
 
     def __init__(self, config, *args, **kwargs):
-        config.check_layer_lists()
+        # the config's own checks run when it is built, not when a field is set afterwards (`config.conv_type =
+        # "Dynamic"` would build LightConv layers): a model checks the config it is given, all but the range of the
+        # special token ids other than pad_token_id, the embeddings' padding row (the others are data, read by
+        # generation; a model builds with any, as transformers' models do)
+        config.check_fields(token_ids=False)
+        config.check_padding_token_id()
         super().__init__(config, *args, **kwargs)
 
     def enable_input_require_grads(self):

@@ -706,10 +706,12 @@ BAD_CONFIGS = [
 def test_config_validation_names_the_field(name, overrides, match, tmp_path):
     """Whether the bad value is given to the config, as an override when a saved one is loaded, or set on a built
     config that is then saved: `validate()`, which `save_pretrained` calls before it writes config.json (as for
-    LlamaConfig's head check), refuses it with the ValueError naming the field as the strict error's cause."""
+    LlamaConfig's head check), refuses it with the ValueError naming the field as the strict error's cause. Set on
+    a built config that then builds a model, the model refuses it by the same ValueError (a changed conv_type would
+    otherwise build the other architecture, a changed sentential_gate a model without its gate)."""
     from huggingface_hub.errors import StrictDataclassClassValidationError
 
-    config_class, _, _, kwargs = ALL[name]
+    config_class, _, head_class, kwargs = ALL[name]
     with pytest.raises(ValueError, match=match):
         config_class(**{**kwargs, **overrides})
     config_class(**kwargs).save_pretrained(tmp_path / "good")
@@ -721,6 +723,8 @@ def test_config_validation_names_the_field(name, overrides, match, tmp_path):
         config.save_pretrained(tmp_path / "changed")
     assert isinstance(error.value.__cause__, ValueError)
     assert not (tmp_path / "changed" / "config.json").exists()
+    with pytest.raises(ValueError, match=match):
+        head_class(config)
 
 
 def test_presets():
