@@ -459,7 +459,7 @@ class DecoderStack(nn.Module):
     ):
         """input_ids: (B, T) new tokens (or inputs_embeds (B, T, C)); attention_mask: (B, T_past + T) for
         left-padded prompts, or None; with a cache only its last T columns are read (the cache counts the real tokens
-        before them), so (B, T) will do; encoder states (B, S, C); separators: (B, T) bool sentence-separator
+        before them), so (B, T) will do; without one it is (B, T); encoder states (B, S, C); separators: (B, T) bool sentence-separator
         positions, read from input_ids when given (a decoder with `sep_token_id` needs one of the two)
         -> BaseModelOutputWithPast (B, T, C)."""
         # named as the encoder-decoder models take them (the source's mask is their attention_mask)
@@ -477,6 +477,12 @@ class DecoderStack(nn.Module):
                 )
         use_cache, cache = self._cache_in_use(use_cache, cache)
         cache = decoder_cache(cache, seq2seq) if use_cache else None
+        if cache is None and attention_mask is not None and attention_mask.shape[-1] != length:
+            raise ValueError(
+                f"{name} has {attention_mask.shape[-1]} columns for {length} tokens and there is no cache: columns "
+                f"before the inputs' own belong to tokens a cache holds; pass the inputs' mask, ({ref.shape[0]}, "
+                f"{length})"
+            )
         states, cross_states = self._layer_caches(cache)
         if seq2seq:
             encoder_hidden_states, encoder_attention_mask = shared_sources(

@@ -366,8 +366,9 @@ def test_assisted_decoding_is_refused_for_a_recurrent_state():
 
 @pytest.mark.parametrize("name", ["talk", "rfa_doc", "talk_lm"])
 def test_masks_other_than_padding_masks_are_refused(name):
-    """4D attention masks, a mask of another batch size or length: a clear error naming the argument, never a
-    silently misread mask."""
+    """4D attention masks, a mask of another batch size or length (a decoder mask longer than its inputs without a
+    cache: positions counted from tokens that are not there): a clear error naming the argument, never a silently
+    misread mask."""
     model, inputs = make(name), inputs_for(name)
     mask = inputs["attention_mask"]
     B, L = mask.shape
@@ -379,6 +380,12 @@ def test_masks_other_than_padding_masks_are_refused(name):
     for arg, value in bad:
         with pytest.raises(ValueError, match=f"^{arg} must be a .* padding mask"):
             model(**dict(inputs, **{arg: value}))
+    # a decoder mask longer than its inputs covers tokens before them, which only a cache can hold
+    arg = "decoder_attention_mask" if name in SEQ2SEQ else "attention_mask"
+    target = inputs.get("decoder_input_ids", inputs["input_ids"])
+    longer = torch.cat([torch.ones(B, 3, dtype=torch.long), torch.ones_like(target)], 1)
+    with pytest.raises(ValueError, match=f"^{arg} has {longer.shape[1]} columns for {target.shape[1]} tokens"):
+        model(**dict(inputs, **{arg: longer}), use_cache=False)
     if name in SEQ2SEQ:  # given encoder outputs, the decoder checks the source mask against them
         encoder_outputs = model.get_encoder()(input_ids=inputs["input_ids"], attention_mask=mask)
         with pytest.raises(ValueError, match="^attention_mask must be a .* padding mask"):
