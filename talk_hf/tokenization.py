@@ -68,6 +68,8 @@ def _train_backend(texts: Iterable[str], vocab_size: int, lowercase: bool, min_f
     ids = [backend.token_to_id(t) for t in SPECIAL_TOKENS]
     if ids != list(range(len(SPECIAL_TOKENS))):
         raise RuntimeError(f"special tokens got ids {ids}, expected 0..{len(SPECIAL_TOKENS) - 1}")
+    if backend.get_vocab_size() == len(SPECIAL_TOKENS):
+        raise ValueError("the tokenizer learned no token: texts held no text (every input would encode to <unk>)")
     return backend
 
 
@@ -102,7 +104,8 @@ def train_joint_bpe(
         sequence at most ``L`` long including the appended ``</s>``.
 
     Raises:
-        ValueError: ``vocab_size`` is not an int >= ``MIN_VOCAB_SIZE``.
+        TypeError: ``texts`` is one ``str``.
+        ValueError: ``vocab_size`` is not an int >= ``MIN_VOCAB_SIZE``, or ``texts`` held no text.
 
     Note:
         After ``AutoTokenizer.from_pretrained`` the ``add_bos_token``/``add_eos_token`` attributes read False
@@ -110,6 +113,9 @@ def train_joint_bpe(
         loaded tokenizer: the setter rebuilds the template from both flags, e.g. ``tok.add_bos_token = True`` on a
         reloaded translation tokenizer silently stops appending ``</s>``.
     """
+    if isinstance(texts, str):
+        raise TypeError("texts must be an iterable of sentences, not one str (iterated, a str gives its characters); "
+                        "pass text.splitlines() for one sentence per line")
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < MIN_VOCAB_SIZE:
         raise ValueError(f"vocab_size must be an int >= {MIN_VOCAB_SIZE} (the {len(SPECIAL_TOKENS)} special tokens "
                          f"and at least one more), got {vocab_size!r}")

@@ -68,6 +68,16 @@ def test_special_token_ids(mt_tok, lm_tok):
     assert mt_tok.model_max_length == 256 and lm_tok.model_max_length == 1024
 
 
+def test_a_single_string_or_an_empty_corpus_is_refused():
+    """One string is not a corpus (iterated, it is its characters: no merge could span two of them), and a corpus
+    without text learns no token, so every text would encode to <unk>."""
+    with pytest.raises(TypeError, match="texts must be an iterable of sentences, not one str"):
+        train_joint_bpe("Ein Hund rennt.\nZwei Männer spielen.", VOCAB)
+    for corpus in ([], ["", "   "]):
+        with pytest.raises(ValueError, match="learned no token: texts held no text"):
+            train_joint_bpe(corpus, VOCAB)
+
+
 def test_unknown_character_maps_to_unk(mt_tok):
     assert "Ω" not in "".join(joint_texts(read_pairs()))
     assert 3 in plain_ids(mt_tok, "Ein Ω")
