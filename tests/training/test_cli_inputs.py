@@ -220,6 +220,24 @@ def test_average_checkpoints_needs_at_least_one(last, tmp_path, capsys):
     assert exit_info.value.code == 2 and f"--last must be >= 1, got {last}" in capsys.readouterr().err
 
 
+# ------------------------------------------------------------------------------------------ convert_fairseq_checkpoint.py
+
+
+def test_convert_refuses_a_missing_checkpoint_and_a_used_folder_by_name(tmp_path, capsys):
+    """The converter's refusals reach the command line as its usage error (exit 2), not as a traceback."""
+    convert = script("convert_fairseq_checkpoint")
+    with pytest.raises(SystemExit) as exit_info:
+        convert.main([str(tmp_path / "release"), str(tmp_path / "out")])
+    assert exit_info.value.code == 2 and f"no fairseq checkpoint at {tmp_path / 'release'}" in capsys.readouterr().err
+    (tmp_path / "release").mkdir()
+    (tmp_path / "release" / "model.pt").write_bytes(b"")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "config.json").write_text("{}")
+    with pytest.raises(SystemExit) as exit_info:
+        convert.main([str(tmp_path / "release"), str(tmp_path / "out")])
+    assert exit_info.value.code == 2 and "exists and is not empty" in capsys.readouterr().err
+
+
 # ------------------------------------------------------------------------------------------ evaluate_model.py
 
 
