@@ -107,10 +107,16 @@ def _dropconnect_factors(seed, shape, p, dtype):
 
 
 def _expand_weight(weight, x):
-    """(H, K) LightConv kernels broadcast to the DynamicConv layout (B, T, H, K) without copying."""
-    if weight.dim() == 2:
-        return weight.expand(x.shape[0], x.shape[1], *weight.shape)
-    return weight
+    """(H, K) LightConv kernels broadcast to the DynamicConv layout (B, T, H, K) without copying, with strides 0 over
+    B and T: the kernels read such a weight as its one (H, K) kernel, with one DropConnect mask (csrc/checks.h
+    conv_weight). expand() keeps the stride of a dimension of size 1, so one row or one position (a decoding step)
+    takes an as_strided view."""
+    if weight.dim() != 2:
+        return weight
+    shape = (x.shape[0], x.shape[1], *weight.shape)
+    if x.shape[0] > 1 and x.shape[1] > 1:
+        return weight.expand(shape)
+    return weight.contiguous().as_strided(shape, (0, 0, weight.shape[1], 1))
 
 
 def dynamic_conv_ref(x, weight, padding_left, softmax=False, weight_dropout=0.0, seed=None):

@@ -450,10 +450,11 @@ def test_dropconnect_mask_statistics():
 @pytest.mark.parametrize("weight_dropout", [0.3, 1.0])
 @SOFTMAX
 @pytest.mark.parametrize("light", [False, True], ids=["dynamic", "light"])
-@pytest.mark.parametrize("B,T,C,H,K,P", [CASES[0], CASES[3], CASES[9]])
+@pytest.mark.parametrize("B,T,C,H,K,P", [CASES[0], CASES[3], CASES[9], pytest.param(4, 1, 4, 2, 5, 4, id="T1-B4")])
 def test_dropconnect_matches_naive_loop(B, T, C, H, K, P, light, softmax, weight_dropout):
     """Taps = the normalised kernel times keep / (1 - p) (0 for p = 1), the mask of the given (H, K) or (B, T, H, K)
-    shape: one mask for every position of a LightConv kernel. Kernel and reference draw the same mask."""
+    shape: one mask for every position of a LightConv kernel, also for one position in several rows (where
+    expand() keeps the stride of T). Kernel and reference draw the same mask."""
     g = torch.Generator().manual_seed(T * 5 + K)
     x = torch.randn(B, T, C, dtype=torch.float64, generator=g)
     shape = (H, K) if light else (B, T, H, K)
