@@ -15,6 +15,7 @@ A cross-attention module is called as cross(x, encoder_hidden_states, encoder_at
 layer's RecurrentLayer on the cross-attention side of the EncoderDecoderCache.
 """
 
+import inspect
 import math
 
 import torch
@@ -825,6 +826,23 @@ class RecurrentLMHead(RecurrentPreTrainedModel, GenerationMixin):
 
     def set_input_embeddings(self, value):
         self.model.set_input_embeddings(value)
+
+    def prepare_inputs_for_generation(self, input_ids, next_sequence_length=None, **kwargs):
+        """transformers' own, refusing a cache that holds every token of the prompt (`model(prompt)` cached, then
+        `generate(prompt, cache=...)`): generate() has no new token to feed then, and it feeds the whole prompt
+        (`input_ids[:, -0:]`), which a recurrent state would read a second time."""
+        if next_sequence_length is not None and next_sequence_length <= 0:
+            length = (kwargs["inputs_embeds"] if kwargs.get("inputs_embeds") is not None else input_ids).shape[1]
+            raise ValueError(
+                f"the cache holds {length - next_sequence_length} tokens and the prompt has {length}: no prompt token "
+                "is left for generation to read next; cache the prompt without its last token (model(prompt[:, :-1], "
+                "use_cache=True)), or give generate() tokens after the cached ones"
+            )
+        return super().prepare_inputs_for_generation(input_ids, next_sequence_length=next_sequence_length, **kwargs)
+
+    # generate() accepts the keyword arguments this method's signature names (the cache's name among them, which
+    # differs between transformers releases): it names those of the method it extends
+    prepare_inputs_for_generation.__signature__ = inspect.signature(GenerationMixin.prepare_inputs_for_generation)
 
     def save_pretrained(self, save_directory, *args, **kwargs):
         """transformers' save_pretrained; a folder that carries its code (`_auto_class` set) also names the base

@@ -224,6 +224,31 @@ def test_seq2seq_generation_continues_from_a_returned_cache(name):
 
 
 @pytest.mark.parametrize("name", FAMILIES)
+def test_a_cache_that_holds_the_whole_prompt_is_refused_by_generate(name):
+    """A prompt cached whole (`model(prompt)`) and then given to generate() with that prompt leaves generate() no
+    token to feed, and it feeds the whole prompt again, which a recurrent state would read twice: refused, naming
+    the remedy (cache all but the prompt's last token), which then generates as without a cache."""
+    model = make(name)
+    prompt = target_batch(length=5, with_separators=False)
+    inputs = {}
+    if name in SEQ2SEQ:
+        prompt[:, 0] = model.config.decoder_start_token_id
+        src, mask = source_batch(batch=prompt.shape[0])
+        inputs = dict(input_ids=src, attention_mask=mask)
+    key = "decoder_input_ids" if name in SEQ2SEQ else "input_ids"
+    mask_key = "decoder_attention_mask" if name in SEQ2SEQ else "attention_mask"
+    settings = dict(inputs, **{mask_key: torch.ones_like(prompt)}, do_sample=False, max_new_tokens=3,
+                    min_new_tokens=3)
+    with torch.no_grad():
+        whole = cache_of(model(**inputs, **{key: prompt}, use_cache=True))
+        with pytest.raises(ValueError, match="the cache holds 5 tokens and the prompt has 5: no prompt token is left"):
+            model.generate(**{key: prompt, CACHE_NAME: whole}, **settings)
+        all_but_last = cache_of(model(**inputs, **{key: prompt[:, :-1]}, use_cache=True))
+        cached = model.generate(**{key: prompt, CACHE_NAME: all_but_last}, **settings)
+    assert torch.equal(cached, model.generate(**{key: prompt}, **settings))
+
+
+@pytest.mark.parametrize("name", FAMILIES)
 def test_dict_generation_outputs_with_scores_and_cache(name):
     model = make(name)
     inputs = inputs_for(name)
