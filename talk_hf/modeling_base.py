@@ -460,9 +460,9 @@ class DecoderStack(nn.Module):
     ):
         """input_ids: (B, T) new tokens (or inputs_embeds (B, T, C)); attention_mask: (B, T_past + T) for
         left-padded prompts, or None; with a cache only its last T columns are read (the cache counts the real tokens
-        before them), so (B, T) will do; without one it is (B, T); encoder states (B, S, C); separators: (B, T) bool sentence-separator
-        positions, read from input_ids when given (a decoder with `sep_token_id` needs one of the two)
-        -> BaseModelOutputWithPast (B, T, C)."""
+        before them), so (B, T) will do, and without one it is (B, T); encoder states (B, S, C); separators: (B, T)
+        bool sentence-separator positions, read from input_ids when given (a decoder with `sep_token_id` needs one of
+        the two) -> BaseModelOutputWithPast (B, T, C)."""
         # named as the encoder-decoder models take them (the source's mask is their attention_mask)
         seq2seq = encoder_hidden_states is not None
         ref = _check_inputs(input_ids, inputs_embeds, "decoder_" if seq2seq else "")

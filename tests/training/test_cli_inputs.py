@@ -220,7 +220,7 @@ def test_average_checkpoints_needs_at_least_one(last, tmp_path, capsys):
     assert exit_info.value.code == 2 and f"--last must be >= 1, got {last}" in capsys.readouterr().err
 
 
-# ------------------------------------------------------------------------------------------ convert_fairseq_checkpoint.py
+# ------------------------------------------------------------------------------- convert_fairseq_checkpoint.py
 
 
 def test_convert_refuses_a_missing_checkpoint_and_a_used_folder_by_name(tmp_path, capsys):
