@@ -259,13 +259,14 @@ class DecoderLayer(GradientCheckpointingLayer):
 # Stacks
 
 
-def shared_sources(cross_caches, encoder_hidden_states, encoder_attention_mask):
+def shared_sources(cross_caches, encoder_hidden_states, encoder_attention_mask, hooked=lambda: False):
     """The distinct sources of a decoding batch: generate() repeats each source once per beam (and per returned
     sequence), and the cross-attention of those rows is one source's, so it is prepared once per source and each
     step reads it once for all of that source's rows, as a row of k queries (beam 4: a quarter of the source
     states read per step). Found when the cross-attention side of the cache is first filled, from rows that are equal
-    (`rows_per_source`), and kept in each layer's cache (`RecurrentLayer.rows_per_source`); without a cache, or when
-    the encoder states need gradients, every row keeps its own.
+    (`rows_per_source`), and kept in each layer's cache (`RecurrentLayer.rows_per_source`); without a cache, when
+    the encoder states need gradients, or when `hooked()` (a hook sits on a cross-attention module, which can make
+    it a function of the row: peft's per-row adapters, `generate(adapter_names=...)`), every row keeps its own.
 
     cross_caches: the layers' cross-attention RecurrentLayers (Nones without a cache); encoder_hidden_states:
     (B, S, C); encoder_attention_mask: (B, S) or None -> the states (B / k, S, C) and mask (B / k, S) of every k-th
@@ -276,8 +277,8 @@ def shared_sources(cross_caches, encoder_hidden_states, encoder_attention_mask):
     if cross_caches[0] is None:
         return encoder_hidden_states, encoder_attention_mask
     if not cross_caches[0].has_source():
-        rows = (1 if needs_grad(encoder_hidden_states) or torch.compiler.is_exporting() else
-                rows_per_source(encoder_hidden_states, encoder_attention_mask))
+        own_rows = needs_grad(encoder_hidden_states) or torch.compiler.is_exporting() or hooked()
+        rows = 1 if own_rows else rows_per_source(encoder_hidden_states, encoder_attention_mask)
         for layer_cache in cross_caches:
             layer_cache.rows_per_source = rows
     rows = cross_caches[0].rows_per_source
@@ -444,6 +445,12 @@ class DecoderStack(nn.Module):
     def embed_tokens(self):
         return self.embed.embed_tokens
 
+    def _cross_attention_hooked(self):
+        """Whether a forward hook or pre-hook sits on a cross-attention module or a module inside one."""
+        return any(module._forward_pre_hooks or module._forward_hooks
+                   for layer in self.layers if layer.cross_attention is not None
+                   for module in layer.cross_attention.modules())
+
     def forward(
         self,
         input_ids=None,
@@ -487,7 +494,7 @@ class DecoderStack(nn.Module):
         states, cross_states = self._layer_caches(cache)
         if seq2seq:
             encoder_hidden_states, encoder_attention_mask = shared_sources(
-                cross_states, encoder_hidden_states, encoder_attention_mask
+                cross_states, encoder_hidden_states, encoder_attention_mask, self._cross_attention_hooked
             )
         mask = attention_mask[:, -length:] if attention_mask is not None else None
         if cache is not None:

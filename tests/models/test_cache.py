@@ -492,6 +492,28 @@ def test_beam_search_prepares_each_source_once_for_all_its_beams(name, monkeypat
     torch.testing.assert_close(shared.sequences_scores, own.sequences_scores, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("name", ["talk", "dynamic_conv", "rfa_doc"])
+def test_a_hooked_cross_attention_reads_every_row_of_its_own(name):
+    """A hook on a cross-attention module can make it a function of the row (peft's per-row adapters,
+    `generate(adapter_names=...)`, pass one adapter name per row to hooks on its Linear layers): its beams then keep
+    their own copies of the source, and every layer inside sees all the batch's rows."""
+    model = make(name)
+    src, mask = source_batch()
+    kwargs = dict(input_ids=src, attention_mask=mask, num_beams=2, max_new_tokens=4, min_new_tokens=4,
+                  return_dict_in_generate=True, output_scores=True)
+    shared = model.generate(**kwargs)
+    rows = []
+    for layer in model.model.decoder.layers:
+        for module in layer.cross_attention.modules():
+            if isinstance(module, torch.nn.Linear):
+                module.register_forward_pre_hook(lambda module, args: rows.append(args[0].shape[0]))
+    hooked = model.generate(**kwargs)
+    assert rows and set(rows) == {2 * src.shape[0]}
+    assert cache_of(hooked).cross_attention_cache.layers[0].rows_per_source == 1
+    assert torch.equal(shared.sequences, hooked.sequences)
+    torch.testing.assert_close(shared.sequences_scores, hooked.sequences_scores, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("name", ["talk", "rfa_doc"])
 def test_rearranging_a_cache_with_shared_sources_gives_each_row_its_source(name):
     """A batch rearrangement of the whole cache (EncoderDecoderCache.reorder_cache, batch_select_indices) first
