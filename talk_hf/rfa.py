@@ -51,8 +51,10 @@ def _check_feature_args(x, projection, tau):
     if projection.shape[0] != x.shape[2] or projection.shape[2] != x.shape[3]:
         raise ValueError(f"projection must be (H, D, d) = ({x.shape[2]}, D, {x.shape[3]}), "
                          f"got {tuple(projection.shape)}")
-    if tau is not None and tau.shape != (x.shape[2],):
-        raise ValueError(f"tau must have shape ({x.shape[2]},), got {tuple(tau.shape)}")
+    if tau is not None:
+        check_float_tensor("tau", tau, 1)
+        if tau.shape != (x.shape[2],):
+            raise ValueError(f"tau must have shape ({x.shape[2]},), got {tuple(tau.shape)}")
     for name, t in (("projection", projection), ("tau", tau)):
         if t is not None and t.device != x.device:
             raise ValueError(f"{name} is on {t.device} but x is on {x.device}")

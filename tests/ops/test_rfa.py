@@ -712,6 +712,7 @@ BAD_INPUTS = [
     (lambda q, v: ops.rfa_causal(q, q, v, chunk_size=0), ValueError, "chunk_size must be >= 1"),
     (lambda q, v: ops.rfa_feature_map(v, torch.randn(2, 4, 5)), ValueError, "projection must be"),
     (lambda q, v: ops.rfa_feature_map(v, torch.randn(2, 4, 4), torch.ones(3)), ValueError, "tau must have shape"),
+    (lambda q, v: ops.rfa_feature_map(v, torch.randn(2, 4, 4), 2.0), TypeError, "tau must be a torch.Tensor"),
     (lambda q, v: ops.rfa_cross(q, torch.zeros(2, 2, 7, 5)), ValueError, "state must be"),
     (lambda q, v: ops.rfa_cross(q, (torch.zeros(2, 2, 8, 3), torch.zeros(2, 2, 4, 5))), ValueError, "source keys"),
 ]
