@@ -873,6 +873,16 @@ class RecurrentSeq2SeqLM(RecurrentLMHead):
     def prepare_decoder_input_ids_from_labels(self, labels):
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
 
+    def generate(self, *args, **kwargs):
+        """transformers' generate(), refusing chunked prefill (`prefill_chunk_size`): transformers' chunks cut
+        `attention_mask`, here the source's mask, to the decoder's length, and leave `decoder_attention_mask` whole,
+        which the decoder would read at the wrong columns."""
+        config = kwargs.get("generation_config", args[1] if len(args) > 1 else None) or self.generation_config
+        if kwargs.get("prefill_chunk_size", getattr(config, "prefill_chunk_size", None)) is not None:
+            raise ValueError("prefill_chunk_size (chunked prefill) is for decoder-only models: transformers cuts the "
+                             "source's attention_mask to each chunk of the decoder prompt; prefill in one piece")
+        return super().generate(*args, **kwargs)
+
     def _reorder_cache(self, cache, beam_idx):
         """Beam search reorders the decoder's own state only. Beams move among the hypotheses of one source, and
         generate() repeats each source's encoder output once per beam, so the cross-attention side holds one row per

@@ -8,7 +8,7 @@ import importlib.util
 
 import pytest
 import torch
-from transformers import DynamicCache, EncoderDecoderCache, StaticCache
+from transformers import DynamicCache, EncoderDecoderCache, GenerationConfig, StaticCache
 from transformers.cache_utils import DynamicLayer, LinearAttentionLayer
 
 from talk_hf import modeling_base, modeling_rfa_doc, recurrent_cache
@@ -104,6 +104,21 @@ def test_chunked_prefill_into_a_static_cache_generates_as_one_prefill(name):
     plain = model.generate(input_ids=ids, **settings)
     chunked = model.generate(input_ids=ids, prefill_chunk_size=4, cache_implementation="static", **settings)
     assert torch.equal(chunked, plain)
+
+
+@pytest.mark.parametrize("name", list(SEQ2SEQ))
+def test_chunked_prefill_of_an_encoder_decoder_model_is_refused(name):
+    """transformers' chunked prefill cuts `attention_mask` (an encoder-decoder model's source mask) to the decoder's
+    length and leaves `decoder_attention_mask` whole: refused, whichever way it is asked for."""
+    model = make(name)
+    src, mask = source_batch()
+    prompt = target_batch(length=5, with_separators=False)
+    prompt[:, 0] = model.config.decoder_start_token_id
+    inputs = dict(input_ids=src, attention_mask=mask, decoder_input_ids=prompt, max_new_tokens=2)
+    with pytest.raises(ValueError, match="prefill_chunk_size"):
+        model.generate(**inputs, prefill_chunk_size=2)
+    with pytest.raises(ValueError, match="prefill_chunk_size"):
+        model.generate(**inputs, generation_config=GenerationConfig(prefill_chunk_size=2, max_new_tokens=2))
 
 
 def test_a_talk_hf_model_as_a_draft_model_is_refused_by_name():
