@@ -839,10 +839,13 @@ class RecurrentLMHead(RecurrentPreTrainedModel, GenerationMixin):
         `generate(prompt, cache=...)`): generate() has no new token to feed then, and it feeds the whole prompt
         (`input_ids[:, -0:]`), which a recurrent state would read a second time."""
         if next_sequence_length is not None and next_sequence_length <= 0:
-            length = (kwargs["inputs_embeds"] if kwargs.get("inputs_embeds") is not None else input_ids).shape[1]
+            # an encoder-decoder's inputs_embeds are its source's; the prompt is the decoder's
+            embeds = None if self.config.is_encoder_decoder else kwargs.get("inputs_embeds")
+            length = (input_ids if embeds is None else embeds).shape[1]
+            cached = "decoder_input_ids=prompt[:, :-1]" if self.config.is_encoder_decoder else "prompt[:, :-1]"
             raise ValueError(
                 f"the cache holds {length - next_sequence_length} tokens and the prompt has {length}: no prompt token "
-                "is left for generation to read next; cache the prompt without its last token (model(prompt[:, :-1], "
+                f"is left for generation to read next; cache the prompt without its last token (model(..., {cached}, "
                 "use_cache=True)), or give generate() tokens after the cached ones"
             )
         return super().prepare_inputs_for_generation(input_ids, next_sequence_length=next_sequence_length, **kwargs)
@@ -873,15 +876,16 @@ class RecurrentSeq2SeqLM(RecurrentLMHead):
     def prepare_decoder_input_ids_from_labels(self, labels):
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
 
-    def generate(self, *args, **kwargs):
-        """transformers' generate(), refusing chunked prefill (`prefill_chunk_size`): transformers' chunks cut
-        `attention_mask`, here the source's mask, to the decoder's length, and leave `decoder_attention_mask` whole,
-        which the decoder would read at the wrong columns."""
-        config = kwargs.get("generation_config", args[1] if len(args) > 1 else None) or self.generation_config
-        if kwargs.get("prefill_chunk_size", getattr(config, "prefill_chunk_size", None)) is not None:
+    def _prepare_generation_config(self, generation_config, **kwargs):
+        """transformers' merge of generate()'s settings (its keyword arguments, the config passed, the model's own),
+        refusing chunked prefill (`prefill_chunk_size`): transformers' chunks cut `attention_mask`, here the source's
+        mask, to the decoder's length, and leave `decoder_attention_mask` whole, which the decoder would read at the
+        wrong columns."""
+        generation_config, model_kwargs = super()._prepare_generation_config(generation_config, **kwargs)
+        if generation_config.prefill_chunk_size is not None:
             raise ValueError("prefill_chunk_size (chunked prefill) is for decoder-only models: transformers cuts the "
                              "source's attention_mask to each chunk of the decoder prompt; prefill in one piece")
-        return super().generate(*args, **kwargs)
+        return generation_config, model_kwargs
 
     def _reorder_cache(self, cache, beam_idx):
         """Beam search reorders the decoder's own state only. Beams move among the hypotheses of one source, and

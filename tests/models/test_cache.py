@@ -5,6 +5,7 @@ from the config, read the layers' states, continue generating from a returned ca
 
 import copy
 import importlib.util
+import re
 
 import pytest
 import torch
@@ -119,6 +120,9 @@ def test_chunked_prefill_of_an_encoder_decoder_model_is_refused(name):
         model.generate(**inputs, prefill_chunk_size=2)
     with pytest.raises(ValueError, match="prefill_chunk_size"):
         model.generate(**inputs, generation_config=GenerationConfig(prefill_chunk_size=2, max_new_tokens=2))
+    model.generation_config.prefill_chunk_size = 2  # a passed config takes the settings it leaves unset from it
+    with pytest.raises(ValueError, match="prefill_chunk_size"):
+        model.generate(**inputs, generation_config=GenerationConfig(num_beams=1, max_new_tokens=2))
 
 
 def test_a_talk_hf_model_as_a_draft_model_is_refused_by_name():
@@ -256,8 +260,16 @@ def test_a_cache_that_holds_the_whole_prompt_is_refused_by_generate(name):
                     min_new_tokens=3)
     with torch.no_grad():
         whole = cache_of(model(**inputs, **{key: prompt}, use_cache=True))
-        with pytest.raises(ValueError, match="the cache holds 5 tokens and the prompt has 5: no prompt token is left"):
+        cached = "decoder_input_ids=prompt" if name in SEQ2SEQ else "prompt"
+        with pytest.raises(ValueError, match=re.escape(f"the cache holds 5 tokens and the prompt has 5: no prompt "
+                                                       f"token is left for generation to read next; cache the prompt "
+                                                       f"without its last token (model(..., {cached}[:, :-1]")):
             model.generate(**{key: prompt, CACHE_NAME: whole}, **settings)
+        if name in SEQ2SEQ:  # the source given as embeddings: the numbers are still the decoder prompt's
+            embedded = dict(settings, inputs_embeds=model.get_input_embeddings()(settings["input_ids"]))
+            del embedded["input_ids"]
+            with pytest.raises(ValueError, match="the cache holds 5 tokens and the prompt has 5"):
+                model.generate(**{key: prompt, CACHE_NAME: copy.deepcopy(whole)}, **embedded)
         all_but_last = cache_of(model(**inputs, **{key: prompt[:, :-1]}, use_cache=True))
         cached = model.generate(**{key: prompt, CACHE_NAME: all_but_last}, **settings)
     assert torch.equal(cached, model.generate(**{key: prompt}, **settings))
