@@ -85,8 +85,10 @@ def check_source_embeddings(config):
 
 
 class TalkHfConfigMixin:
-    """Shared by the talk_hf configs: named presets, and the field checks (each class's `check_fields`) run when a
-    config is built and again by `validate()`, which `save_pretrained` calls before it writes config.json.
+    """Shared by the talk_hf configs: named presets, and the field checks (each class's `check_fields(token_ids=True)`:
+    a ValueError naming the field; token_ids=False leaves out the special token ids' range) run when a config is
+    built, again by `validate()`, which `save_pretrained` calls before it writes config.json, and by a model built
+    from the config.
 
     Loading any talk_hf config, from the package or as Hub remote code, imports pipeline_translation, which
     registers the "translation" and "summarization" tasks; `pipeline()` loads the config before it looks the task

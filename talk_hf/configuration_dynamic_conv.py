@@ -113,7 +113,6 @@ class DynamicConvConfig(TalkHfConfigMixin, PreTrainedConfig):
         self.check_fields()
 
     def check_fields(self, token_ids=True):
-        """Each field's value (ValueError naming it); token_ids=False leaves out the special token ids' range."""
         check_positive(self, "vocab_size", "d_model", "conv_dim", "encoder_layers", "decoder_layers", "encoder_ffn_dim",
                        "decoder_ffn_dim", "encoder_conv_heads", "decoder_conv_heads", "decoder_attention_heads")
         check_source_embeddings(self)
@@ -176,7 +175,6 @@ class DynamicConvLMConfig(TalkHfConfigMixin, PreTrainedConfig):
         self.check_fields()
 
     def check_fields(self, token_ids=True):
-        """Each field's value (ValueError naming it); token_ids=False leaves out the special token ids' range."""
         check_positive(self, "vocab_size", "d_model", "conv_dim", "decoder_layers", "decoder_ffn_dim",
                        "decoder_conv_heads")
         self.check_layer_lists()

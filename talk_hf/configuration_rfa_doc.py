@@ -96,7 +96,6 @@ class RfaDocConfig(TalkHfConfigMixin, PreTrainedConfig):
         self.check_fields()
 
     def check_fields(self, token_ids=True):
-        """Each field's value (ValueError naming it); token_ids=False leaves out the special token ids' range."""
         check_positive(self, "vocab_size", "d_model", "encoder_layers", "decoder_layers", "encoder_ffn_dim",
                        "decoder_ffn_dim", "encoder_attention_heads", "decoder_attention_heads",
                        "causal_num_frequencies", "cross_num_frequencies")

@@ -125,7 +125,6 @@ class TalkConfig(TalkHfConfigMixin, PreTrainedConfig):
         self.check_fields()
 
     def check_fields(self, token_ids=True):
-        """Each field's value (ValueError naming it); token_ids=False leaves out the special token ids' range."""
         check_positive(self, "vocab_size", "d_model", "conv_dim", "encoder_layers", "decoder_layers", "encoder_ffn_dim",
                        "decoder_ffn_dim", "encoder_heads", "decoder_heads", "decoder_attention_heads")
         self.check_layer_lists()
@@ -193,7 +192,6 @@ class TalkLMConfig(TalkHfConfigMixin, PreTrainedConfig):
         self.check_fields()
 
     def check_fields(self, token_ids=True):
-        """Each field's value (ValueError naming it); token_ids=False leaves out the special token ids' range."""
         check_positive(self, "vocab_size", "d_model", "conv_dim", "decoder_layers", "decoder_ffn_dim", "decoder_heads")
         self.check_layer_lists()
         check_divisible("conv_dim", self.conv_dim, "decoder_heads", self.decoder_heads)
