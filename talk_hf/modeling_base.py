@@ -337,11 +337,17 @@ class TokenEmbedding(nn.Module):
 
 
 def _check_inputs(input_ids, inputs_embeds, prefix=""):
-    """The one of input_ids and inputs_embeds given; prefix: "decoder_" for an encoder-decoder's decoder, whose
-    arguments the error names."""
+    """The one of input_ids and inputs_embeds given, holding at least one token; prefix: "decoder_" for an
+    encoder-decoder's decoder, whose arguments the errors name."""
     if (input_ids is None) == (inputs_embeds is None):
         raise ValueError(f"pass exactly one of {prefix}input_ids and {prefix}inputs_embeds")
-    return input_ids if input_ids is not None else inputs_embeds
+    name, ref = (f"{prefix}input_ids", input_ids) if input_ids is not None else (f"{prefix}inputs_embeds", inputs_embeds)
+    if ref.dim() != (2 if ref is input_ids else 3):
+        raise ValueError(f"{name} must be batched, ({'B, T' if ref is input_ids else 'B, T, C'}), got shape "
+                         f"{tuple(ref.shape)}")
+    if ref.shape[1] == 0:
+        raise ValueError(f"{name} holds no tokens (shape {tuple(ref.shape)}): each row needs at least one")
+    return ref
 
 
 def _check_padding_mask(name, mask, batch, length, at_least=False):

@@ -392,6 +392,27 @@ def test_masks_other_than_padding_masks_are_refused(name):
             model(attention_mask=four_d, encoder_outputs=encoder_outputs, decoder_input_ids=inputs["decoder_input_ids"])
 
 
+@pytest.mark.parametrize("name", ["talk", "rfa_doc", "talk_lm"])
+def test_inputs_without_tokens_or_a_batch_dimension_are_refused_by_name(name):
+    """A zero-length source or target (input_ids of shape (B, 0), or such embeddings): an error naming the argument,
+    not a reshape error from inside a layer (seq2seq) or empty logits that generate() then fails to index (LMs); an
+    unbatched (T,) input_ids: an error naming the shape it needs, not an IndexError."""
+    model, inputs = make(name), inputs_for(name)
+    B = inputs["input_ids"].shape[0]
+    empty_ids, empty_embeds = torch.zeros(B, 0, dtype=torch.long), torch.zeros(B, 0, model.config.d_model)
+    bad = [("input_ids", dict(inputs, input_ids=empty_ids, attention_mask=None)),
+           ("inputs_embeds", dict(inputs, input_ids=None, inputs_embeds=empty_embeds, attention_mask=None))]
+    if name in SEQ2SEQ:
+        bad += [("decoder_input_ids", dict(inputs, decoder_input_ids=empty_ids)),
+                ("decoder_inputs_embeds", dict(inputs, decoder_input_ids=None, decoder_inputs_embeds=empty_embeds))]
+    for arg, kwargs in bad:
+        with pytest.raises(ValueError, match=f"^{arg} holds no tokens \\(shape \\({B}, 0"):
+            model(**kwargs)
+    unbatched = dict(inputs, input_ids=inputs["input_ids"][0], attention_mask=None)
+    with pytest.raises(ValueError, match="^input_ids must be batched, \\(B, T\\), got shape"):
+        model(**unbatched)
+
+
 @pytest.mark.parametrize("name", SEQ2SEQ_NAMES)
 def test_source_padding_side_and_amount_do_not_matter(name):
     model = make(name)
