@@ -16,6 +16,7 @@ import time
 import warnings
 from pathlib import Path
 
+import pyarrow.compute as pc
 import torch
 import torch.nn.functional as F
 from accelerate import Accelerator, PartialState
@@ -25,6 +26,7 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import get_cosine_schedule_with_warmup
 
+from ..document_translation import position_limits
 from .data import Seq2SeqCollator, TokenBatchSampler, pad_right
 from .evaluation import corpus_bleu, eval_mode, perplexity, scoring, translate
 
@@ -415,6 +417,29 @@ def _mean_tensor(key, tensors, paths):
                      f"{paths[0]}")
 
 
+def check_positions(config, sets, max_new_tokens):
+    """Refuses what a model with a fixed-size position table (transformers' Marian, BART: max_position_embeddings;
+    GPT-2: n_positions) cannot embed: an example of `sets` ((name, Dataset) pairs) longer than the table, or, for an
+    encoder-decoder, a generation of up to max_new_tokens (decoder inputs: the start token and all but the last
+    generated token). The talk_hf models' sinusoids have no limit."""
+    encoder, decoder = position_limits(config)
+    seq2seq = config.is_encoder_decoder
+    columns = [("input_ids", encoder, "source "), ("labels", decoder, "target ")] if seq2seq else [
+        ("input_ids", decoder, "")]
+    for name, dataset in sets:
+        table = dataset.select_columns([column for column, _, _ in columns]).with_format("arrow")[:]
+        for column, limit, side in columns:
+            longest = pc.max(pc.list_value_length(table[column])).as_py() if limit is not None else None
+            if longest is not None and longest > limit:
+                raise ValueError(f"a {name} example has {longest} {side}tokens, more than the model's {limit} "
+                                 "positions (its max_position_embeddings): prepare the data with a lower "
+                                 "max_tokens_per_example, or give the model more positions")
+    if seq2seq and decoder is not None and max_new_tokens > decoder:
+        raise ValueError(f"max_new_tokens={max_new_tokens} can outgrow the model's {decoder} decoder positions (its "
+                         f"max_position_embeddings): validation and the saved model's generation config would fail "
+                         f"past them; use max_new_tokens <= {decoder}")
+
+
 class Trainer:
     """Owns the accelerator, the optimisation state and the run folder (metrics.jsonl, checkpoints/, model/)."""
 
@@ -427,6 +452,8 @@ class Trainer:
             raise ValueError(f"a validation example has {longest} tokens, more than max_tokens={config.max_tokens} "
                              "(a batch's budget): raise max_tokens, or prepare the data with a lower "
                              "max_tokens_per_example")
+        check_positions(model.config, (("training", train_dataset), ("validation", valid_dataset)),
+                        config.max_new_tokens)
         self.config, self.tokenizer = config, tokenizer
         self.train_dataset, self.valid_dataset, self.valid_texts = train_dataset, valid_dataset, valid_texts
         self.output_dir = Path(config.output_dir)

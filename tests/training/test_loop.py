@@ -218,6 +218,36 @@ def test_empty_sets_and_validation_examples_past_the_batch_budget_are_refused(da
         Trainer(model, tokenizer, short, dataset, small)
 
 
+def test_examples_and_generations_past_a_baselines_positions_are_refused(data, tmp_path):
+    """transformers' baselines have fixed-size position tables (Marian/BART max_position_embeddings, GPT-2
+    n_positions): a source, target or block longer than the table, or a validation generation that could outgrow
+    it, is refused before training, not an IndexError mid-run (or after it, at the final validation)."""
+    tokenizer, _ = data
+
+    def pairs(source, target):
+        return datasets.Dataset.from_dict({"input_ids": [[5] * source, [5] * 3], "labels": [[6] * target, [6] * 3],
+                                           "num_tokens": [max(source, target), 3]})
+
+    config = TrainConfig(output_dir=str(tmp_path), max_tokens=256, max_steps=2, max_new_tokens=4)
+    small = dict(d_model=16, encoder_layers=1, decoder_layers=1, encoder_ffn_dim=32, decoder_ffn_dim=32,
+                 encoder_attention_heads=2, decoder_attention_heads=2, max_position_embeddings=6)
+    marian = build_model("marian", tokenizer, overrides=small)
+    for train, valid, message in ((pairs(7, 2), pairs(3, 3), "a training example has 7 source tokens"),
+                                  (pairs(3, 3), pairs(2, 9), "a validation example has 9 target tokens")):
+        with pytest.raises(ValueError, match=f"^{message}, more than the model's 6 positions"):
+            Trainer(marian, tokenizer, train, valid, config)
+    fits = pairs(6, 6)
+    Trainer(marian, tokenizer, fits, fits, config)  # everything fits: accepted
+    generating = TrainConfig(output_dir=str(tmp_path), max_tokens=256, max_steps=2, max_new_tokens=7)
+    with pytest.raises(ValueError, match="^max_new_tokens=7 can outgrow the model's 6 decoder positions"):
+        Trainer(marian, tokenizer, fits, fits, generating)
+    blocks = datasets.Dataset.from_dict({"input_ids": [[5] * 8] * 2, "labels": [[5] * 8] * 2, "num_tokens": [8] * 2})
+    gpt2 = build_model("gpt2", tokenizer, overrides=dict(d_model=16, decoder_layers=1, decoder_attention_heads=2,
+                                                         decoder_ffn_dim=32, max_position_embeddings=7))
+    with pytest.raises(ValueError, match="^a training example has 8 tokens, more than the model's 7 positions"):
+        Trainer(gpt2, tokenizer, blocks, blocks, config)
+
+
 def test_averaging_keeps_equal_tensors_and_refuses_what_has_no_mean(tmp_path):
     """Three checkpoints: a weight equal in all comes back bit-equal (a fixed random projection; fp32 sums of three
     equal values do not always divide back), integers are copied when equal and refused when not, a tensor of
