@@ -11,9 +11,10 @@
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
-from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
 import talk_hf  # noqa: F401
 from talk_hf.training.corpora import read_lines, write_lines
@@ -106,14 +107,36 @@ def generation_settings(generation_config, args):
             "max_new_tokens": pick("max_new_tokens", saved["max_length"] - 1 if "max_length" in saved else 128)}
 
 
+def check_model_kind(args, config):
+    """Perplexity is a causal language model's metric, the others an encoder-decoder's."""
+    lm_metric = args.metric == "perplexity"
+    if lm_metric == bool(config.is_encoder_decoder):
+        kind = "an encoder-decoder" if config.is_encoder_decoder else "a causal language model"
+        fits = "bleu, rouge or loss" if config.is_encoder_decoder else "perplexity"
+        raise SystemExit(f"--model {args.model} is {kind} ({config.model_type}): --metric {args.metric} does not "
+                         f"apply to it; use --metric {fits}")
+
+
+def check_tokenizer(args, tokenizer):
+    """Loss and perplexity score the prepared ids of --data: they must be the ids of the model's vocabulary."""
+    prepared = AutoTokenizer.from_pretrained(Path(args.data) / "tokenizer")
+    if prepared.get_vocab() != tokenizer.get_vocab():
+        raise SystemExit(f"--data {args.data} was prepared with another tokenizer than --model {args.model}'s: its "
+                         f"ids would be scored as other tokens (prepare it with scripts/preprocess.py --tokenizer "
+                         f"{args.model})")
+
+
 def main(argv=None):
     args = parse_args(argv)
     raw = read_pairs(args.source, args.reference) if args.source else None
     kw = {"trust_remote_code": args.trust_remote_code}
+    check_model_kind(args, AutoConfig.from_pretrained(args.model, **kw))
     tokenizer = AutoTokenizer.from_pretrained(args.model, **kw)
     auto = AutoModelForCausalLM if args.metric == "perplexity" else AutoModelForSeq2SeqLM
     model = auto.from_pretrained(args.model, **kw).eval()
     generation = generation_settings(model.generation_config, args)
+    if args.metric in ("perplexity", "loss"):
+        check_tokenizer(args, tokenizer)
     if args.metric == "perplexity":
         loss, tokens = validation_loss(model, first(load_prepared(args.data, args.split), args.limit),
                                        make_collator(model), args.max_tokens)
@@ -146,4 +169,7 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main(sys.argv[1:])
+    except (ValueError, FileNotFoundError) as err:  # a missing split or file, text that is not UTF-8 ...
+        sys.exit(f"evaluate_model.py: error: {err}")

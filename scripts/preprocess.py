@@ -239,5 +239,5 @@ def kept_whole(args, names):
 if __name__ == "__main__":
     try:
         main(sys.argv[1:])
-    except ValueError as err:
+    except (ValueError, FileNotFoundError) as err:  # a missing input file, text that is not UTF-8 ...
         sys.exit(f"preprocess.py: error: {err}")

@@ -11,15 +11,15 @@ import sys
 from transformers import pipeline
 
 import talk_hf  # noqa: F401  (registers the models and the translation task)
-from talk_hf.training.corpora import one_line, read_lines, split_lines, write_lines
+from talk_hf.training.corpora import decode_lines, one_line, read_lines, write_lines
 from evaluate_model import generation_settings  # scripts/evaluate_model.py: the same settings as it scores with
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="saved model folder or Hub repo id")
-    parser.add_argument("--input", help="one sentence per line, UTF-8 (.gz fine; default: stdin); a leading byte "
-                                        "order mark is dropped")
+    parser.add_argument("--input", help="one sentence per line, UTF-8 (.gz fine; default: stdin, read by the same "
+                                        "rules); a leading byte order mark is dropped")
     parser.add_argument("--output", help="where to write translations (default: stdout)")
     parser.add_argument("--num_beams", type=int, help="default: the model's generation_config (4 if unset)")
     parser.add_argument("--length_penalty", type=float, help="default: the model's generation_config (1.0 if unset)")
@@ -43,8 +43,8 @@ def translate_lines(translator, lines, args):
 
 def main(argv=None):
     args = parse_args(argv)
+    lines = read_lines(args.input) if args.input else decode_lines(sys.stdin.buffer.read(), "stdin")
     translator = pipeline("translation", model=args.model, trust_remote_code=args.trust_remote_code)
-    lines = read_lines(args.input) if args.input else split_lines(sys.stdin.read().removeprefix("\ufeff"))
     translations = translate_lines(translator, lines, args)
     if args.output:
         write_lines(args.output, translations)
@@ -54,4 +54,7 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main(sys.argv[1:])
+    except (ValueError, FileNotFoundError) as err:  # the input's refusals (e.g. not UTF-8), each naming its cause
+        sys.exit(f"translate.py: error: {err}")

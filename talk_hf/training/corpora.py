@@ -34,6 +34,7 @@ __all__ = [
     "WIKI_ZH_EN_ARCHIVE",
     "WIKI_ZH_EN_SPLITS",
     "count_documents",
+    "decode_lines",
     "document_windows",
     "group_documents",
     "load_hub_pairs",
@@ -93,17 +94,23 @@ def read_lines(path: str | os.PathLike) -> list[str]:
         raise ValueError(f"{path}: named .gz but not gzip data, or corrupt gzip data ({err})") from None
     except (EOFError, zlib.error) as err:
         raise ValueError(f"{path}: truncated or corrupt gzip data ({type(err).__name__}: {err})") from None
+    return decode_lines(raw, path)
+
+
+def decode_lines(raw: bytes, name: str) -> list[str]:
+    """The lines of `raw` UTF-8 bytes by the rules of :func:`read_lines` (the same errors, naming `name`: a file,
+    or "stdin" for what a script reads from standard input)."""
     start = len(codecs.BOM_UTF8) if raw.startswith(codecs.BOM_UTF8) else 0
     try:
         text = raw[start:].decode("utf-8")
     except UnicodeDecodeError as err:
         at = start + err.start
         line = raw.count(b"\n", 0, at) + 1
-        raise ValueError(f"{path}: line {line} is not valid UTF-8 ({err.reason} at byte {at})") from None
+        raise ValueError(f"{name}: line {line} is not valid UTF-8 ({err.reason} at byte {at})") from None
     stray = re.search(r"\r(?!\n)", text) if "\n" in text else None
     if stray:
         line = text.count("\n", 0, stray.start()) + 1
-        raise ValueError(f"{path}: line {line} holds a carriage return (\\r) not followed by \\n, in a file whose lines "
+        raise ValueError(f"{name}: line {line} holds a carriage return (\\r) not followed by \\n, in a text whose lines "
                          "end in \\n: it would split the line in two and shift every line after it; remove it")
     return split_lines(text)
 

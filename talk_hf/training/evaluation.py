@@ -54,9 +54,15 @@ def generate_translations(model, tokenizer, sources, num_beams=4, length_penalty
 
 
 def translate(model, tokenizer, sources, skip_special_tokens=True, **kwargs):
-    """`generate_translations`, decoded -> list of str (stripped)."""
-    return [tokenizer.decode(ids, skip_special_tokens=skip_special_tokens).strip()
-            for ids in generate_translations(model, tokenizer, sources, **kwargs)]
+    """`generate_translations`, decoded -> list of str (stripped); a blank source's translation is "" (as
+    scripts/translate.py and the document decodings give), not what the model makes of an empty input."""
+    sources = list(sources)
+    written = [k for k, source in enumerate(sources) if source.strip()]
+    generated = generate_translations(model, tokenizer, [sources[k] for k in written], **kwargs) if written else []
+    hyps = [""] * len(sources)
+    for k, ids in zip(written, generated):
+        hyps[k] = tokenizer.decode(ids, skip_special_tokens=skip_special_tokens).strip()
+    return hyps
 
 
 def check_pairs(hypotheses, references):

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from accelerate.utils import set_seed
 from datasets import load_from_disk
+from tokenizers import Tokenizer
 from transformers import AutoTokenizer
 
 from ..document_translation import checked_documents, translate_document_streaming, translate_documents_counted
@@ -67,12 +68,23 @@ def evaluate_translation(model, tokenizer, dataset, num_beams=4, length_penalty=
     generation = dict(num_beams=num_beams, length_penalty=length_penalty, max_new_tokens=max_new_tokens)
     if document_level:
         return _evaluate_documents(model, tokenizer, dataset, document_decoding, generation)
+    refuse_document_windows(dataset, document_separator(tokenizer))
     hyps = translate(model, tokenizer, dataset["source"], **generation)
     references, options = scoring(tokenizer, dataset["target"])
     score, signature = corpus_bleu(hyps, references, **options)
     chrf, chrf_signature = corpus_chrf(hyps, references, lowercase=options["lowercase"])
     return {"bleu": score, "signature": signature, "chrf": chrf, "chrf_signature": chrf_signature,
             "sentences": len(hyps), "hypotheses": hyps}
+
+
+def refuse_document_windows(dataset, sep_token):
+    """Sentence-level scoring of a split of document windows (scripts/preprocess.py --window > 1: sources of several
+    sentences joined by sep_token, the tokenizer's `document_separator`) would score windows against hypotheses whose separators are dropped (special
+    tokens): refused, naming document-level evaluation."""
+    if "doc_id" in getattr(dataset, "column_names", ()) and any(sep_token in s for s in dataset["source"]):
+        raise ValueError(f"this split holds document windows (sentences joined by {sep_token}): score it with "
+                         "document_level=True (scripts: --document_level), which translates and scores each "
+                         "sentence of its documents")
 
 
 DOCUMENT_DECODINGS = ("sliding", "streaming", "windows")
@@ -143,16 +155,24 @@ def check_consecutive(document, window):
                              "document-level evaluation splits with keep_all_splits, which refuses to drop one)")
 
 
-def initialise_from(model, folder):
+def initialise_from(model, folder, tokenizer=None):
     """Copy the weights of the saved model in `folder` into `model` (e.g. a document-level model from its
     sentence-level run, or a gated RFA-doc from an ungated one) -> the names of `model`'s weights the folder does
     not hold (they keep their initialisation). A weight of the folder that `model` lacks, or of another shape, is a
-    ValueError: the two models must be of one architecture."""
+    ValueError: the two models must be of one architecture; so is a tokenizer saved in the folder (as training runs
+    save one) whose vocabulary is not `tokenizer`'s, the one the data was prepared with: an id's embedding would be
+    another token's."""
     from safetensors.torch import load_file
 
     files = sorted(Path(folder).glob("model*.safetensors"))
     if not files:
         raise ValueError(f"init_from: no model*.safetensors in {folder}")
+    saved = Path(folder) / "tokenizer.json"
+    if tokenizer is not None and saved.exists():
+        if Tokenizer.from_file(str(saved)).get_vocab(with_added_tokens=True) != tokenizer.get_vocab():
+            raise ValueError(f"init_from {folder}: its tokenizer is not the data's (prepare the data with "
+                             f"scripts/preprocess.py --tokenizer {folder}, so that each id is the token its "
+                             "embedding was trained on)")
     source = {k: v for f in files for k, v in load_file(str(f)).items()}
     target = model.state_dict()
     unknown = sorted(k for k in source if k not in target)
@@ -225,9 +245,12 @@ def train_run(data_dir, kind, train_config, preset=None, config_file=None, overr
     test = load_prepared(data_dir, test_split) if test_split else None  # a missing split fails before training
     if test is not None and document_level:  # a sentence holding the separator: refused before training
         checked_documents(split_documents(test)[0], tokenizer)
+    if not document_level:  # the splits translated and scored sentence by sentence must hold sentences
+        for split in ([valid] if train_config.bleu_sentences else []) + ([test] if test is not None else []):
+            refuse_document_windows(split, document_separator(tokenizer))
     set_seed(train_config.seed)  # the initial weights (the Trainer seeds again for training)
     model = build_model(kind, tokenizer, preset=preset, config_file=config_file, overrides=overrides)
-    kept_initialisation = initialise_from(model, init_from) if init_from is not None else None
+    kept_initialisation = initialise_from(model, init_from, tokenizer) if init_from is not None else None
     if kept_initialisation:
         warnings.warn(f"init_from {init_from}: {len(kept_initialisation)} of the model's weights are not in it and "
                       f"keep their initialisation ({', '.join(kept_initialisation[:4])}"

@@ -5,6 +5,8 @@ marks, --last, evaluate_model.py's --limit, line counts, --document_level and it
 import gzip
 import io
 import json
+import os
+import re
 import types
 import warnings
 
@@ -19,7 +21,7 @@ from talk_hf.training.loop import make_collator, summed_losses, validation_loss
 from talk_hf.training.models import build_model, build_model_for_ids, config_fields, parse_overrides
 from talk_hf.training.run import evaluate_translation, load_prepared
 
-from .test_scripts import FIXTURE, TINY, script
+from .test_scripts import FIXTURE, ROOT, TINY, script
 
 BOM = "\ufeff"
 IDS = dict(vocab_size=100, pad_token_id=1, bos_token_id=0, eos_token_id=2)
@@ -205,9 +207,29 @@ def test_translate_drops_a_byte_order_mark_on_stdin(monkeypatch):
 
     translator.model = types.SimpleNamespace(generation_config=GenerationConfig())
     monkeypatch.setattr(translate, "pipeline", lambda *args, **kwargs: translator)
-    monkeypatch.setattr("sys.stdin", io.StringIO(BOM + "Ein Hund.\nZwei.\n"))
+    monkeypatch.setattr("sys.stdin", stdin((BOM + "Ein Hund.\nZwei.\n").encode("utf-8")))
     assert translate.main(["--model", "m"]) == ["EIN HUND.", "ZWEI."]
     assert seen == ["Ein Hund.", "Zwei."]
+
+
+def stdin(raw):
+    """A stand-in for sys.stdin holding the bytes `raw` (text mode on top, as Python opens it)."""
+    return io.TextIOWrapper(io.BytesIO(raw), encoding="utf-8", errors="surrogateescape")
+
+
+@pytest.mark.parametrize("raw, message", [
+    (b"Ein Hund\rrennt.\nZwei Kinder.\n", r"stdin: line 1 holds a carriage return \(\\r\) not followed by \\n"),
+    (b"Ein Hund.\nZwei M\xe4nner.\n", r"stdin: line 2 is not valid UTF-8"),
+])
+def test_translate_reads_stdin_by_the_rules_of_a_file(raw, message, monkeypatch):
+    """A lone carriage return would make two output lines of one input line (every later line misaligned); a byte
+    that is not UTF-8 would reach the tokenizer as a surrogate. Both refused, naming the line, before the model
+    loads."""
+    translate = script("translate")
+    monkeypatch.setattr(translate, "pipeline", lambda *args, **kwargs: pytest.fail("loaded the model"))
+    monkeypatch.setattr("sys.stdin", stdin(raw))
+    with pytest.raises(ValueError, match=message):
+        translate.main(["--model", "m"])
 
 
 # ------------------------------------------------------------------------------------------ average_checkpoints.py
@@ -283,6 +305,33 @@ def test_evaluate_loss_and_perplexity_take_limit(saved, metric, data, model_dir)
         loss, tokens = validation_loss(model, split.select(range(4)), collator, 8192)
     assert scored["loss"] == pytest.approx(loss) and scored["tokens"] == tokens
     assert tokens < validation_loss(model, split, collator, 8192)[1]
+
+
+@pytest.mark.parametrize("metric, model_dir", [("loss", "talk"), ("perplexity", "lm")])
+def test_evaluate_refuses_ids_prepared_with_another_vocabulary(saved, metric, model_dir, monkeypatch, tmp_path):
+    """Loss and perplexity read the prepared ids: ids of another vocabulary (here: a lowercased one, of the same
+    size) would be scored as other tokens."""
+    evaluate = script("evaluate_model")
+    data = tmp_path / "lowercased"
+    inputs = ["--tsv", f"test={FIXTURE}"] if metric == "loss" else ["--lm_text", f"test={saved / 'corpus.txt'}",
+                                                                    "--block_size", "16"]
+    script("preprocess").main([*inputs, "--tokenizer_splits", "test", "--vocab_size", "200", "--lowercase",
+                               "--output_dir", str(data)])
+    monkeypatch.setattr(evaluate, "load_prepared", lambda *args: pytest.fail("scored"))
+    with pytest.raises(SystemExit, match=f"^--data {data} was prepared with another tokenizer than "
+                                         f"--model {saved / model_dir}'s"):
+        evaluate.main(["--model", str(saved / model_dir), "--data", str(data), "--metric", metric])
+
+
+@pytest.mark.parametrize("metric, model_dir, message", [
+    ("perplexity", "talk", "is an encoder-decoder (talk): --metric perplexity does not apply to it; use --metric "
+                           "bleu, rouge or loss"),
+    ("loss", "lm", "is a causal language model (talk_lm): --metric loss does not apply to it; use --metric perplexity"),
+])
+def test_evaluate_refuses_a_metric_of_another_kind_of_model(saved, metric, model_dir, message):
+    with pytest.raises(SystemExit, match=re.escape(message)):
+        script("evaluate_model").main(["--model", str(saved / model_dir), "--data", str(saved / "data"),
+                                       "--metric", metric])
 
 
 def test_evaluate_checks_line_counts_before_translating(saved, tmp_path, monkeypatch):
@@ -424,3 +473,23 @@ def test_document_evaluation_takes_a_blank_sentence(documents):
                                   max_new_tokens=4, document_level=True)
     alone = translate_document(model, tokenizer, [s for s in sources if s], window=2, num_beams=1, max_new_tokens=4)
     assert scored["hypotheses"] == [alone[0], "", *alone[1:]] and scored["sentences"] == 4
+
+
+@pytest.mark.parametrize("name, argv, message", [
+    ("translate", ["--model", "m", "--input", "{missing}"], "translate.py: error: "),
+    ("evaluate_model", ["--model", "m", "--source", "{missing}", "--reference", "{missing}"],
+     "evaluate_model.py: error: "),
+    ("preprocess", ["--tsv", "train={missing}", "--output_dir", "{out}"], "preprocess.py: error: "),
+])
+def test_scripts_report_a_missing_input_file_as_an_error_line(name, argv, message, tmp_path):
+    """Run as commands: one line naming the script and the file, exit status 1, no traceback."""
+    import subprocess
+    import sys
+
+    missing = tmp_path / "missing.txt"
+    argv = [a.format(missing=missing, out=tmp_path / "out") for a in argv]
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / f"{name}.py"), *argv], capture_output=True,
+                            text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith(message) and str(missing) in result.stderr
+

@@ -65,6 +65,28 @@ def test_every_document_decoding_translates_a_blank_sentence_as_empty(setup, dec
     assert result["hypotheses"][1] == "" and all(result["hypotheses"][k] for k in (0, 2))
 
 
+def test_sentence_level_scoring_refuses_a_split_of_document_windows(setup):
+    """Sentence-level BLEU of windows would score hypotheses (separators dropped as special tokens) against
+    references still holding them: a model translating every window exactly would not score 100. Refused by name;
+    a split of one-sentence windows is a split of sentences, scored as one."""
+    model, tokenizer, windows = setup
+    with pytest.raises(ValueError, match="^this split holds document windows .* document_level=True"):
+        evaluate_translation(model, tokenizer, windows, **GREEDY)
+    sentences = datasets.Dataset.from_dict({"doc_id": ["a"] * 3, "source": SOURCES[:3], "target": TARGETS[:3]})
+    assert evaluate_translation(model, tokenizer, document_windows(sentences, window=1), **GREEDY)["sentences"] == 3
+
+
+def test_sentence_level_scoring_translates_a_blank_source_as_empty(setup):
+    """As translate.py and every document decoding do: a blank line's translation is "", not what the model makes
+    of an empty source."""
+    _, tokenizer, _ = setup
+    model = tiny_model("rfa_doc", tokenizer, dropout=0.0)
+    model.generation_config.min_new_tokens = 3  # every translated sentence has words
+    rows = {"source": [SOURCES[0], " ", SOURCES[2]], "target": [TARGETS[0], "", TARGETS[2]]}
+    result = evaluate_translation(model, tokenizer, rows, **GREEDY)
+    assert result["hypotheses"][1] == "" and all(result["hypotheses"][k] for k in (0, 2))
+
+
 def test_a_split_that_lost_windows_is_refused(setup):
     _, _, windows = setup  # document "a" without its second window: the third would follow the first
     with pytest.raises(ValueError, match="document 'a': row 1 .* lost windows"):

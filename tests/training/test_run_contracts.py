@@ -339,6 +339,47 @@ def test_init_from_a_model_of_another_size_warns_before_training(prepared, tmp_p
             train_run(prepared, "talk", config, overrides=larger, init_from=tmp_path / "small")
 
 
+def test_init_from_a_model_of_another_tokenizer_is_refused(prepared, tmp_path):
+    """Ids prepared with one tokenizer and weights trained on another's (the same vocabulary size, so every shape
+    matches): each embedding would belong to another token. Refused by name; the same tokenizer is taken."""
+    from transformers import AutoTokenizer
+
+    other = tmp_path / "lowercased"
+    script("preprocess").main(["--tsv", f"train={FIXTURE}", "--tsv", f"valid={FIXTURE}", "--vocab_size", "200",
+                               "--lowercase", "--output_dir", str(other)])
+    theirs = AutoTokenizer.from_pretrained(other / "tokenizer")
+    assert len(theirs) == len(AutoTokenizer.from_pretrained(prepared / "tokenizer"))
+    model = build_model("talk", theirs, overrides=dict(TINY))
+    model.save_pretrained(tmp_path / "m")
+    theirs.save_pretrained(tmp_path / "m")
+    config = TrainConfig(output_dir=str(tmp_path / "o"), max_tokens=512, max_steps=1, bleu_sentences=0)
+    with pytest.raises(ValueError, match="^init_from .*m: its tokenizer is not the data's"):
+        train_run(prepared, "talk", config, overrides=dict(TINY), init_from=tmp_path / "m")
+    assert not (tmp_path / "o").exists()  # refused before training
+    train_run(other, "talk", config, overrides=dict(TINY), init_from=tmp_path / "m")
+
+
+def test_sentence_level_bleu_of_document_windows_is_refused_before_training(prepared, tmp_path):
+    """A data folder of document windows (sentences joined by <sep>) trained without --document_level: its
+    validation and test BLEU would score windows against hypotheses without separators. Refused before training."""
+    import shutil
+
+    import datasets
+
+    windows = tmp_path / "windows"
+    shutil.copytree(prepared, windows)
+    valid = load_prepared(prepared, "valid")
+    joined = [f"{a} <sep> {b}" for a, b in zip(valid["source"], valid["source"][1:] + valid["source"][:1])]
+    rows = valid.remove_columns("source").add_column("source", joined)
+    assert "doc_id" in rows.column_names
+    shutil.rmtree(windows / "valid")
+    datasets.Dataset.from_dict(rows.to_dict()).save_to_disk(str(windows / "valid"))
+    config = TrainConfig(output_dir=str(tmp_path / "o"), max_tokens=512, max_steps=1, bleu_sentences=4)
+    with pytest.raises(ValueError, match="^this split holds document windows"):
+        train_run(windows, "talk", config, overrides=dict(TINY))
+    assert not (tmp_path / "o").exists()
+
+
 def test_a_language_models_test_limit_scores_the_first_rows(tmp_path):
     """`test_limit` N of a causal LM: the test perplexity is that of the split's first N rows, equal to the perplexity
     of a split holding only them, and the results record the split and the limit as they do for translation."""
