@@ -341,10 +341,10 @@ def _check_inputs(input_ids, inputs_embeds, prefix=""):
     encoder-decoder's decoder, whose arguments the errors name."""
     if (input_ids is None) == (inputs_embeds is None):
         raise ValueError(f"pass exactly one of {prefix}input_ids and {prefix}inputs_embeds")
-    name, ref = (f"{prefix}input_ids", input_ids) if input_ids is not None else (f"{prefix}inputs_embeds", inputs_embeds)
-    if ref.dim() != (2 if ref is input_ids else 3):
-        raise ValueError(f"{name} must be batched, ({'B, T' if ref is input_ids else 'B, T, C'}), got shape "
-                         f"{tuple(ref.shape)}")
+    ids = input_ids is not None
+    name, ref = (f"{prefix}input_ids", input_ids) if ids else (f"{prefix}inputs_embeds", inputs_embeds)
+    if ref.dim() != (2 if ids else 3):
+        raise ValueError(f"{name} must be batched, ({'B, T' if ids else 'B, T, C'}), got shape {tuple(ref.shape)}")
     if ref.shape[1] == 0:
         raise ValueError(f"{name} holds no tokens (shape {tuple(ref.shape)}): each row needs at least one")
     return ref

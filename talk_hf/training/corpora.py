@@ -110,8 +110,8 @@ def decode_lines(raw: bytes, name: str) -> list[str]:
     stray = re.search(r"\r(?!\n)", text) if "\n" in text else None
     if stray:
         line = text.count("\n", 0, stray.start()) + 1
-        raise ValueError(f"{name}: line {line} holds a carriage return (\\r) not followed by \\n, in a text whose lines "
-                         "end in \\n: it would split the line in two and shift every line after it; remove it")
+        raise ValueError(f"{name}: line {line} holds a carriage return (\\r) not followed by \\n, in a text whose "
+                         "lines end in \\n: it would split the line in two and shift every line after it; remove it")
     return split_lines(text)
 
 

@@ -79,8 +79,8 @@ def evaluate_translation(model, tokenizer, dataset, num_beams=4, length_penalty=
 
 def refuse_document_windows(dataset, sep_token):
     """Sentence-level scoring of a split of document windows (scripts/preprocess.py --window > 1: sources of several
-    sentences joined by sep_token, the tokenizer's `document_separator`) would score windows against hypotheses whose separators are dropped (special
-    tokens): refused, naming document-level evaluation."""
+    sentences joined by sep_token, the tokenizer's `document_separator`) would score windows against hypotheses
+    whose separators are dropped (special tokens): refused, naming document-level evaluation."""
     if "doc_id" in getattr(dataset, "column_names", ()) and any(sep_token in s for s in dataset["source"]):
         raise ValueError(f"this split holds document windows (sentences joined by {sep_token}): score it with "
                          "document_level=True (scripts: --document_level), which translates and scores each "
