@@ -203,10 +203,13 @@ class FairseqMosesBpeTokenizer(PreTrainedTokenizer):
     def tokenize(self, text, **kwargs):
         """fairseq's encode_line on raw text: Moses and BPE over all of it (a "</s>" or "<unk>" written in the text
         is text, which Moses escapes, as fairseq does); a document model's separator (sep_token) and tokens added
-        with `add_tokens` or as special tokens (a language tag) are kept whole between the parts around them."""
+        with `add_tokens` or as special tokens (a language tag) are kept whole between the parts around them;
+        `split_special_tokens` (the call's, else the tokenizer's) makes the special ones text too."""
         fairseq_specials = {self.bos_token, self.pad_token, self.eos_token, self.unk_token}
         whole = set(self.added_tokens_encoder) - fairseq_specials  # the separator, when added, is one of them
         whole |= {self.special_tokens_map["sep_token"]} if self.special_tokens_map.get("sep_token") else set()
+        if kwargs.get("split_special_tokens", self.split_special_tokens):
+            whole = {t for t in whole if not self._added_tokens_decoder[self.added_tokens_encoder[t]].special}
         if not whole:
             return self._tokenize(text)
         pattern = "(" + "|".join(re.escape(t) for t in sorted(whole, key=len, reverse=True)) + ")"

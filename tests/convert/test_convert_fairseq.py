@@ -451,6 +451,26 @@ def test_special_token_text_is_tokenised_as_fairseq_does(releases):
     assert ids == [*hub.encode("Ein").tolist()[:-1], added, *hub.encode("Hund").tolist()] and added > 4
 
 
+def test_split_special_tokens_reads_added_tokens_as_fairseq_reads_text(releases):
+    """split_special_tokens=True (per call, or set on the tokenizer) reads a special token written in the text as
+    text: Moses and BPE over it, as fairseq's encode_line reads any text; a token added as no special one stays
+    whole, as transformers' tokenizers keep it."""
+    from transformers import AutoTokenizer
+
+    folder, _, _, converted = releases["lightconv.no_glu.iwslt14"]
+    hub, tokenizer = hub_interface(folder), AutoTokenizer.from_pretrained(converted)
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<2en>"]})
+    tag = tokenizer.convert_tokens_to_ids("<2en>")
+    as_text = hub.encode("<2en> Ein Hund").tolist()
+    assert tokenizer("<2en> Ein Hund", split_special_tokens=True)["input_ids"] == as_text and tag not in as_text
+    assert tokenizer("<2en> Ein Hund")["input_ids"] == [tag, *hub.encode("Ein Hund").tolist()]
+    tokenizer.split_special_tokens = True
+    assert tokenizer("<2en> Ein Hund")["input_ids"] == as_text
+    tokenizer.add_tokens(["<neu>"])  # not special: still one token
+    neu = tokenizer.convert_tokens_to_ids("<neu>")
+    assert tokenizer("<2en> Ein <neu> Hund")["input_ids"] == [*as_text[:-2], neu, *as_text[-2:]]
+
+
 def test_an_overwritten_dictionary_entry_takes_a_new_id_as_in_fairseq(tmp_path):
     from fairseq.data import Dictionary
 
