@@ -16,6 +16,7 @@ import itertools
 import json
 import math
 import shutil
+import warnings
 from pathlib import Path
 
 from .plot import plot_runs
@@ -255,8 +256,20 @@ def check_arguments(parser, args):
                     max_minutes=args.max_minutes, eval_every=args.eval_every, patience=args.patience)
     except ValueError as err:
         parser.error(str(err))
+    if stage_error(args) is not None:
+        parser.error(stage_error(args))
     if getattr(args, "test_limit", 0) < 0:
         parser.error(f"--test_limit must be >= 0 (0: every test example), got {args.test_limit}")
+
+
+def stage_error(args):
+    """What is wrong with the stages asked for alongside --setting or --grid_shard, or None."""
+    if args.setting is not None and "final" not in args.stages:
+        return "--setting trains final runs only (there is no grid to tune): add --stages final"
+    if args.grid_shard[1] > 1 and "final" in args.stages:
+        return ("--grid_shard shares the tune stage between processes: run the shards with --stages tune, then the "
+                "final stage without --grid_shard")
+    return None
 
 
 def grid_of(args):
@@ -327,11 +340,8 @@ def run_stages(args, out, idents, train, grid_train=None):
     `grid_train`: the grid points' train where it differs from the final runs' (None: `train`).
     With args.setting there is no tune stage: every final run trains at that learning rate and warm-up."""
     grid, setting = grid_of(args), args.setting
-    if setting is not None and "final" not in args.stages:
-        raise ValueError("--setting trains final runs only (there is no grid to tune): add --stages final")
-    if args.grid_shard[1] > 1 and "final" in args.stages:
-        raise ValueError("--grid_shard shares the tune stage between processes: run the shards with --stages tune, "
-                         "then the final stage without --grid_shard")
+    if stage_error(args) is not None:
+        raise ValueError(stage_error(args))
     for ident in idents:
         if "tune" in args.stages and setting is None:
             tune(out, ident, grid, grid_train or train, args.grid_shard)
@@ -384,8 +394,14 @@ def write_tables(out, grid, idents, grid_columns, final_columns):
     finals = [r for i in idents for r in read_rows(out / "results.json") if all(r.get(k) == v for k, v in i.items())]
     if finals:
         tables["results.md"] = markdown_table(finals, final_columns)
-        names = {row_folder({k: r[k] for k in idents[0]}): r for r in finals}
-        plot_runs({name: out / "final" / name / "metrics.jsonl" for name in names}, out / "valid_loss.png")
     for name, table in tables.items():
         (out / name).write_text(table + "\n")
+    names = [row_folder({k: r[k] for k in idents[0]}) for r in finals]
+    logs = {name: out / "final" / name / "metrics.jsonl" for name in names}
+    missing = sorted(name for name, path in logs.items() if not path.exists())
+    if missing:  # a recorded run whose folder was removed: its row stays in results.md, its curve cannot be drawn
+        warnings.warn(f"valid_loss.png leaves out {', '.join(missing)}: no metrics.jsonl in "
+                      f"{out / 'final'} for {'it' if len(missing) == 1 else 'them'}", UserWarning, stacklevel=2)
+    if len(missing) < len(logs):
+        plot_runs({name: path for name, path in logs.items() if name not in missing}, out / "valid_loss.png")
     return tables

@@ -5,6 +5,7 @@ import argparse
 import json
 import math
 import multiprocessing
+import shutil
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from talk_hf.training.tuning import (
     Grid,
     MissingRunError,
     add_arguments,
+    check_arguments,
     choose,
     grid_of,
     grid_rows,
@@ -175,6 +177,21 @@ def test_shards_run_the_tune_stage_only(tmp_path):
 
     run_stages(parser.parse_args(["--grid_shard", "1", "2", "--stages", "tune"]), tmp_path, [{"model": "a"}], train)
     assert trained == [(2e-3, 5)]  # the second point of the grid, and no final run
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--grid_shard", "0", "2"], "--grid_shard shares the tune stage between processes"),
+    (["--setting", "2e-3", "300", "--stages", "tune"], "--setting trains final runs only"),
+])
+def test_stages_that_do_not_fit_the_options_are_usage_errors_before_any_work(flags, message, tmp_path, capsys):
+    """check_arguments, which the runners call before preparing any data, refuses them (exit 2, the message)."""
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, [1e-3, 2e-3], [100], grid_steps=5, max_steps=7, eval_every=2, patience=3)
+    parser.add_argument("--max_tokens", type=int, default=64)
+    parser.add_argument("--output_dir", default=str(tmp_path))
+    with pytest.raises(SystemExit) as exit_info:
+        check_arguments(parser, parser.parse_args(flags))
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
 
 
 def test_a_resumed_final_run_without_a_checkpoint_starts_afresh(tmp_path):
@@ -353,6 +370,30 @@ def test_a_row_whose_grid_diverged_leaves_the_other_rows_tables(tmp_path):
     run_and_tabulate(parser.parse_args(["--stages", "tune"]), tmp_path, idents[:1], train, idents, columns, columns)
     short = (tmp_path / "short_budget.md").read_text()
     assert short.count("| good ") == 1 and "| bad " not in short
+
+
+def test_the_tables_are_written_when_a_final_runs_folder_is_gone(tmp_path):
+    """A recorded final run whose folder was removed (to train it afresh) keeps its results.md row; the plot leaves
+    it out with a warning instead of failing before any table is written."""
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, [1e-3], [100], grid_steps=5, max_steps=7, eval_every=2, patience=3)
+    columns = [("model", lambda r: r["model"]), ("valid loss", lambda r: f"{r['valid_loss']:.3f}")]
+
+    def train(ident, folder, learning_rate, warmup_steps, **loop):
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "metrics.jsonl").write_text('{"step": 2, "valid_loss": 2.0}\n')
+        return {"valid_loss": 2.0, "steps": loop["max_steps"]}
+
+    idents = [{"model": "a"}, {"model": "b"}]
+    run_and_tabulate(parser.parse_args(["--setting", "1e-3", "100"]), tmp_path, idents, train, idents, columns,
+                     columns)
+    (tmp_path / "results.md").unlink()
+    (tmp_path / "valid_loss.png").unlink()
+    shutil.rmtree(tmp_path / "final" / "a")
+    with pytest.warns(UserWarning, match="valid_loss.png leaves out a: no metrics.jsonl"):
+        tables = write_tables(tmp_path, grid_of(parser.parse_args([])), idents, columns, columns)
+    assert tables["results.md"].count("| 2.000 |") == 2 and (tmp_path / "results.md").exists()
+    assert (tmp_path / "valid_loss.png").exists()  # b's curve
 
 
 def test_the_final_runs_take_a_time_cap(tmp_path):
