@@ -282,9 +282,30 @@ def row_folder(ident):
     return "-".join(str(v) for v in ident.values())
 
 
-def tune(out, ident, grid, train, shard=(0, 1)):
+# the runners' options that change what a grid point's run gives, recorded with each point: a grid compares points
+# trained alike (the batch size, the seed, the test examples scored)
+POINT_SETTINGS = ("max_tokens", "seed", "test_limit")
+
+
+def check_recorded_settings(out, idents, args):
+    """Refuse to continue (or choose from) a grid whose recorded points of these rows were trained with another
+    value of a POINT_SETTINGS option than `args` holds (one a point's record lacks is not compared)."""
+    settings = {k: getattr(args, k) for k in POINT_SETTINGS if hasattr(args, k)}
+    for ident in idents:
+        for row in read_rows(out / "grid.json"):
+            if not all(row.get(k) == v for k, v in ident.items()):
+                continue
+            for key, value in settings.items():
+                if key in row and row[key] != value:
+                    raise ValueError(
+                        f"{row_folder(ident)}: the grid point {point_name(row['learning_rate'], row['warmup_steps'])} "
+                        f"in {out / 'grid.json'} was trained with --{key} {row[key]}, not {value}: a grid compares "
+                        f"points trained alike; run with --{key} {row[key]}, or in another --output_dir")
+
+
+def tune(out, ident, grid, train, shard=(0, 1), settings=None):
     """The grid runs of one row not yet in <out>/grid.json (`shard`: as in `grid_search`) -> (its grid rows, the
-    chosen row).
+    chosen row); `settings` ({option: value}, e.g. POINT_SETTINGS) are recorded with each point.
 
     train(ident, folder, learning_rate, warmup_steps, **loop) -> the row's result dict; `loop`: the TrainConfig
     fields the protocol sets (here max_steps, and one checkpoint at the end, not averaged: a grid point is judged by
@@ -293,8 +314,9 @@ def tune(out, ident, grid, train, shard=(0, 1)):
 
     def point(learning_rate, warmup_steps, max_steps, name):
         shutil.rmtree(folder / name, ignore_errors=True)
-        return train(ident, folder / name, learning_rate, warmup_steps, max_steps=max_steps, save_every=0,
-                     keep_checkpoints=1, average_last=0)
+        row = train(ident, folder / name, learning_rate, warmup_steps, max_steps=max_steps, save_every=0,
+                    keep_checkpoints=1, average_last=0)
+        return {**(settings or {}), **row}
 
     return grid_search(ident, grid, point, out / "grid.json", shard)
 
@@ -342,9 +364,12 @@ def run_stages(args, out, idents, train, grid_train=None):
     grid, setting = grid_of(args), args.setting
     if stage_error(args) is not None:
         raise ValueError(stage_error(args))
+    if setting is None:
+        check_recorded_settings(out, idents, args)
+    settings = {k: getattr(args, k) for k in POINT_SETTINGS if hasattr(args, k)}
     for ident in idents:
         if "tune" in args.stages and setting is None:
-            tune(out, ident, grid, grid_train or train, args.grid_shard)
+            tune(out, ident, grid, grid_train or train, args.grid_shard, settings)
         if "final" in args.stages:
             final(out, ident, grid, train, args.max_steps, args.eval_every, args.patience, args.resume, setting,
                   args.max_minutes)

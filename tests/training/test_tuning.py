@@ -194,6 +194,31 @@ def test_stages_that_do_not_fit_the_options_are_usage_errors_before_any_work(fla
     assert exit_info.value.code == 2 and message in capsys.readouterr().err
 
 
+def test_a_grid_continued_with_another_batch_size_or_seed_is_refused(tmp_path):
+    """The points of one grid are compared: each is recorded with the options that change its result, and a run
+    with other values refuses to add points to it or to choose from it, naming the option."""
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, [1e-3, 2e-3], [100], grid_steps=5, max_steps=7, eval_every=2, patience=3, extensions=0)
+    parser.add_argument("--max_tokens", type=int, default=4096)
+    parser.add_argument("--seed", type=int, default=1)
+    trained = []
+
+    def train(ident, folder, learning_rate, warmup_steps, **loop):
+        trained.append(learning_rate)
+        return {"valid_loss": learning_rate, "steps": loop["max_steps"]}
+
+    run_stages(parser.parse_args(["--stages", "tune", "--grid_shard", "0", "2"]), tmp_path, [{"model": "a"}], train)
+    assert trained == [1e-3] and read_rows(tmp_path / "grid.json")[0]["seed"] == 1
+    for flags, message in ((["--max_tokens", "512"], "--max_tokens 4096, not 512"),
+                           (["--seed", "2"], "--seed 1, not 2")):
+        for stages in (["tune"], ["final"]):
+            with pytest.raises(ValueError, match=f"^a: the grid point lr0.001-wu100 in .* was trained with {message}"):
+                run_stages(parser.parse_args([*flags, "--stages", *stages]), tmp_path, [{"model": "a"}], train)
+    assert trained == [1e-3]
+    run_stages(parser.parse_args(["--stages", "tune"]), tmp_path, [{"model": "a"}], train)  # the same: continued
+    assert trained == [1e-3, 2e-3]
+
+
 def test_a_resumed_final_run_without_a_checkpoint_starts_afresh(tmp_path):
     """A final run stopped before its first checkpoint left only its metrics: --resume trains it again from the
     start in a clean folder (the training loop refuses a folder holding another run's metrics)."""
