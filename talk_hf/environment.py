@@ -1,6 +1,7 @@
 """What this process runs on, described once: the device line every results and benchmark file records
 (`device_description`) and the report for bug reports (`env_report`, printed by `python -m talk_hf env`)."""
 
+import os
 import platform
 import sys
 
@@ -38,7 +39,7 @@ def env_report():
         ("kernels on cuda", backend("cuda")),
     ]
     if _forced_reference():
-        lines.append(("references forced", f"{FORCE_REFERENCE_ENV}=1"))
+        lines.append(("references forced", f"{FORCE_REFERENCE_ENV}={os.environ[FORCE_REFERENCE_ENV]}"))
     if _kernels.load_error():
         lines.append(("extension not loaded", _kernels.load_error()))
     return "\n".join(f"{name}: {value}" for name, value in lines)

@@ -25,3 +25,6 @@ def test_env_report_names_versions_and_the_kernels_each_device_runs(monkeypatch,
     monkeypatch.setenv("TALK_HF_FORCE_REFERENCE", "1")
     forced = dict(line.split(": ", 1) for line in env_report().splitlines())
     assert forced["kernels on cpu"] == "reference" and forced["references forced"] == "TALK_HF_FORCE_REFERENCE=1"
+    monkeypatch.setenv("TALK_HF_FORCE_REFERENCE", "yes")  # the value as set, not a normalised one
+    assert dict(line.split(": ", 1) for line in env_report().splitlines())["references forced"] == \
+        "TALK_HF_FORCE_REFERENCE=yes"
