@@ -282,14 +282,14 @@ def row_folder(ident):
     return "-".join(str(v) for v in ident.values())
 
 
-# the runners' options that change what a grid point's run gives, recorded with each point: a grid compares points
-# trained alike (the batch size, the seed, the test examples scored)
-POINT_SETTINGS = ("max_tokens", "seed", "test_limit")
+# the runners' options that change a grid point's validation loss, recorded with each point: a grid compares points
+# trained alike (the batch size, the seed)
+POINT_SETTINGS = ("max_tokens", "seed")
 
 
 def check_recorded_settings(out, idents, args):
-    """Refuse to continue (or choose from) a grid whose recorded points of these rows were trained with another
-    value of a POINT_SETTINGS option than `args` holds (one a point's record lacks is not compared)."""
+    """Refuse to add points to a grid whose recorded points of these rows were trained with another value of a
+    POINT_SETTINGS option than `args` holds (one a point's record lacks is not compared)."""
     settings = {k: getattr(args, k) for k in POINT_SETTINGS if hasattr(args, k)}
     for ident in idents:
         for row in read_rows(out / "grid.json"):
@@ -364,7 +364,7 @@ def run_stages(args, out, idents, train, grid_train=None):
     grid, setting = grid_of(args), args.setting
     if stage_error(args) is not None:
         raise ValueError(stage_error(args))
-    if setting is None:
+    if setting is None and "tune" in args.stages:
         check_recorded_settings(out, idents, args)
     settings = {k: getattr(args, k) for k in POINT_SETTINGS if hasattr(args, k)}
     for ident in idents:
