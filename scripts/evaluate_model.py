@@ -132,11 +132,11 @@ def main(argv=None):
     kw = {"trust_remote_code": args.trust_remote_code}
     check_model_kind(args, AutoConfig.from_pretrained(args.model, **kw))
     tokenizer = AutoTokenizer.from_pretrained(args.model, **kw)
+    if args.metric in ("perplexity", "loss"):
+        check_tokenizer(args, tokenizer)
     auto = AutoModelForCausalLM if args.metric == "perplexity" else AutoModelForSeq2SeqLM
     model = auto.from_pretrained(args.model, **kw).eval()
     generation = generation_settings(model.generation_config, args)
-    if args.metric in ("perplexity", "loss"):
-        check_tokenizer(args, tokenizer)
     if args.metric == "perplexity":
         loss, tokens = validation_loss(model, first(load_prepared(args.data, args.split), args.limit),
                                        make_collator(model), args.max_tokens)

@@ -426,11 +426,12 @@ def check_positions(config, sets, max_new_tokens):
     seq2seq = config.is_encoder_decoder
     columns = [("input_ids", encoder, "source "), ("labels", decoder, "target ")] if seq2seq else [
         ("input_ids", decoder, "")]
-    for name, dataset in sets:
+    columns = [(column, limit, side) for column, limit, side in columns if limit is not None]
+    for name, dataset in sets if columns else ():
         table = dataset.select_columns([column for column, _, _ in columns]).with_format("arrow")[:]
         for column, limit, side in columns:
-            longest = pc.max(pc.list_value_length(table[column])).as_py() if limit is not None else None
-            if longest is not None and longest > limit:
+            longest = pc.max(pc.list_value_length(table[column])).as_py()
+            if longest > limit:
                 raise ValueError(f"a {name} example has {longest} {side}tokens, more than the model's {limit} "
                                  "positions (its max_position_embeddings): prepare the data with a lower "
                                  "max_tokens_per_example, or give the model more positions")

@@ -256,8 +256,8 @@ def check_arguments(parser, args):
                     max_minutes=args.max_minutes, eval_every=args.eval_every, patience=args.patience)
     except ValueError as err:
         parser.error(str(err))
-    if stage_error(args) is not None:
-        parser.error(stage_error(args))
+    if (error := stage_error(args)) is not None:
+        parser.error(error)
     if getattr(args, "test_limit", 0) < 0:
         parser.error(f"--test_limit must be >= 0 (0: every test example), got {args.test_limit}")
 
@@ -287,12 +287,17 @@ def row_folder(ident):
 POINT_SETTINGS = ("max_tokens", "seed")
 
 
-def check_recorded_settings(out, idents, args):
-    """Refuse to add points to a grid whose recorded points of these rows were trained with another value of a
-    POINT_SETTINGS option than `args` holds (one a point's record lacks is not compared)."""
-    settings = {k: getattr(args, k) for k in POINT_SETTINGS if hasattr(args, k)}
+def point_settings(args):
+    """The POINT_SETTINGS options a runner has -> {option: value}."""
+    return {k: getattr(args, k) for k in POINT_SETTINGS if hasattr(args, k)}
+
+
+def check_recorded_settings(out, idents, settings):
+    """Refuse to add points to a grid whose recorded points of these rows were trained with other `settings`
+    ({option: value}, `point_settings`) than these (an option a point's record lacks is not compared)."""
+    rows = read_rows(out / "grid.json")
     for ident in idents:
-        for row in read_rows(out / "grid.json"):
+        for row in rows:
             if not all(row.get(k) == v for k, v in ident.items()):
                 continue
             for key, value in settings.items():
@@ -305,7 +310,7 @@ def check_recorded_settings(out, idents, args):
 
 def tune(out, ident, grid, train, shard=(0, 1), settings=None):
     """The grid runs of one row not yet in <out>/grid.json (`shard`: as in `grid_search`) -> (its grid rows, the
-    chosen row); `settings` ({option: value}, e.g. POINT_SETTINGS) are recorded with each point.
+    chosen row); `settings` ({option: value}, `point_settings`) are recorded with each point.
 
     train(ident, folder, learning_rate, warmup_steps, **loop) -> the row's result dict; `loop`: the TrainConfig
     fields the protocol sets (here max_steps, and one checkpoint at the end, not averaged: a grid point is judged by
@@ -362,11 +367,11 @@ def run_stages(args, out, idents, train, grid_train=None):
     `grid_train`: the grid points' train where it differs from the final runs' (None: `train`).
     With args.setting there is no tune stage: every final run trains at that learning rate and warm-up."""
     grid, setting = grid_of(args), args.setting
-    if stage_error(args) is not None:
-        raise ValueError(stage_error(args))
+    if (error := stage_error(args)) is not None:
+        raise ValueError(error)
+    settings = point_settings(args)
     if setting is None and "tune" in args.stages:
-        check_recorded_settings(out, idents, args)
-    settings = {k: getattr(args, k) for k in POINT_SETTINGS if hasattr(args, k)}
+        check_recorded_settings(out, idents, settings)
     for ident in idents:
         if "tune" in args.stages and setting is None:
             tune(out, ident, grid, grid_train or train, args.grid_shard, settings)
